@@ -1,0 +1,114 @@
+"""The lab list, read from the lab scripts themselves.
+
+Each ``labs/NN_name.py`` holds a literal ``LAB = {...}`` dict (title, article, variants with the
+outcome each one must show, default deadline). It is read with ``ast`` so listing the labs does not
+import torch, and the script stays the one place its variants are named (its argparse ``choices``
+come from the same dict).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DdplabError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent.parent
+
+
+def labs_dir() -> Path:
+    """Where the lab scripts live: $DDPLAB_LABS_DIR, else ``labs/`` of this checkout."""
+    return Path(os.environ.get("DDPLAB_LABS_DIR", REPO_DIR / "labs"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    expect: str               # "ok", "failed" or "hung"
+    signature: str | None     # the failure signature it must show (None for ok)
+    about: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "expect": self.expect, "signature": self.signature, "about": self.about}
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: str               # "01"
+    name: str                 # "hang"
+    title: str
+    article: str              # seed file name
+    path: Path
+    variants: tuple[Variant, ...]
+    deadline_s: float
+    nproc: int
+    min_nproc: int = 1
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.number}_{self.name}"
+
+    @property
+    def default_variant(self) -> str:
+        return self.variants[0].name
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        names = ", ".join(v.name for v in self.variants)
+        raise DdplabError(f"lab {self.number} has no variant '{name}'", hint=f"choose one of: {names}")
+
+    def to_dict(self) -> dict:
+        return {"number": self.number, "name": self.name, "title": self.title, "article": self.article,
+                "path": str(self.path), "variants": [v.to_dict() for v in self.variants],
+                "deadline_s": self.deadline_s, "nproc": self.nproc, "min_nproc": self.min_nproc}
+
+
+_LAB_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
+
+
+def read_lab(path: Path) -> Lab:
+    """Parse the literal ``LAB`` dict of one lab script."""
+    m = _LAB_FILE.match(path.name)
+    if not m:
+        raise ValueError(f"{path.name}: lab scripts are named NN_name.py")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    spec = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAB" for t in node.targets):
+            spec = ast.literal_eval(node.value)
+    if spec is None:
+        raise ValueError(f"{path}: no literal LAB = {{...}} dict at module level")
+    variants = tuple(
+        Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""))
+        for name, v in spec["variants"].items()
+    )
+    known = {"title", "article", "variants", "deadline_s", "nproc", "min_nproc"}
+    return Lab(number=m.group(1), name=m.group(2), title=spec["title"], article=spec.get("article", ""),
+               path=path, variants=variants, deadline_s=float(spec.get("deadline_s", 30)),
+               nproc=int(spec.get("nproc", 2)), min_nproc=int(spec.get("min_nproc", 1)),
+               extra={k: v for k, v in spec.items() if k not in known})
+
+
+def labs() -> list[Lab]:
+    """Every lab, in number order."""
+    folder = labs_dir()
+    if not folder.is_dir():
+        return []
+    return [read_lab(p) for p in sorted(folder.glob("[0-9][0-9]_*.py"))]
+
+
+def find_lab(target: str | int) -> Lab | None:
+    """A lab by number (1, "1", "01"), id ("01_hang") or name ("hang"); None if there is none."""
+    key = str(target).strip()
+    if key.endswith(".py"):
+        return None
+    for lab in labs():
+        if key in (lab.number, lab.id, lab.name) or (key.isdigit() and int(key) == int(lab.number)):
+            return lab
+    return None

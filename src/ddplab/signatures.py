@@ -1,0 +1,195 @@
+"""The one catalog of known failures: how to recognise each, what it means, which lab teaches it.
+
+Text signatures match PyTorch's own messages (the patterns are tested against messages captured
+from real runs, kept in ``tests/data/``). Stack signatures are decided from where each rank stood
+when the deadline ended a hung job (``ddplab.stacks``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    patterns: tuple[str, ...]   # regexes (re.M); empty for stack signatures
+    explanation: str            # two lines: what happened, what to do
+    lab: str                    # the lab that teaches it ("01")
+
+    def search(self, text: str) -> re.Match | None:
+        for p in self.patterns:
+            m = re.search(p, text, re.M)
+            if m:
+                return m
+        return None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "patterns": list(self.patterns),
+                "explanation": self.explanation, "lab": self.lab}
+
+
+# Most specific first: the first entry whose pattern matches names the failure.
+CATALOG: tuple[Signature, ...] = (
+    Signature(
+        "port-in-use", "Rendezvous port already in use",
+        (r"EADDRINUSE", r"[Aa]ddress already in use"),
+        "Another process already listens on MASTER_PORT, so the store could not start.\n"
+        "Pick a free port (ddplab run --port 0, torchrun --rdzv-endpoint 127.0.0.1:0) or stop the other job.",
+        "05"),
+    Signature(
+        "missing-master-env", "MASTER_ADDR / MASTER_PORT not set",
+        (r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected, but not set",),
+        "init_process_group(init_method='env://') reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.\n"
+        "Start the script with torchrun (it sets them all) or set them yourself before init_process_group.",
+        "06"),
+    Signature(
+        "rendezvous-timeout", "Ranks missing at rendezvous (store / rendezvous timeout)",
+        (r"DistStoreError", r"RendezvousTimeoutError", r"[Ww]aiting for clients.*\d+/\d+ clients joined",
+         r"Timed out after \d+ seconds waiting for clients", r"wait timeout after \d+ms, keys:",
+         r"RendezvousClosedError", r"The node '.*' has failed to join the rendezvous"),
+        "Not every rank reached init_process_group in time: a rank crashed, started late or cannot reach MASTER_ADDR:PORT.\n"
+        "Check every rank's log for the first error; set the join timeout on purpose (init_process_group(timeout=...), --rdzv-conf join_timeout=...).",
+        "06"),
+    Signature(
+        "collective-mismatch", "Ranks called different collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+        (r"Detected mismatch between collectives on ranks", r"[Mm]ismatch between collectives"),
+        "The ranks reached a collective with a different operation, order or tensor shape.\n"
+        "Make every rank call the same collectives in the same order with the same shapes; the message names both calls.",
+        "03"),
+    Signature(
+        "gloo-size-mismatch", "Collective mismatch seen by gloo (received data size differs)",
+        (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
+        "Two ranks were in different collectives (or the same one with different sizes) and gloo saw the bytes disagree.\n"
+        "Find the collective one rank calls and the other does not (an `if rank == 0:` or a different number of batches).",
+        "01"),
+    Signature(
+        "ddp-model-mismatch", "DDP saw different models on different ranks",
+        (r"DDP expects same model across all ranks", r"appears not to match sizes of the same param in process 0",
+         r"expects same model across all ranks"),
+        "DistributedDataParallel checks at construction that every rank has the same parameters; they differ.\n"
+        "Build the model identically on every rank (no rank-dependent layer sizes); seed before building.",
+        "03"),
+    Signature(
+        "unused-parameters", "DDP: parameters that received no gradient",
+        (r"Expected to have finished reduction in the prior iteration before starting a new one",
+         r"did not receive grad for rank"),
+        "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
+        "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
+        "03"),
+    Signature(
+        "tensor-size-mismatch", "Tensors of different sizes where equal sizes are required",
+        (r"Sizes of tensors must match", r"size mismatch", r"[Tt]ensor.* must have the same (size|shape|number of elements)",
+         r"[Mm]ismatch in tensor sizes", r"must match the size of tensor", r"shape '\[.*\]' is invalid for input of size",
+         r"[Ii]nvalid .*(size|shape)", r"All tensors must have the same"),
+        "A collective or a concatenation received tensors whose shapes differ across ranks or replicas.\n"
+        "Gather sizes first and pad to the largest (or use all_gather_object); check shapes before the collective.",
+        "03"),
+    Signature(
+        "cuda-oom", "CUDA out of memory",
+        (r"CUDA out of memory", r"torch\.OutOfMemoryError", r"torch\.cuda\.OutOfMemoryError"),
+        "A GPU allocation failed. On one rank it ends that rank; torchrun then ends the others.\n"
+        "Lower the per-rank batch and keep the effective batch with gradient accumulation under no_sync().",
+        "02"),
+    Signature(
+        "cpu-oom", "CPU out of memory",
+        (r"DefaultCPUAllocator: can't allocate memory", r"DefaultCPUAllocator: not enough memory",
+         r"^MemoryError", r"std::bad_alloc", r"Cannot allocate memory"),
+        "A host allocation failed (a memory limit or the machine's RAM). The failing rank exits; torchrun ends the rest.\n"
+        "Lower the per-rank batch and keep the effective batch with gradient accumulation under no_sync().",
+        "02"),
+    Signature(
+        "nccl-error", "NCCL error",
+        (r"NCCL error", r"ncclInternalError", r"ncclUnhandledCudaError", r"ncclSystemError", r"ncclInvalidUsage",
+         r"ProcessGroupNCCL.*(failed|error)", r"NCCL communicator was aborted"),
+        "NCCL failed: a peer died, the network or NVLink/PCIe path failed, or NCCL and the driver disagree.\n"
+        "Rerun with NCCL_DEBUG=INFO and read the first rank's NCCL WARN line; check every rank sees the same GPUs and versions.",
+        "07"),
+    Signature(
+        "collective-timeout", "A collective timed out",
+        (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
+         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
+        "A rank waited longer than the process group's timeout for the others to join a collective.\n"
+        "The others were elsewhere (another collective, a crash, a longer loop): read every rank's stack.",
+        "01"),
+    Signature(
+        "peer-lost", "A peer rank disappeared",
+        (r"Connection reset by peer", r"Connection closed by peer", r"Broken pipe"),
+        "This rank lost its connection to another rank, almost always because that rank died first.\n"
+        "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
+        "01"),
+)
+
+# Decided from stacks and exit codes when a job was still running at its deadline.
+STACK_CATALOG: tuple[Signature, ...] = (
+    Signature(
+        "hang-rank-exited", "A rank left while the others wait",
+        (),
+        "At least one rank had already finished or died while the others still waited in a collective.\n"
+        "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
+        "01"),
+    Signature(
+        "hang-different-collectives", "Ranks wait in different collectives",
+        (),
+        "The ranks are blocked in different collectives, and each collective needs every rank, so none can finish.\n"
+        "Make the control flow the same on every rank: the same number of steps, no collective under `if rank == ...`.",
+        "01"),
+    Signature(
+        "hang-same-collective", "All ranks wait in the same collective",
+        (),
+        "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
+        "Check the network (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and that every rank uses the same backend and world size.",
+        "07"),
+    Signature(
+        "hang-rendezvous", "Ranks wait at rendezvous",
+        (),
+        "Some ranks are in init_process_group waiting for others that never arrive.\n"
+        "Check that every rank starts, agrees on MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and set a join timeout on purpose.",
+        "06"),
+    Signature(
+        "deadline-exceeded", "Still running at the deadline, outside any collective",
+        (),
+        "No rank was waiting on another: the job was simply still working (or stuck in its own code) at the deadline.\n"
+        "Raise the deadline if the job is slow, or read the stacks to see what it was doing.",
+        "01"),
+)
+
+BY_ID = {s.id: s for s in CATALOG + STACK_CATALOG}
+
+
+def get(sig_id: str) -> Signature:
+    return BY_ID[sig_id]
+
+
+def match_text(text: str) -> tuple[Signature, str] | None:
+    """The first catalog entry whose pattern occurs in ``text``, with the line that matched."""
+    for sig in CATALOG:
+        m = sig.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return sig, text[start:end if end >= 0 else len(text)].strip()[:400]
+    return None
+
+
+def match_stacks(states: list[tuple[int, str, str | None, str]]) -> tuple[Signature, str]:
+    """Decide a hang's signature from each rank's (rank, state, waits_in, kind).
+
+    ``state`` is "hung" (alive at the deadline) or "exited"; ``kind`` comes from ``stacks.where``.
+    """
+    alive = [s for s in states if s[1] == "hung"]
+    gone = [s for s in states if s[1] != "hung"]
+    waiting = [s for s in alive if s[2]]
+    desc = "; ".join(f"rank {r}: {w or ('exited' if st != 'hung' else 'running')}" for r, st, w, _ in states)
+    if gone and waiting:
+        return get("hang-rank-exited"), desc
+    if any(k == "rendezvous" for *_, k in alive):
+        return get("hang-rendezvous"), desc
+    if waiting and len(alive) >= 2 and len({w for _, _, w, _ in alive}) > 1:
+        return get("hang-different-collectives"), desc
+    if waiting and len({w for _, _, w, _ in alive}) == 1:
+        return get("hang-same-collective"), desc
+    if waiting:
+        return get("hang-different-collectives"), desc
+    return get("deadline-exceeded"), desc

@@ -1,0 +1,78 @@
+"""Shared test helpers: real runs in a temporary run directory, and the check that no process of a
+job outlives its test."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import psutil
+import pytest
+
+import ddplab
+
+
+def requires_gpus(n: int):
+    """Skip unless this machine has at least ``n`` CUDA GPUs (imports torch only when asked)."""
+    try:
+        import torch
+        have = torch.cuda.device_count()
+    except Exception:  # pragma: no cover - torch missing
+        have = 0
+    return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA GPU(s), this machine has {have}")
+
+
+requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+requires_pyspy = pytest.mark.skipif(shutil.which("py-spy") is None and not os.path.exists(
+    os.path.join(os.path.dirname(os.sys.executable), "py-spy")), reason="py-spy is not installed")
+
+
+def job_processes(marker: str | None = None) -> list[psutil.Process]:
+    """Processes of any ddplab/torchrun job still alive (optionally only those whose command line
+    or environment mentions ``marker``, e.g. a run directory)."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmd = " ".join(p.info["cmdline"] or [])
+        hit = "torch.distributed.run" in cmd or "torchrun" in cmd
+        if not hit:
+            try:
+                hit = "DDPLAB_RUN_DIR" in p.environ()
+            except psutil.Error:
+                hit = False
+        if hit and (marker is None or marker in cmd or marker in str(_env(p).get("DDPLAB_RUN_DIR", ""))):
+            found.append(p)
+    return found
+
+
+def _env(p: psutil.Process) -> dict:
+    try:
+        return p.environ()
+    except psutil.Error:
+        return {}
+
+
+def assert_nothing_left(marker: str | None = None, wait_s: float = 3.0) -> None:
+    end = time.monotonic() + wait_s
+    while True:
+        left = job_processes(marker)
+        if not left or time.monotonic() > end:
+            break
+        time.sleep(0.1)
+    assert not left, "processes outlived the run: " + "; ".join(
+        f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}" for p in left)
+
+
+@pytest.fixture
+def run_lab(tmp_path):
+    """Run a lab or script for real into a temporary run directory; afterwards assert that no process
+    of that job is left (the result's own check and an independent scan with psutil)."""
+    def _run(target, **kw):
+        kw.setdefault("run_root", tmp_path / "runs")
+        result = ddplab.run(target, **kw)
+        assert result.leftover == (), f"launcher reported leftovers: {result.leftover}"
+        assert_nothing_left(str(kw["run_root"]))
+        return result
+    return _run
