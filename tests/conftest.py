@@ -12,6 +12,11 @@ import pytest
 import ddplab
 
 
+# Deadline for runs that must hang: long enough for torch to import and the ranks to reach the hang
+# on a busy 2-core machine (about 7 s when idle), short enough to keep the suite quick.
+HANG_DEADLINE_S = float(os.environ.get("DDPLAB_TEST_HANG_DEADLINE", 20))
+
+
 def requires_gpus(n: int):
     """Skip unless this machine has at least ``n`` CUDA GPUs (imports torch only when asked)."""
     try:

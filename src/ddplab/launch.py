@@ -33,6 +33,7 @@ HOOK_DIR = Path(__file__).resolve().parent / "_rankhook"
 DEFAULT_SCRIPT_DEADLINE_S = 120.0
 POLL_S = 0.05
 GRACE_S = 1.5
+SETTLE_S = 5.0
 
 
 def runs_root() -> Path:
@@ -385,6 +386,8 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
         elif rank in exits:
             c, _ = exits[rank]
             state, code, sig = "exited", (c if c >= 0 else None), (_signal_name(c) if c < 0 else None)
+        elif rank not in pids and returncode != 0:
+            state, code, sig = "not-started", None, None
         elif returncode == 0 or ended_by is not None:
             # torchrun ends every rank as soon as one fails, so a rank that left before the
             # deadline while others still ran had exited cleanly.
@@ -396,6 +399,9 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
             frames, source = stacks.parse_faulthandler(fault), "faulthandler (fatal signal)"
             w = stacks.where(frames)
         log = logs.get(rank, "")
+        if not frames and state == "exited" and code not in (0, None):
+            frames, source = stacks.parse_traceback(log), "traceback"
+            w = stacks.where(frames) if frames else None
         ranks.append(RankResult(
             rank=rank, pid=pids.get(rank), state=state, exit_code=code, signal=sig,
             user_frame=w.user_frame.short() if w and w.user_frame else None,
@@ -413,7 +419,12 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
 
     signature = excerpt = None
     diagnosis = ""
-    if status in ("hung", "interrupted") and alive_ranks:
+    if status in ("hung", "interrupted") and not pids:
+        signature = "deadline-exceeded"
+        diagnosis = (f"No rank had started by the {job.deadline_s:g} s deadline: torchrun was still starting "
+                     "(a slow or busy machine). Raise the deadline.")
+        excerpt = "no rank started"
+    elif status in ("hung", "interrupted") and alive_ranks:
         sig, desc = signatures.match_stacks(states)
         signature, excerpt = sig.id, desc
         parts = []
@@ -429,9 +440,17 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
         order = ([root_rank] if root_rank is not None else []) + [r for r in sorted(logs) if r != root_rank]
         text = "\n".join(logs.get(r, "") for r in order) + "\n" + console
         text += "\n".join(_read(run_dir / "ranks" / f"rank{r}.stack.txt") for r in range(job.nproc))
-        m = signatures.match_text(text)
+        # The first failure's own words first; another rank's only if it says something more specific.
+        m = signatures.match_text(logs.get(root_rank, "")) if root_rank is not None else None
+        if m is None or m[0].id in signatures.GENERIC:
+            m_all = signatures.match_text(text)
+            if m_all is not None and (m is None or m_all[0].id not in signatures.GENERIC):
+                m = m_all
         if m:
             signature, excerpt = m[0].id, m[1]
+        if not logs:
+            last = [l for l in console.splitlines() if l.strip()][-1:] or ["(no output)"]
+            diagnosis = f"torchrun failed before any rank started: {last[0].strip()}"
         first = f"rank {root_rank}" if root_rank is not None else "a rank"
         rr = next((r for r in ranks if r.rank == root_rank), None)
         how = ""
@@ -439,8 +458,9 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
             how = f" with exit code {rr.exit_code}" if rr.exit_code is not None else f" by {rr.signal}"
             if rr.user_frame:
                 how += f" at {rr.user_frame}"
-        diagnosis = f"{first} failed first{how}" + (f": {excerpt}" if excerpt else "") + \
-            ". torchrun then ended the other ranks."
+        if logs:
+            diagnosis = f"{first} failed first{how}" + (f": {excerpt}" if excerpt else "") + \
+                ". torchrun then ended the other ranks."
     result = RunResult(
         target=job.target, variant=job.variant, nproc=job.nproc, status=status, signature=signature,
         excerpt=excerpt, diagnosis=diagnosis, ranks=tuple(ranks), wall_s=round(wall_s, 3),
@@ -491,8 +511,14 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     alive_ranks: list[int] = []
     try:
         deadline = t0 + job.deadline_s
+        settled = False
         while proc.poll() is None:
             if time.monotonic() >= deadline:
+                pids = rank_pids(job.run_dir)
+                if pids and not settled and not any(_pid_alive(p) for p in pids.values()):
+                    # Every rank has exited and torchrun is only shutting down: let it finish.
+                    settled, deadline = True, time.monotonic() + SETTLE_S
+                    continue
                 ended_by = "deadline"
                 break
             watch.scan()

@@ -16,7 +16,8 @@ STATUSES = ("ok", "failed", "hung", "interrupted")
 class RankResult:
     rank: int
     pid: int | None
-    state: str                    # "exited" (on its own), "hung" (alive at the deadline, ended by ddplab)
+    state: str                    # "exited" (on its own), "hung" (alive at the deadline, ended by ddplab),
+                                  # "not-started" (torchrun never started it)
     exit_code: int | None         # 0, 1, ... ; None if ended by a signal or unknown
     signal: str | None            # "SIGABRT", "SIGTERM" (sent by ddplab or torchrun), ...
     user_frame: str | None        # "labs/01_hang.py:57 in main": innermost frame in the script's own code

@@ -45,6 +45,13 @@ CATALOG: tuple[Signature, ...] = (
         "Start the script with torchrun (it sets them all) or set them yourself before init_process_group.",
         "06"),
     Signature(
+        "store-unreachable", "Cannot reach the master's store (MASTER_ADDR:MASTER_PORT)",
+        (r"DistNetworkError: The client socket has (timed out after \d+ms while trying to connect|failed to connect)",
+         r"TCP client failed to connect/validate to host \S+ - timed out"),
+        "A rank never reached the rendezvous store at MASTER_ADDR:MASTER_PORT: wrong address or port, a firewall, or the master is down.\n"
+        "Check the address and port every rank was given, and that the port is open on the master (ddplab doctor).",
+        "06"),
+    Signature(
         "rendezvous-timeout", "Ranks missing at rendezvous (store / rendezvous timeout)",
         (r"DistStoreError", r"RendezvousTimeoutError", r"[Ww]aiting for clients.*\d+/\d+ clients joined",
          r"Timed out after \d+ seconds waiting for clients", r"wait timeout after \d+ms, keys:",
@@ -78,6 +85,12 @@ CATALOG: tuple[Signature, ...] = (
         "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
         "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
         "03"),
+    Signature(
+        "device-mismatch", "Tensors on different devices in one operation",
+        (r"Expected all tensors to be on the same device", r"is not on the expected device"),
+        "An operation mixed tensors from two devices: a tensor created on a fixed device (or kept as a plain attribute) met a replica's input.\n"
+        "Create tensors with device=x.device, or register_buffer them so DataParallel/.to() moves them with the module.",
+        "04"),
     Signature(
         "tensor-size-mismatch", "Tensors of different sizes where equal sizes are required",
         (r"Sizes of tensors must match", r"size mismatch", r"[Tt]ensor.* must have the same (size|shape|number of elements)",
@@ -119,7 +132,15 @@ CATALOG: tuple[Signature, ...] = (
         "This rank lost its connection to another rank, almost always because that rank died first.\n"
         "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
         "01"),
+    Signature(
+        "python-exception", "A rank raised a Python exception",
+        (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
+        "A rank stopped on an exception in the script's own code (not a known distributed failure).\n"
+        "Read the traceback of the rank that failed first; the others were ended by torchrun.",
+        "01"),
 )
+
+GENERIC = {"peer-lost", "python-exception"}
 
 # Decided from stacks and exit codes when a job was still running at its deadline.
 STACK_CATALOG: tuple[Signature, ...] = (

@@ -165,6 +165,18 @@ def parse_faulthandler(text: str) -> list[Frame]:
     return frames
 
 
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)
+
+
+def parse_traceback(text: str) -> list[Frame]:
+    """Frames of the last Python traceback in a rank's log, innermost first."""
+    starts = [m.end() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
+    if not starts:
+        return []
+    frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2))) for m in _TB_FRAME.finditer(text, starts[-1])]
+    return frames[::-1]
+
+
 def pyspy_path() -> str | None:
     """py-spy next to this interpreter (a venv's bin/), else on PATH."""
     here = Path(sys.executable).parent / "py-spy"

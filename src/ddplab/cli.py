@@ -1,0 +1,117 @@
+"""``ddplab list | run | doctor``: the command line.
+
+User mistakes (DdplabError) become one line on stderr and exit status 2, never a traceback.
+Exit status of ``run``: 0 ok, 1 the job failed, 3 it hung (ended at the deadline), 130 Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from . import catalog
+from .errors import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, DdplabError
+
+STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "hung": EXIT_HUNG, "interrupted": EXIT_INTERRUPTED}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage on one line with the fix, exit 2 (as DdplabError does)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"ddplab: {message}: see `{self.prog} --help`\n")
+
+
+def _cmd_list(a: argparse.Namespace) -> int:
+    labs = catalog.labs()
+    if a.json:
+        print(json.dumps([l.to_dict() for l in labs], indent=2))
+        return EXIT_OK
+    print(f"{'lab':<4} {'title':<62} variants")
+    for l in labs:
+        print(f"{l.number:<4} {l.title[:62]:<62} {', '.join(v.name for v in l.variants)}")
+    print("\nRun one: ddplab run 01 --variant broken    Your own script: ddplab run path/to/train.py --nproc 2")
+    return EXIT_OK
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    from .launch import run
+
+    try:
+        r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, args=a.script_args,
+                port=a.port, stream=not a.json and not a.quiet)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=2, default=str))
+    else:
+        print(r.explain())
+    return STATUS_EXIT[r.status]
+
+
+def _cmd_doctor(a: argparse.Namespace) -> int:
+    from .doctor import doctor
+
+    report = doctor(port=a.port)
+    print(json.dumps(report.to_dict(), indent=2) if a.json else report.text())
+    return EXIT_OK if report.ok else EXIT_RUN_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ddplab", description="Reproduce, diagnose and fix PyTorch data-parallel failures.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    pl = sub.add_parser("list", help="the labs and their variants")
+    pl.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    pl.set_defaults(func=_cmd_list)
+
+    pr = sub.add_parser("run", help="run a lab or your own script under torchrun, with a deadline and diagnosis",
+                        description="Run LAB (number or name, see `ddplab list`) or SCRIPT (any torchrun-able .py). "
+                                    "Arguments after `--` go to the script.",
+                        usage="ddplab run LAB|SCRIPT [--variant V] [--nproc N] [--deadline S] [--port P] [--json] [-- SCRIPT ARGS]")
+    pr.add_argument("target", metavar="LAB|SCRIPT", help="lab number/name, or the path of a script")
+    pr.add_argument("--variant", help="the lab's variant (see `ddplab list`); labs only")
+    pr.add_argument("--nproc", type=int, default=None, help="number of ranks (default: the lab's, 2 for scripts)")
+    pr.add_argument("--deadline", type=float, default=None,
+                    help="seconds before a still-running job is called hung, its stacks read and it is ended "
+                         "(default: the lab's, 120 for scripts)")
+    pr.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default 0: a free one)")
+    pr.add_argument("--json", action="store_true", help="print the RunResult as JSON (for scripts and CI)")
+    pr.add_argument("--quiet", action="store_true", help="do not echo the ranks' output while running")
+    pr.set_defaults(func=_cmd_run)
+
+    pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
+    pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")
+    pd.add_argument("--json", action="store_true", help="print the report as JSON")
+    pd.set_defaults(func=_cmd_doctor)
+    return p
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` belongs to the script, untouched by ddplab's own options.
+    script_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    args.script_args = script_args
+    # SIGTERM (a CI timeout, `kill`) ends the job the same way Ctrl-C does, so nothing is left.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    if script_args and args.cmd != "run":
+        print(f"ddplab: arguments after -- are only for `ddplab run`: {' '.join(script_args)}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args)
+    except DdplabError as e:
+        print(f"ddplab: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The launcher, for real: torchrun jobs of a script that knows nothing of ddplab."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import launch
+from conftest import HANG_DEADLINE_S, assert_nothing_left, requires_pyspy
+
+SCRIPT = Path(__file__).parent / "scripts" / "my_train.py"
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.timeout(90)
+def test_own_script_ok(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "ok"], deadline_s=60)
+    assert r.status == "ok" and r.signature is None
+    assert [x.exit_code for x in r.ranks] == [0, 0]
+    assert r.returncode == 0 and r.port and r.port > 0
+    assert "finished 3 steps" in r.rank(0).log_tail
+    saved = ddplab.RunResult.load(r.run_dir)
+    assert saved == r
+
+
+@pytest.mark.timeout(90)
+def test_own_script_crash_names_the_rank_and_line(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "crash"], deadline_s=60)
+    assert r.status == "failed"
+    assert r.rank(1).exit_code == 1
+    assert r.rank(1).user_frame and "my_train.py" in r.rank(1).user_frame
+    assert "rank 1 failed first" in r.diagnosis
+    assert "corrupt batch" in r.rank(1).log_tail
+
+
+@requires_pyspy
+@pytest.mark.timeout(90)
+def test_own_script_hang_is_diagnosed_from_stacks(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "hang"], deadline_s=HANG_DEADLINE_S)
+    assert r.status == "hung"
+    assert r.signature == "hang-different-collectives"
+    assert r.rank(0).waits_in == "barrier"
+    assert "backward" in r.rank(1).waits_in
+    assert {x.stack_source for x in r.ranks} == {"py-spy"}
+    assert all(x.state == "hung" and "my_train.py" in x.user_frame for x in r.ranks)
+
+
+@pytest.mark.timeout(90)
+def test_faulthandler_fallback_gives_the_same_diagnosis(run_lab, monkeypatch):
+    # What a learner gets where py-spy may not attach (macOS, ptrace_scope=1): SIGUSR1 to the
+    # faulthandler that the launcher's sitecustomize registered in the unchanged script.
+    monkeypatch.setenv("DDPLAB_STACKS", "faulthandler")
+    r = run_lab(SCRIPT, args=["--mode", "hang"], deadline_s=HANG_DEADLINE_S)
+    assert r.status == "hung" and r.signature == "hang-different-collectives"
+    assert {x.stack_source for x in r.ranks} == {"faulthandler"}
+    assert r.rank(0).waits_in == "barrier" and "backward" in r.rank(1).waits_in
+
+
+@pytest.mark.timeout(90)
+def test_job_still_working_at_deadline_is_not_called_a_collective_hang(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "sleep"], deadline_s=HANG_DEADLINE_S)
+    assert r.status == "hung" and r.signature == "deadline-exceeded"
+    assert all(x.waits_in is None for x in r.ranks)
+
+
+@pytest.mark.timeout(60)
+def test_taken_port_is_refused_before_starting(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ddplab.DdplabError) as e:
+            ddplab.run(SCRIPT, port=port, run_root=tmp_path)
+    msg = str(e.value)
+    assert f"port {port} is taken by pid {os.getpid()}" in msg and "--port 0" in msg
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(target="99"), "unknown lab '99'"),
+    (dict(target="01", variant="nope"), "no variant 'nope'"),
+    (dict(target="01", nproc=0), "too few"),
+    (dict(target="01", nproc=10_000), "more ranks than this machine"),
+    (dict(target="01", deadline_s=0), "more than 0 seconds"),
+    (dict(target="01", deadline_s=-1), "more than 0 seconds"),
+    (dict(target="no/such/train.py"), "no such script"),
+    (dict(target=str(SCRIPT), variant="broken"), "--variant is for labs"),
+])
+def test_bad_input_is_one_clear_error(kw, words, tmp_path):
+    target = kw.pop("target")
+    with pytest.raises(ddplab.DdplabError) as e:
+        ddplab.run(target, run_root=tmp_path, **kw)
+    assert words in str(e.value)
+    assert e.value.hint
+
+
+def test_launch_command_is_built_in_one_place(tmp_path):
+    job = launch.resolve("01", "broken", None, None, run_root=tmp_path)
+    cmd = launch.build_launch_command(job)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert "127.0.0.1:0" in cmd and cmd[-2:] == ["--variant", "broken"]
+    env = launch.launch_environment(job)
+    assert env["DDPLAB_RUN_DIR"] == str(job.run_dir)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(launch.HOOK_DIR)
+    assert "DDPLAB_RUN_DIR" not in os.environ  # the caller's environment is untouched
+
+
+@pytest.mark.timeout(120)
+def test_sigint_to_ddplab_run_ends_everything(tmp_path):
+    env = {**os.environ, "DDPLAB_RUNS_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "ddplab.cli", "run", str(SCRIPT), "--deadline", "100",
+                             "--quiet", "--", "--mode", "hang"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until both ranks are up and stuck (their pid files exist), then Ctrl-C.
+        end = time.monotonic() + 60
+        while time.monotonic() < end and len(list(tmp_path.glob("*/*/ranks/rank*.json"))) < 2:
+            time.sleep(0.2)
+        assert len(list(tmp_path.glob("*/*/ranks/rank*.json"))) == 2, "ranks never started"
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert_nothing_left(str(tmp_path))
+    result = json.loads(next(tmp_path.glob("*/*/result.json")).read_text())
+    assert result["status"] == "interrupted"
+    assert result["leftover"] == []

@@ -1,0 +1,69 @@
+"""The catalog's patterns against messages captured from real runs (tests/data/real_*.txt)."""
+from pathlib import Path
+
+import pytest
+
+from ddplab import signatures
+
+DATA = Path(__file__).parent / "data"
+
+EXPECTED = {
+    "real_collective_timeout.txt": "collective-timeout",
+    "real_port_in_use.txt": "port-in-use",
+    "real_store_timeout.txt": "rendezvous-timeout",
+    "real_missing_master_env.txt": "missing-master-env",
+    "real_cpu_oom.txt": "cpu-oom",
+    "real_detail_mismatch.txt": "collective-mismatch",
+    "real_allgather_ragged.txt": "gloo-size-mismatch",
+    # rank 0's all_reduce of 1 element against rank 1's 3 completed on rank 0 (silently wrong),
+    # which then exited; all the evidence left is rank 1 losing its peer.
+    "real_gloo_size_mismatch.txt": "peer-lost",
+    "real_unused_parameters.txt": "unused-parameters",
+    "real_ddp_model_mismatch.txt": "ddp-model-mismatch",
+    "real_cuda_oom.txt": "cuda-oom",
+    "real_cuda_oom_new.txt": "cuda-oom",
+    "real_nccl_error.txt": "nccl-error",
+}
+
+
+@pytest.mark.parametrize("name,expected", sorted(EXPECTED.items()))
+def test_real_message_matches_its_signature(name, expected):
+    text = (DATA / name).read_text()
+    found = signatures.match_text(text)
+    assert found is not None, f"no signature matched {name}"
+    sig, excerpt = found
+    assert sig.id == expected
+    assert excerpt and excerpt in text
+
+
+def test_every_capture_file_is_tested():
+    assert {p.name for p in DATA.glob("real_*.txt")} - set(EXPECTED) <= {
+        p.name for p in DATA.glob("real_faulthandler_*.txt")}
+
+
+def test_clean_output_matches_nothing():
+    assert signatures.match_text("[rank 0] step 3 loss 0.12\n[rank 1] done\n") is None
+
+
+def test_catalog_entries_are_complete():
+    ids = [s.id for s in signatures.CATALOG + signatures.STACK_CATALOG]
+    assert len(ids) == len(set(ids))
+    for s in signatures.CATALOG + signatures.STACK_CATALOG:
+        assert s.title and s.lab
+        assert len(s.explanation.splitlines()) == 2, s.id
+    required = {"port-in-use", "rendezvous-timeout", "collective-timeout", "cpu-oom", "cuda-oom",
+                "collective-mismatch", "tensor-size-mismatch", "unused-parameters", "missing-master-env",
+                "nccl-error", "hang-different-collectives", "hang-rank-exited"}
+    assert required <= set(ids)
+
+
+def test_stack_signatures():
+    diff = signatures.match_stacks([(0, "hung", "barrier", "collective"),
+                                    (1, "hung", "all_reduce (DDP gradients, inside backward)", "backward")])
+    assert diff[0].id == "hang-different-collectives"
+    gone = signatures.match_stacks([(0, "exited", None, "other"), (1, "hung", "barrier", "collective")])
+    assert gone[0].id == "hang-rank-exited"
+    same = signatures.match_stacks([(0, "hung", "barrier", "collective"), (1, "hung", "barrier", "collective")])
+    assert same[0].id == "hang-same-collective"
+    busy = signatures.match_stacks([(0, "hung", None, "other"), (1, "hung", None, "other")])
+    assert busy[0].id == "deadline-exceeded"
