@@ -56,3 +56,26 @@ class Check:
     def _repr_html_(self) -> str:
         colour = "#1a7f37" if self.passed else "#cf222e"
         return f"<p style='color:{colour}'><b>{'PASS' if self.passed else 'NOT YET'}</b>: {html.escape(self.message)}</p>"
+
+
+class LabTable:
+    """The lab list (from the lab scripts' LAB dicts) as a table."""
+
+    def __init__(self):
+        from .catalog import labs
+
+        self.labs = labs()
+
+    def to_dict(self) -> list[dict]:
+        return [l.to_dict() for l in self.labs]
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{l.number}  {l.title}  [{', '.join(v.name for v in l.variants)}]" for l in self.labs)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        rows = "".join(
+            f"<tr><td>{l.number}</td><td>{e(l.title)}</td><td>{e(l.article[:3])}</td>"
+            f"<td>{'<br>'.join(f'<code>{e(v.name)}</code> → {e(v.expect)}' for v in l.variants)}</td></tr>"
+            for l in self.labs)
+        return f"<table><tr><th>lab</th><th>title</th><th>article</th><th>variants → outcome</th></tr>{rows}</table>"

@@ -1,0 +1,35 @@
+# ddplab: two commands do all the set-up.
+#   make workbook   venv + pinned install, every lab variant, every notebook -> build/, summary table
+#   make test       the whole test suite (what CI runs)
+#   make lab        JupyterLab on notebooks/
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.PHONY: workbook test lab install clean benchmark
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# -c constraints.txt pins torch to the CPU wheel (an unpinned torch pulls GBs of CUDA packages)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+workbook: $(STAMP)
+	$(BIN)/python -m ddplab.workbook.build --out build
+
+test: $(STAMP)
+	$(BIN)/python -m pytest --nbval-lax -p no:cacheprovider tests notebooks
+
+lab: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab]"
+	$(BIN)/jupyter lab notebooks/
+
+benchmark: $(STAMP)
+	$(BIN)/python benchmarks/launch_overhead.py
+
+clean:
+	rm -rf build runs

@@ -1,0 +1,65 @@
+"""What ddplab's launcher costs, measured as ratios in one run (this machine is noisy).
+
+    python benchmarks/launch_overhead.py [--runs 5] [--deadline 15]
+
+1. Median wall time of `ddplab run benchmarks/trivial.py` against bare torchrun on the same script
+   (same rank count, same c10d rendezvous on a free loopback port), runs interleaved so both see the
+   same machine. Target: ddplab <= 1.15x bare torchrun.
+2. Seconds from the deadline to a returned diagnosis for lab 01's hang (stacks read, job ended,
+   result built). Target: <= 3 s.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRIVIAL = HERE / "trivial.py"
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="runs of each launcher (default 5)")
+    p.add_argument("--deadline", type=float, default=15, help="deadline for the hang measurement, seconds")
+    a = p.parse_args()
+    runs_dir = tempfile.mkdtemp(prefix="ddplab-bench-")
+    env = {**os.environ, "DDPLAB_RUNS_DIR": runs_dir, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    bare_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(TRIVIAL)]
+    ddplab_cmd = [sys.executable, "-m", "ddplab.cli", "run", str(TRIVIAL), "--nproc", "2", "--quiet"]
+    bare, ours = [], []
+    timed(bare_cmd, env)  # warm the page cache for both
+    for i in range(a.runs):
+        bare.append(timed(bare_cmd, env))
+        ours.append(timed(ddplab_cmd, env))
+        print(f"run {i + 1}: bare torchrun {bare[-1]:.2f} s, ddplab run {ours[-1]:.2f} s", flush=True)
+    mb, mo = statistics.median(bare), statistics.median(ours)
+
+    import ddplab
+    lags = []
+    for i in range(3):
+        r = ddplab.run("01", variant="broken", deadline_s=a.deadline, run_root=runs_dir)
+        lags.append(r.wall_s - r.deadline_s)
+        print(f"hang {i + 1}: {r.status} [{r.signature}] returned {lags[-1]:.2f} s after the deadline", flush=True)
+
+    print()
+    print(f"{'measure':<48} {'value':>10}")
+    print(f"{'median wall, bare torchrun (s)':<48} {mb:>10.2f}")
+    print(f"{'median wall, ddplab run (s)':<48} {mo:>10.2f}")
+    print(f"{'ratio ddplab / bare (target <= 1.15)':<48} {mo / mb:>10.3f}")
+    print(f"{'deadline -> diagnosis, median of 3 (s, <= 3)':<48} {statistics.median(lags):>10.2f}")
+    print(f"{'deadline -> diagnosis, worst of 3 (s)':<48} {max(lags):>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`make workbook`: run every lab's variants, execute every notebook headless, write a summary.
+
+    python -m ddplab.workbook.build --out build [--labs 01 02] [--no-notebooks]
+
+Prints one line per run as it finishes, then a table (lab, variant, expected, status, signature,
+wall seconds) that is also written to build/summary.md; results go to build/results/*.json and the
+executed notebooks to build/notebooks/. Exits 1 if any variant did not show its expected outcome or
+any notebook failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import catalog
+from ..launch import run
+from ..result import RunResult
+
+
+@dataclass(frozen=True)
+class Row:
+    lab: str
+    variant: str
+    expected: str
+    status: str
+    signature: str | None
+    wall_s: float
+    as_expected: bool
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+def run_labs(numbers: list[str] | None, out: Path) -> list[Row]:
+    rows = []
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for lab in catalog.labs():
+        if numbers and lab.number not in numbers:
+            continue
+        for v in lab.variants:
+            r: RunResult = run(lab.number, variant=v.name)
+            ok = r.status == v.expect and (v.signature is None or r.signature == v.signature)
+            row = Row(lab.number, v.name, f"{v.expect}" + (f" [{v.signature}]" if v.signature else ""),
+                      r.status, r.signature, r.wall_s, ok)
+            rows.append(row)
+            r.save(out / "results" / f"{lab.id}-{v.name}.json")
+            print(f"{'  ' if ok else '!!'} {lab.number} {v.name:<24} {r.status:<7} {r.signature or '':<28} "
+                  f"{r.wall_s:6.1f} s", flush=True)
+    return rows
+
+
+def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, float]]:
+    import papermill as pm
+
+    folder = catalog.REPO_DIR / "notebooks"
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    done = []
+    for nb in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        if numbers and nb.name[:2] not in numbers and nb.name[:2] != "00":
+            continue
+        t0 = time.monotonic()
+        try:
+            pm.execute_notebook(str(nb), str(out / "notebooks" / nb.name), cwd=str(folder),
+                                progress_bar=False, kernel_name="python3")
+            status = "ok"
+        except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
+            status = f"failed: {str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__}"
+        done.append((nb.name, status, time.monotonic() - t0))
+        print(f"{'  ' if status == 'ok' else '!!'} notebook {nb.name:<28} {status} {done[-1][2]:6.1f} s", flush=True)
+    return done
+
+
+def summary(rows: list[Row], notebooks: list[tuple[str, str, float]]) -> str:
+    lines = ["| lab | variant | expected | status | failure signature | wall s | as expected |",
+             "|---|---|---|---|---|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r.lab} | {r.variant} | {r.expected} | {r.status} | {r.signature or ''} | "
+                     f"{r.wall_s:.1f} | {'yes' if r.as_expected else 'NO'} |")
+    if notebooks:
+        lines += ["", "| notebook | status | seconds |", "|---|---|---:|"]
+        lines += [f"| {n} | {s} | {t:.1f} |" for n, s, t in notebooks]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="build", help="output folder (default: build)")
+    p.add_argument("--labs", nargs="*", help="only these lab numbers (default: all)")
+    p.add_argument("--no-notebooks", action="store_true", help="run the variants only")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    print(f"ddplab workbook: running every lab variant ({len(catalog.labs())} labs), then the notebooks", flush=True)
+    rows = run_labs(a.labs, out)
+    notebooks = [] if a.no_notebooks else run_notebooks(a.labs, out)
+    text = summary(rows, notebooks)
+    (out / "summary.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({"runs": [r.to_dict() for r in rows],
+                                                  "notebooks": notebooks}, indent=2))
+    print("\n" + text + f"\nwritten to {out / 'summary.md'} in {time.monotonic() - t0:.0f} s")
+    bad = [r for r in rows if not r.as_expected] + [n for n in notebooks if n[1] != "ok"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
