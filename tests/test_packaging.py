@@ -15,7 +15,8 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     wanted = {_name(r) for r in py["dependencies"]}
     for extra in py["optional-dependencies"].values():
         wanted |= {_name(r) for r in extra}
-    pip_lines = re.findall(r"^\s+- (?!pip$|python|-e)(\S.*)$", (ROOT / "environment.yml").read_text(), re.M)
+    # the pip: block of environment.yml (its items are indented deeper than the conda ones)
+    pip_lines = re.findall(r"^ {6}- (\S.*)$", (ROOT / "environment.yml").read_text(), re.M)
     conda = {_name(r) for r in pip_lines if not r.startswith("-")}
     assert conda == wanted, f"only in environment.yml: {conda - wanted}; only in pyproject: {wanted - conda}"
 
