@@ -1,0 +1,294 @@
+"""Lab 02 - out of memory on one rank, and the OOM that turns into a hang.
+
+Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
+
+    torchrun --nproc-per-node 2 labs/02_oom.py --variant oom --mem-limit-mb 48
+    ddplab run 02 --variant skip-batch          # the same, with a deadline and each rank's stack
+
+Each rank pads its batch of 16 sequences to the longest one in it, and a per-token MLP runs on the
+padded tensor, so activation memory grows with batch x longest length. At step 2 the last rank draws
+one long document (384 tokens instead of 8-32): its padded batch is ~12x bigger and does not fit under
+the memory cap (--mem-limit-mb: model + optimizer + activations, on top of what torch itself uses).
+On CPU the cap is a real rlimit on the rank (see cap_memory), on a GPU the CUDA allocator's limit.
+
+Variants:
+  oom                     the allocation fails on the last rank; torchrun ends the others. Fails fast.
+  skip-batch              the usual `except OOM: continue` on the failing rank only -> the others wait
+                          in DDP's all-reduce for a batch that never comes: a hang.
+  fixed-accumulate        the largest micro-batch that fits (measured), gradient accumulation under
+                          no_sync(): the same effective batch, checked against the full-batch gradient.
+  fixed-coordinated-skip  every rank learns whether any rank failed (all-reduce of a flag), all skip.
+"""
+import ctypes
+import resource
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddplab import lab
+
+LAB = {
+    "title": "Out of memory, and the OOM that turns into a hang",
+    "article": "000_5eac2459042e419e.txt",
+    "deadline_s": 90,
+    "nproc": 2,
+    "min_nproc": 2,
+    "variants": {
+        "oom": {"expect": "failed", "signature": "cpu-oom",
+                "about": "the last rank's padded batch does not fit; the allocation fails and torchrun ends the others"},
+        "skip-batch": {"expect": "hung", "signature": "hang-different-collectives",
+                       "about": "catch the OOM and skip the batch on that rank only: the others wait in DDP's all-reduce"},
+        "fixed-accumulate": {"expect": "ok", "signature": None,
+                             "about": "largest micro-batch that fits (measured) + gradient accumulation under no_sync()"},
+        "fixed-coordinated-skip": {"expect": "ok", "signature": None,
+                                   "about": "all-reduce an 'I failed' flag first, so every rank skips the same batch"},
+    },
+    # read by ddplab.workbook.lab02 to reject a cap too small for the model before any rank starts
+    "model": {"features": 32, "hidden": 512, "batch": 16, "long_len": 384, "steps": 4, "long_step": 2},
+}
+M = LAB["model"]
+
+
+class TokenMLP(nn.Module):
+    def __init__(self, features: int = M["features"], hidden: int = M["hidden"]):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, x, mask):                    # x (B, T, F), mask (B, T): 1 for real tokens
+        per_token = self.net(x).squeeze(-1)        # activations ~ B x T x hidden: this is what runs out
+        return (per_token * mask).sum(1) / mask.sum(1)   # masked mean: padding never changes the answer
+
+
+def batch_for(rank: int, world: int, step: int, size: int = M["batch"]):
+    """A padded batch of `size` sequences; the last rank draws one long document at the long step."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    lens = torch.randint(8, 33, (size,), generator=g)
+    if rank == world - 1 and step == M["long_step"]:
+        lens[0] = M["long_len"]
+    x = torch.randn(size, int(lens.max()), M["features"], generator=g)
+    mask = (torch.arange(x.shape[1])[None, :] < lens[:, None]).float()
+    y = (x[..., 0] * mask).sum(1) / lens
+    return x, mask, y
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+
+
+class Memory:
+    """Cap and measure this rank's memory the same way on both devices (MiB above the baseline)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.rlimit = resource.getrlimit(resource.RLIMIT_DATA)
+        if not self.cuda:
+            # glibc keeps freed blocks below its (self-raising) mmap threshold in the heap, so peak RSS
+            # would stop moving after the first big step. Blocks >= 64 KiB in their own mmap are given
+            # back on free: RSS then follows the live tensors (M_MMAP_THRESHOLD is -3 in malloc.h).
+            ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)
+
+    def _status(self, key: str) -> float:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) / 1024 for l in f if l.startswith(key + ":"))
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            with open("/proc/self/clear_refs", "w") as f:   # "5" resets VmHWM (peak RSS) to the current RSS
+                f.write("5")
+        self.base = self.now()
+
+    def now(self) -> float:
+        return torch.cuda.memory_allocated(self.device) / 2**20 if self.cuda else self._status("VmRSS")
+
+    def peak_above_base(self) -> float:
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.cuda else self._status("VmHWM")
+        return round(peak - self.base, 1)
+
+    def cap(self, limit_mb: float, model_mb: float) -> None:
+        """Allow `limit_mb` for model + optimizer + activations, on top of what torch itself holds."""
+        if self.cuda:  # the caching allocator counts only tensors, so the fraction is the budget itself
+            torch.cuda.empty_cache()
+            total = torch.cuda.get_device_properties(self.device).total_memory / 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total), self.device)
+        else:
+            # RLIMIT_DATA, not RLIMIT_AS: measured here, a rank maps ~890 MiB of address space (VmSize)
+            # after DDP's first step but only ~290 MiB is private data (VmData); thread stacks and
+            # glibc arena reservations count in AS and move with thread counts, so an AS cap is
+            # noisy. DATA (Linux >= 4.7) counts heap + private anonymous mmaps: where tensors live.
+            # The soft limit moves, the hard limit stays, so the rank can lift the cap again.
+            data_mb = self._status("VmData")
+            resource.setrlimit(resource.RLIMIT_DATA, (int((data_mb - model_mb + limit_mb) * 2**20), self.rlimit[1]))
+
+    def lift(self) -> None:
+        if self.cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        else:
+            resource.setrlimit(resource.RLIMIT_DATA, self.rlimit)
+
+
+def seq_loss(model, x, mask, y, total: int):
+    """Sum of squared errors / full batch size: micro-batch losses add up to the full-batch mean."""
+    return ((model(x, mask) - y) ** 2).sum() / total
+
+
+def find_micro_batch(mem: Memory, limit_mb: float, model_mb: float, device, batch: int) -> int:
+    """FIX (1/2): measure the largest micro-batch that fits the worst-case length, like accelerate's
+    find_executable_batch_size. Local only (no collectives inside), so catching OOM here is safe."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    longest = torch.tensor([max(batch_for(rank, world, s, batch)[0].shape[1] for s in range(M["steps"]))], device=device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)                  # every rank probes the same shape
+    probe, best, m, T = TokenMLP().to(device), 0, 1, int(longest)
+
+    def peak_of(m: int) -> float:
+        mem.reset_peak()
+        try:
+            seq_loss(probe, torch.randn(m, T, M["features"], device=device), torch.ones(m, T, device=device),
+                     torch.zeros(m, device=device), m).backward()
+            return mem.peak_above_base()
+        finally:
+            probe.zero_grad(set_to_none=True)
+
+    while m <= batch:                                               # powers of two up to the batch
+        fits = best == m // 2                                       # stop trying once one size failed
+        if fits:
+            try:
+                peak = peak_of(m)
+                best = m
+            except RuntimeError as e:
+                if not is_oom(e):
+                    raise
+                fits = False
+        if not fits and limit_mb > 0:                               # for the plot: what it would need, cap lifted
+            mem.lift()
+            peak = peak_of(m)
+            mem.cap(limit_mb, model_mb)
+        lab.record("probe", micro=m, length=T, peak_mb=peak, fits=fits)
+        m *= 2
+    agreed = torch.tensor([max(best, 1)], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)                   # the same micro-batch on every rank
+    return int(agreed)
+
+
+def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int = 0,
+         pg_timeout_s: float | None = None) -> None:
+    ctx = lab.setup(timeout_s=pg_timeout_s)
+    rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    torch.manual_seed(0)
+    model = DDP(TokenMLP().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) * 3 / 2**20  # params+grads+momentum
+    x, mask, y = batch_for(rank, world, 0, 2)   # warm-up step: DDP's lazy buffers exist before the cap
+    seq_loss(model, x, mask, y, 2).backward()
+    opt.zero_grad(set_to_none=False)
+    mem = Memory(device)
+    if mem_limit_mb > 0:
+        mem.cap(mem_limit_mb, model_mb)
+    micro = batch
+    if variant == "fixed-accumulate":
+        micro = max(1, batch // accum) if accum else find_micro_batch(mem, mem_limit_mb, model_mb, device, batch)
+    lab.record("start", variant=variant, device=str(device), backend=ctx.backend, mem_limit_mb=mem_limit_mb,
+               model_mb=round(model_mb, 2), batch=batch, micro=micro, cap="cuda fraction" if mem.cuda else "RLIMIT_DATA")
+
+    for step in range(M["steps"]):
+        x, mask, y = (t.to(device) for t in batch_for(rank, world, step, batch))
+        mem.reset_peak()
+        failed = torch.zeros(1, device=device)
+        # ---- the broken lines and their fixes -----------------------------------------------------
+        if variant == "oom":
+            seq_loss(model, x, mask, y, len(y)).backward()           # BROKEN: raises on the last rank, job ends
+        elif variant == "skip-batch":
+            try:
+                seq_loss(model, x, mask, y, len(y)).backward()
+            except RuntimeError as e:
+                if not is_oom(e):
+                    raise
+                lab.record("skipped", step=step, why=str(e).split("\n")[0][-90:])
+                opt.zero_grad()
+                continue                                            # BROKEN: only this rank skips; the
+                # others are already in backward's all-reduce, which now waits for this rank forever
+        elif variant == "fixed-accumulate":
+            for i in range(0, len(y), micro):                       # FIX (2/2): micro-batches, same effective batch
+                sl = slice(i, i + micro)
+                last = i + micro >= len(y)
+                with (model.no_sync() if not last else _nothing()):  # all-reduce once, on the last micro-batch
+                    seq_loss(model, x[sl], mask[sl], y[sl], len(y)).backward()
+        else:  # fixed-coordinated-skip
+            try:
+                out = model(x, mask)                                # forward is where this model runs out
+            except RuntimeError as e:
+                if not is_oom(e):
+                    raise
+                failed += 1
+                out = None
+            dist.all_reduce(failed)                                 # FIX: everyone learns if anyone failed ...
+            if failed.item() > 0:
+                lab.record("skipped", step=step, ranks_failed=int(failed.item()))
+                opt.zero_grad()
+                continue                                            # ... and every rank skips together
+            (((out - y) ** 2).mean()).backward()
+        # --------------------------------------------------------------------------------------------
+        peak = mem.peak_above_base()
+        if variant == "fixed-accumulate" and step == M["long_step"]:
+            check_gradient(model, x, mask, y, mem, mem_limit_mb, model_mb)
+        opt.step()
+        opt.zero_grad()
+        lab.record("step", step=step, tokens=int(x.shape[0] * x.shape[1]), peak_mb=peak)
+
+    lab.record("loop_done")
+    dist.barrier()                   # e.g. "wait for everyone before saving the checkpoint"
+    lab.record("done")
+    lab.teardown()
+
+
+def check_gradient(model, x, mask, y, mem: Memory, limit_mb: float, model_mb: float) -> None:
+    """The accumulated, all-reduced gradient against the full batch's, computed without the cap on a
+    plain copy (no DDP hooks), averaged over ranks by hand. Also measures the full batch's peak."""
+    acc = torch.cat([p.grad.flatten() for p in model.parameters()])
+    ref = TokenMLP().to(x.device)
+    ref.load_state_dict(model.module.state_dict())
+    mem.lift()
+    mem.reset_peak()
+    seq_loss(ref, x, mask, y, len(y)).backward()
+    full_peak = mem.peak_above_base()
+    if limit_mb > 0:
+        mem.cap(limit_mb, model_mb)
+    full = torch.cat([p.grad.flatten() for p in ref.parameters()])
+    dist.all_reduce(full)
+    full /= dist.get_world_size()
+    lab.record("grad_check", max_abs_diff=float((acc - full).abs().max()), full_batch_peak_mb=full_peak)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=list(LAB["variants"]), default="oom",
+                   help="which version of the training loop to run")
+    p.add_argument("--mem-limit-mb", type=float, default=48,
+                   help="per-rank budget for model + optimizer + activations in MiB (0: no cap)")
+    p.add_argument("--batch", type=int, default=M["batch"], help="sequences per rank per step")
+    p.add_argument("--accum", type=int, default=0, choices=[0, 1, 2, 4, 8, 16],
+                   help="fixed-accumulate: micro-batches per step (0: find the largest micro-batch that fits)")
+    p.add_argument("--pg-timeout-s", type=float, default=None,
+                   help="init_process_group(timeout=...) in seconds (default: PyTorch's 30 minutes)")
+    a = p.parse_args()
+    model_mb = sum(q.numel() * 4 for q in TokenMLP().parameters()) * 3 / 2**20
+    if a.batch < 1:
+        p.error(f"--batch must be at least 1 (got {a.batch})")
+    if 0 < a.mem_limit_mb <= model_mb or a.mem_limit_mb < 0:
+        p.error(f"--mem-limit-mb {a.mem_limit_mb:g} cannot hold the model itself ({model_mb:.1f} MiB); use 0 (no cap) or more")
+    main(a.variant, a.mem_limit_mb, a.batch, a.accum, a.pg_timeout_s)

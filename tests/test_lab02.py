@@ -1,0 +1,94 @@
+"""Lab 02: a real out-of-memory on one rank (RLIMIT_DATA cap on CPU, the CUDA allocator's limit on a
+GPU), the hang that `except OOM: continue` on one rank makes, and the two fixes."""
+import time
+from pathlib import Path
+
+import pytest
+
+from ddplab import DdplabError, signatures
+from ddplab.workbook import lab02
+
+DATA = Path(__file__).parent / "data"
+
+
+def _oom_signature():
+    try:
+        import torch
+        return "cuda-oom" if torch.cuda.is_available() else "cpu-oom"
+    except ImportError:  # pragma: no cover
+        return "cpu-oom"
+
+
+def test_captured_cpu_oom_message_matches_cpu_oom():
+    sig, line = signatures.match_text((DATA / "lab02_cpu_oom.txt").read_text())
+    assert sig.id == "cpu-oom"
+    assert "can't allocate memory" in line
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"mem_limit_mb": 2}, "too small for the model itself"),
+    ({"mem_limit_mb": -5}, "too small for the model itself"),
+    ({"batch": 0}, "batch must be a whole number"),
+    ({"batch": 4, "accum": 8}, "accum=8"),
+])
+def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
+    t0 = time.monotonic()
+    with pytest.raises(DdplabError) as e:
+        lab02.run("oom", run_root=tmp_path, **knobs)
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.hint
+    assert not any(tmp_path.iterdir()), "a run directory was made: ranks started"
+    assert time.monotonic() - t0 < 2
+
+
+def _run(run_lab, variant, deadline_s=None, **knobs):
+    lab02.validate(**knobs)
+    args = ["--mem-limit-mb", str(knobs.get("mem_limit_mb", lab02.DEFAULT_MEM_LIMIT_MB)),
+            "--accum", str(knobs.get("accum", 0))]
+    return run_lab("02", variant=variant, deadline_s=deadline_s, args=args)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_oom_fails_fast_with_the_oom_signature(run_lab):
+    r = _run(run_lab, "oom")
+    assert (r.status, r.signature) == ("failed", _oom_signature())
+    assert r.rank(1).exit_code == 1                        # the rank whose batch did not fit
+    assert r.rank(0).state == "exited"                     # ended by torchrun, not left waiting
+    steps = {(s["rank"], s["step"]) for s in r.records_of("step")}
+    assert (1, lab02.spec()["long_step"]) not in steps     # it died in the long step
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(run_lab):
+    r = _run(run_lab, "skip-batch", deadline_s=30)
+    assert (r.status, r.signature) == ("hung", "hang-different-collectives")
+    assert [s["rank"] for s in r.records_of("skipped")] == [1]
+    assert "all_reduce" in r.rank(0).waits_in and "02_oom.py" in r.rank(0).user_frame
+    assert r.rank(1).waits_in == "barrier"
+    assert all(x.stack for x in r.ranks)                   # both ranks' stacks were read
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_fixed_accumulate_gives_the_full_batch_gradient_in_less_memory(run_lab):
+    r = _run(run_lab, "fixed-accumulate")
+    assert (r.status, r.signature) == ("ok", None)
+    m = lab02.memory_figures(r)
+    assert m["max_abs_diff"] <= 1e-5
+    assert 1 <= m["micro"] < m["batch"]
+    assert m["full_peak_mb"] > m["activation_cap_mb"] > m["accum_peak_mb"]
+    probes = lab02.sweep(r)
+    assert {p["micro"] for p in probes if p["fits"]} and any(not p["fits"] for p in probes)
+    assert len(r.records_of("done")) == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_fixed_coordinated_skip_every_rank_skips_together(run_lab):
+    r = _run(run_lab, "fixed-coordinated-skip")
+    assert (r.status, r.signature) == ("ok", None)
+    skipped = r.records_of("skipped")
+    assert sorted(s["rank"] for s in skipped) == [0, 1]
+    assert {s["step"] for s in skipped} == {lab02.spec()["long_step"]}
+    assert len(r.records_of("done")) == 2
