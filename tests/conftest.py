@@ -70,6 +70,17 @@ def assert_nothing_left(marker: str | None = None, wait_s: float = 3.0) -> None:
         f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}" for p in left)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_runs_dir(tmp_path_factory):
+    """Every run this test process starts without an explicit run_root (notebook kernels included)
+    goes under its own directory, so the leftover check of one pytest-xdist worker never sees the
+    jobs of the other, and nothing is written into the checkout's runs/."""
+    path = tmp_path_factory.mktemp("runs-" + os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDPLAB_RUNS_DIR", str(path))
+        yield path
+
+
 @pytest.fixture
 def run_lab(tmp_path):
     """Run a lab or script for real into a temporary run directory; afterwards assert that no process

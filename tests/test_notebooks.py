@@ -33,7 +33,7 @@ def test_notebook_structure(path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_under_papermill(path):
+def test_notebook_executes_under_papermill(path, session_runs_dir):
     import papermill as pm
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -46,4 +46,4 @@ def test_notebook_executes_under_papermill(path):
         images = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
         assert images, "a lab notebook plots its measured difference"
     from conftest import assert_nothing_left
-    assert_nothing_left()
+    assert_nothing_left(str(session_runs_dir))
