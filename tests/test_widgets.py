@@ -1,0 +1,31 @@
+"""The ipywidgets panel: built from the lab catalog, and a click starts a real run."""
+import pytest
+
+from conftest import assert_nothing_left
+
+
+def test_panel_lists_the_labs_variants():
+    from ddplab.widgets import panel
+    p = panel("01")
+    assert list(p.variant.options) == ["broken", "rank-conditional", "fixed-sampler", "fixed-join"]
+    p.variant.value = "fixed-join"
+    assert "Join" in p.about.value and "expected: ok" in p.about.value
+
+
+def test_panel_rejects_an_unknown_lab():
+    from ddplab import DdplabError
+    from ddplab.widgets import panel
+    with pytest.raises(DdplabError, match="ddplab list"):
+        panel("99")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_clicking_run_starts_a_real_job(session_runs_dir):
+    from ddplab.widgets import panel
+    p = panel("01", deadline_s=60)
+    p.variant.value = "fixed-sampler"
+    p.button.click()
+    assert p.result is not None and p.result.status == "ok" and p.result.nproc == 2
+    assert p.button.description == "Run" and not p.button.disabled
+    assert_nothing_left(str(session_runs_dir))
