@@ -69,6 +69,15 @@ def test_job_still_working_at_deadline_is_not_called_a_collective_hang(run_lab):
     assert all(x.waits_in is None for x in r.ranks)
 
 
+@pytest.mark.timeout(90)
+def test_a_busy_job_gets_more_time_than_its_deadline(run_lab):
+    # ranks computing (using CPU) at the deadline are slow, not stuck: the launcher extends the
+    # deadline (up to twice) and says so; a job blocked in a collective uses no CPU and is ended on time
+    r = run_lab(SCRIPT, args=["--mode", "busy"], deadline_s=9)
+    assert r.status == "ok" and r.wall_s > 9
+    assert any("extended" in n for n in r.notes)
+
+
 @pytest.mark.timeout(60)
 def test_taken_port_is_refused_before_starting(tmp_path):
     with socket.socket() as s:

@@ -34,6 +34,13 @@ DEFAULT_SCRIPT_DEADLINE_S = 120.0
 POLL_S = 0.05
 GRACE_S = 1.5
 SETTLE_S = 5.0
+# A deadline is for a job that is stuck, not one that is slow: ranks blocked in a collective use no
+# CPU, while ranks still importing torch or computing on an overloaded machine do. If the job's
+# processes used more than BUSY_CORES of CPU over the last BUSY_WINDOW_S when the deadline comes,
+# it gets more time, second by second, up to BUSY_EXTENSION x the deadline more, and a note says so.
+BUSY_CORES = 0.3
+BUSY_WINDOW_S = 1.0
+BUSY_EXTENSION = 1.0
 
 
 def runs_root() -> Path:
@@ -183,6 +190,27 @@ class _Watch:
             pass
         self.offsets: dict[Path, int] = {}
         self.last_scan = 0.0
+        self.cpu_of: dict[int, float] = {}          # pid -> last CPU seconds read (kept after exit)
+        self.cpu_samples: list[tuple[float, float]] = []
+
+    def sample_cpu(self, now: float) -> None:
+        for pid, p in list(self.known.items()):
+            try:
+                t = p.cpu_times()
+                self.cpu_of[pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        self.cpu_samples.append((now, sum(self.cpu_of.values())))
+        self.cpu_samples = [s for s in self.cpu_samples if now - s[0] <= 4 * BUSY_WINDOW_S]
+
+    def busy_cores(self) -> float:
+        """CPU cores the job's processes used over about the last BUSY_WINDOW_S."""
+        if len(self.cpu_samples) < 2:
+            return 0.0
+        now, total = self.cpu_samples[-1]
+        then, before = next(((t, c) for t, c in reversed(self.cpu_samples) if now - t >= BUSY_WINDOW_S),
+                            self.cpu_samples[0])
+        return (total - before) / (now - then) if now > then else 0.0
 
     def scan(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -197,6 +225,7 @@ class _Watch:
                 self.known.setdefault(p.pid, p)
         except psutil.Error:
             pass
+        self.sample_cpu(now)
         if self.stream:
             self.echo()
 
@@ -509,16 +538,26 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     got: dict = {}
     notes: list[str] = []
     alive_ranks: list[int] = []
+    extended = False
     try:
         deadline = t0 + job.deadline_s
-        settled = False
+        last_chance = t0 + job.deadline_s * (1 + BUSY_EXTENSION)
+        settled = extended = False
         while proc.poll() is None:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 pids = rank_pids(job.run_dir)
                 if pids and not settled and not any(_pid_alive(p) for p in pids.values()):
                     # Every rank has exited and torchrun is only shutting down: let it finish.
-                    settled, deadline = True, time.monotonic() + SETTLE_S
+                    settled, deadline = True, now + SETTLE_S
                     continue
+                watch.scan(force=True)
+                if not settled and now < last_chance and watch.busy_cores() > BUSY_CORES:
+                    deadline, extended = now + 0.5, True   # still working, not waiting: look again soon
+                    continue
+                if extended:
+                    notes.append(f"the deadline was extended by {now - t0 - job.deadline_s:.1f} s because the "
+                                 "job was still using CPU (busy, not waiting)")
                 ended_by = "deadline"
                 break
             watch.scan()
@@ -531,7 +570,11 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
             watch.scan(force=True)
             pids = rank_pids(job.run_dir)
             alive_ranks = [r for r, pid in pids.items() if _pid_alive(pid)]
-            got, notes = capture_stacks(job.run_dir, {r: pids[r] for r in alive_ranks})
+            got, stack_notes = capture_stacks(job.run_dir, {r: pids[r] for r in alive_ranks})
+            notes += stack_notes
+        elif extended:
+            notes.append(f"finished {time.monotonic() - t0 - job.deadline_s:.1f} s after its {job.deadline_s:g} s "
+                         "deadline, which was extended because the job was still using CPU (busy, not waiting)")
         leftover = terminate(watch, grace_s) if (ended_by or watch.alive()) else ()
         if stream:
             watch.echo()

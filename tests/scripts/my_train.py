@@ -23,6 +23,10 @@ def main(mode: str) -> None:
         raise ValueError("rank 1 found a corrupt batch")
     if mode == "sleep":
         time.sleep(60)
+    if mode == "busy":             # slow, not stuck: computes for 8 s
+        t = time.monotonic()
+        while time.monotonic() - t < 8:
+            torch.randn(128, 128) @ torch.randn(128, 128)
     dist.barrier()
     print(f"rank {rank} finished {steps} steps", flush=True)
     dist.destroy_process_group()
@@ -30,5 +34,5 @@ def main(mode: str) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["ok", "hang", "crash", "sleep"], default="ok", help="what the job does")
+    p.add_argument("--mode", choices=["ok", "hang", "crash", "sleep", "busy"], default="ok", help="what the job does")
     main(p.parse_args().mode)
