@@ -21,8 +21,10 @@ install: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m ddplab.workbook.build --out build
 
+# Two workers (pytest-xdist, one file or notebook each at a time): most of a multi-process test is
+# waiting (torch imports, hangs until their deadline), so this halves CI time on 2 cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax -p no:cacheprovider tests notebooks
+	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval-lax -p no:cacheprovider tests notebooks
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab]"
