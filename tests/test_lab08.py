@@ -1,0 +1,93 @@
+"""Lab 08: the articles' own code, run for real on 2 gloo ranks: article 001's gradient accumulation
+(zero_grad every micro-batch), DistributedSampler without set_epoch, and article 000's
+init_process_group without MASTER_ADDR/MASTER_PORT."""
+import time
+from pathlib import Path
+
+import pytest
+
+from ddplab import DdplabError, signatures
+from ddplab.workbook import lab08
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("name", ["lab08_no_master_env.txt", "real_missing_master_env.txt"])
+def test_captured_no_master_env_message_matches_missing_master_env(name):
+    sig, line = signatures.match_text((DATA / name).read_text())
+    assert sig.id == "missing-master-env"
+    assert "MASTER_ADDR expected, but not set" in line
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"max_k": 3}, "max_k=3"),
+    ({"max_k": True}, "max_k=True"),
+    ({"epochs": 1}, "needs 2 to 8 epochs"),
+    ({"epochs": "4"}, "needs 2 to 8 epochs"),
+])
+def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
+    t0 = time.monotonic()
+    with pytest.raises(DdplabError) as e:
+        lab08.run("accumulate-fixed", run_root=tmp_path, **knobs)
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.hint
+    assert not any(tmp_path.iterdir()), "a run directory was made: ranks started"
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(run_lab):
+    r = run_lab("08", variant="accumulate-article", deadline_s=60)
+    assert (r.status, r.signature) == ("ok", None)
+    for amp in ("fp32", "bf16"):
+        rows = lab08.accumulation(r, amp)
+        assert [a["k"] for a in rows] == lab08.sizes()["ks"]
+        for a in rows:
+            assert a["diff_last"] <= lab08.TOL                # exactly the last micro-batch's gradient
+            assert a["allreduces"] == a["k"]                  # one all-reduce per micro-batch
+            if a["k"] > 1:
+                assert a["rel_err_full"] > 0.1                # far from the full batch's
+    assert len(r.records_of("done")) == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(run_lab):
+    r = run_lab("08", variant="accumulate-fixed", deadline_s=60)
+    assert (r.status, r.signature) == ("ok", None)
+    for a in lab08.accumulation(r, "fp32"):
+        assert a["diff_full"] <= lab08.TOL
+        assert (a["allreduces"], a["allreduces_saved"]) == (1, a["k"] - 1)
+    for a in lab08.accumulation(r, "bf16"):                  # bf16 autocast: within bf16 rounding
+        assert a["rel_err_full"] < 0.02 and a["allreduces"] == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_sampler_without_set_epoch_repeats_the_order_every_epoch(run_lab):
+    r = run_lab("08", variant="sampler-no-set-epoch", deadline_s=60)
+    assert (r.status, r.signature) == ("ok", None)
+    o = lab08.orders(r)
+    assert sorted(o) == [0, 1] and all(len(v) == lab08.sizes()["epochs"] for v in o.values())
+    assert lab08.order_repeats(r) and lab08.shards_cover_dataset(r)
+    assert all(f == [1.0] * (lab08.sizes()["epochs"] - 1) for f in lab08.same_as_previous(r).values())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_sampler_with_set_epoch_changes_the_order(run_lab):
+    r = run_lab("08", variant="sampler-set-epoch", deadline_s=60)
+    assert (r.status, r.signature) == ("ok", None)
+    assert not lab08.order_repeats(r) and lab08.shards_cover_dataset(r)
+    for o in lab08.orders(r).values():
+        assert len({tuple(e) for e in o}) == len(o)          # every epoch a different order
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_init_without_master_env_fails_with_pytorchs_error(run_lab):
+    r = run_lab("08", variant="no-master-env", deadline_s=60)
+    assert (r.status, r.signature) == ("failed", "missing-master-env")
+    assert all(x.exit_code == 1 for x in r.ranks if x.state == "exited" and x.exit_code)
+    assert not r.records_of("joined")
+    assert [s["master_addr"] for s in r.records_of("start")] == [None] * len(r.records_of("start"))
