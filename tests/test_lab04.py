@@ -1,0 +1,144 @@
+"""Lab 04 (padded variable-length sequences): every variant for real on 2 gloo ranks (the DataParallel
+variants as the labelled CPU emulation here, real nn.DataParallel where 2 GPUs exist), the fixed
+outputs against one process, bucketing's measured padding, the captured messages, and bad input."""
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_gpus
+from ddplab import catalog, signatures
+from ddplab.errors import DdplabError
+from ddplab.workbook import lab04
+
+DATA = Path(__file__).parent / "data"
+
+
+def expected(variant):
+    v = catalog.find_lab("04").variant(variant)
+    return v.expect, v.signature
+
+
+def run04(run_lab, variant, **kw):
+    args = []
+    if variant in lab04.DP_VARIANTS:
+        args = ["--dp", kw.pop("dp", "emulation")]
+    elif variant == "bucketing":
+        args = ["--n-seqs", "256", "--reps", "1"]
+    return run_lab("04", variant=variant, deadline_s=kw.pop("deadline_s", 90), args=args, **kw)
+
+
+@pytest.mark.parametrize("name, sig_id", [
+    ("lab04_dp_gather_sizes.txt", "tensor-size-mismatch"),
+    ("lab04_pinned_meta_device.txt", "device-mismatch"),
+])
+def test_captured_messages_match_their_signature(name, sig_id):
+    sig, line = signatures.match_text((DATA / name).read_text())
+    assert sig.id == sig_id, line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_dp_broken_emulation_fails_at_the_first_step_whose_chunks_differ(run_lab):
+    r = run04(run_lab, "dp-broken")
+    assert (r.status, r.signature) == expected("dp-broken") == ("failed", "tensor-size-mismatch")
+    s = lab04.dp_summary(r)
+    assert s["label"] == "emulation of DataParallel on CPU"
+    assert s["steps_done"] == 1 and s["failed_at_step"] == 1       # it starts, trains a step, then crashes
+    st = s["steps"][1]
+    assert st["chunk_max_lengths"] == [12, 7] and st["replica_out_lengths"] == [12, 7]
+    assert r.ranks[0].user_frame and "data_parallel" in r.ranks[0].user_frame
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_dp_fixed_emulation_equals_one_process(run_lab):
+    r = run04(run_lab, "dp-fixed")
+    assert (r.status, r.signature) == expected("dp-fixed") == ("ok", None)
+    s = lab04.dp_summary(r)
+    assert s["steps_done"] == 3
+    for st in s["steps"]:
+        assert st["replica_out_lengths"] == [st["padded_len"]] * 2
+        assert st["gathered"] == [8, st["padded_len"], 1]
+        assert st["max_abs_diff_vs_single"] < 1e-6
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_pinned_layer_emulation_fails_only_for_the_pinned_tensor(run_lab):
+    r = run04(run_lab, "pinned-layer")
+    assert (r.status, r.signature) == expected("pinned-layer") == ("failed", "device-mismatch")
+    p = lab04.pinned_summary(r)
+    assert p["devices"] == ["cpu", "meta"]
+    assert p["article_layer_ok"] and p["follow_ok"] and not p["pinned_ok"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ddp_broken_all_gather_of_own_lengths_aborts(run_lab):
+    r = run04(run_lab, "ddp-broken")
+    assert (r.status, r.signature) == expected("ddp-broken") == ("failed", "gloo-size-mismatch")
+    assert lab04.ddp_summary(r)["own_max_len"] == [12, 17]
+    assert not r.records_of("done")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ddp_fixed_pads_to_global_max_and_equals_one_process(run_lab):
+    r = run04(run_lab, "ddp-fixed")
+    assert (r.status, r.signature) == expected("ddp-fixed") == ("ok", None)
+    d = lab04.ddp_summary(r)
+    assert d["own_max_len"] == [12, 17] and d["global_max_len"] == 17
+    assert d["max_abs_diff_vs_single"] < 1e-6
+    assert all(e["gathered_rows"] == 16 for e in r.records_of("ddp_eval"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_bucketing_cuts_padding_keeps_batches_and_loss(run_lab):
+    r = run04(run_lab, "bucketing")
+    assert (r.status, r.signature) == expected("bucketing") == ("ok", None)
+    s = lab04.bucketing_summary(r)
+    rnd, bkt = s["random"], s["bucketed"]
+    assert rnd["batches_per_rank"] == bkt["batches_per_rank"] > 0   # distributed-safe: same step count
+    assert rnd["real_tokens"] == bkt["real_tokens"]                  # the same data, batched differently
+    assert bkt["padding_fraction"] < rnd["padding_fraction"] / 2
+    assert s["loss_init_rel_diff"] < 1e-6                            # masked loss does not see the padding
+    assert rnd["tokens_per_s"] > 0 and bkt["tokens_per_s"] > 0
+    assert len(r.records_of("done")) == 2
+
+
+def test_dp_modes_rejected_before_any_rank_starts():
+    with pytest.raises(DdplabError, match="not a DataParallel mode"):
+        lab04.run_variant("dp-broken", dp="threads")
+    with pytest.raises(DdplabError, match="replicas"):
+        lab04.run_variant("dp-broken", replicas=5)
+    if lab04.gpu_count() < 2:
+        with pytest.raises(DdplabError, match="needs 2 CUDA GPUs") as e:
+            lab04.run_variant("dp-fixed", dp="real")
+        assert "emulation" in e.value.hint
+
+
+@requires_gpus(2)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["dp-broken", "dp-fixed", "pinned-layer"])
+def test_real_data_parallel(run_lab, variant):
+    r = run04(run_lab, variant, dp="real")
+    assert (r.status, r.signature) == expected(variant)
+    start = r.records_of("dp_start") or r.records_of("pinned_start")
+    assert start[0]["dp_mode"] == "real"
+
+
+@requires_gpus(2)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["dp-broken", "dp-fixed"])
+def test_emulation_agrees_with_real_data_parallel(run_lab, variant):
+    emu, real = run04(run_lab, variant, dp="emulation"), run04(run_lab, variant, dp="real")
+    assert (emu.status, emu.signature) == (real.status, real.signature)
+    e, g = lab04.dp_summary(emu), lab04.dp_summary(real)
+    assert e["failed_at_step"] == g["failed_at_step"] and e["steps_done"] == g["steps_done"]
+    for a, b in zip(e["steps"], g["steps"]):
+        assert a["gathered"] == b["gathered"]
+    for a, b in zip(emu.records_of("dp_step"), real.records_of("dp_step")):
+        assert abs(a["loss"] - b["loss"]) < 1e-4
