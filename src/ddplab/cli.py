@@ -54,8 +54,15 @@ def _cmd_doctor(a: argparse.Namespace) -> int:
     from .doctor import doctor
 
     report = doctor(port=a.port)
-    print(json.dumps(report.to_dict(), indent=2) if a.json else report.text())
-    return EXIT_OK if report.ok else EXIT_RUN_FAILED
+    pf = None
+    if a.preflight:   # before a multi-node run: master reachable, port usable, ranks agree (runs --nproc ranks)
+        from .preflight import preflight
+        pf = preflight(a.master_addr, a.port, nproc=a.nproc)
+    if a.json:
+        print(json.dumps(report.to_dict() | ({"preflight": pf.to_dict()} if pf else {}), indent=2, default=str))
+    else:
+        print(report.text() + (f"\n{pf.explain()}" if pf else ""))
+    return EXIT_OK if report.ok and (pf is None or pf.ok) else EXIT_RUN_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
     pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")
     pd.add_argument("--json", action="store_true", help="print the report as JSON")
+    pd.add_argument("--preflight", action="store_true",
+                    help="also the multi-node pre-flight: is --master-addr reachable, is --port open there, do "
+                         "--nproc ranks started through the launcher agree on torch version and WORLD_SIZE")
+    pd.add_argument("--master-addr", default="127.0.0.1", help="the MASTER_ADDR the pre-flight dials (default 127.0.0.1)")
+    pd.add_argument("--nproc", type=int, default=2, help="ranks the pre-flight starts on this machine (default 2)")
     pd.set_defaults(func=_cmd_doctor)
     return p
 

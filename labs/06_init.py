@@ -1,0 +1,239 @@
+"""Lab 06 - initialization that never finishes: missing ranks, late ranks, an unreachable master.
+
+Run it by itself (gloo on CPU):
+
+    torchrun --nproc-per-node 2 labs/06_init.py --variant missing-rank
+    ddplab run 06 --variant missing-rank        # the same, with a deadline and each rank's stack
+
+Article 003 ("Why is DDP timing out during initialization?") lists the causes: a firewall or a wrong
+MASTER_ADDR, ranks that never join, environments that disagree. Every one of them looks the same
+from inside `init_process_group`: a rank waits for others, silently, for the timeout, which is
+30 minutes by default. This script makes each cause happen for real and records, on every rank,
+how many seconds `init_process_group` took to answer and with which error.
+
+Variants:
+  missing-rank        every rank says the world has 3 ranks, only 2 start (a node that never came up).
+  late-rank           rank 1 starts --late-s seconds late (slow data staging); timeout shorter than that.
+  unreachable-master  ranks other than 0 dial --master-addr, where nothing answers (a firewall).
+  env-mismatch        rank 1 has a different MASTER_PORT (--mismatch port) or WORLD_SIZE (world-size).
+  article-sleep       the article's Example 2: default timeout, `except RuntimeError: time.sleep(60)`.
+  fixed               an explicit timeout chosen on purpose; torchrun restarts the group if it fires.
+
+On a real cluster the fix is torchrun's own rendezvous, with the join timeout and restarts set:
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 \
+             --rdzv-conf join_timeout=300 --max-restarts 2 labs/06_init.py --variant fixed
+"""
+import datetime
+import os
+import socket
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddplab import lab
+
+LAB = {
+    "title": "Initialization that never finishes: missing ranks, late ranks, an unreachable master",
+    "article": "003_da49d0a504e50001.txt",
+    "deadline_s": 90,       # only a cap: every variant but article-sleep ends by itself in seconds
+    "nproc": 2,
+    "min_nproc": 2,
+    "variants": {
+        "missing-rank": {"expect": "failed", "signature": "rendezvous-timeout",
+                         "about": "WORLD_SIZE says 3, only 2 ranks start: the store waits for a client that never comes"},
+        "late-rank": {"expect": "failed", "signature": "rendezvous-timeout",
+                      "about": "rank 1 starts later than the timeout allows: rank 0 gives up first"},
+        "unreachable-master": {"expect": "failed", "signature": "store-unreachable",
+                               "about": "rank 1 dials a master address where nothing answers (firewall / wrong address)"},
+        "env-mismatch": {"expect": "failed", "signature": "store-unreachable",
+                         "about": "rank 1 was given another MASTER_PORT (or, with --mismatch world-size, another WORLD_SIZE)"},
+        "article-sleep": {"expect": "hung", "signature": "hang-rendezvous",
+                          "about": "the article's try/except + sleep(60) with the default 30-minute timeout: no answer for half an hour"},
+        "fixed": {"expect": "ok", "signature": None,
+                  "about": "a rank 1 s late, a timeout set on purpose that covers it; torchrun restarts if it fires"},
+    },
+}
+
+# variant: (init timeout in seconds, rank 1's delay in seconds); short so every failure takes seconds
+DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-master": (3.0, 0.0),
+            "env-mismatch": (3.0, 0.0), "article-sleep": (3.0, 0.0), "fixed": (10.0, 1.0)}
+LINGER_S = 2.0   # a failed rank stays 2 s so the others' errors reach their logs too (see report())
+
+
+def agent_store() -> dist.TCPStore:
+    """torchrun's own store (always reachable here): used only to share a free port and to pace sweeps."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=30))
+
+
+def own_ports(rank: int) -> tuple[int, int]:
+    """Two fresh ports: one for this lab's own store, one where nothing listens. Rank 0 picks them,
+    the others read them from torchrun's store."""
+    store = agent_store()
+    if rank == 0:
+        with socket.socket() as s1, socket.socket() as s2:
+            s1.bind(("127.0.0.1", 0))
+            s2.bind(("127.0.0.1", 0))
+            store.set("lab06/ports", f"{s1.getsockname()[1]},{s2.getsockname()[1]}")
+    port, dead = store.get("lab06/ports").decode().split(",")
+    return int(port), int(dead)
+
+
+def init(rank: int, world: int, addr: str, port: int, timeout_s: float | None) -> float:
+    """The article's Example 1: MASTER_ADDR/PORT in the environment, then init_process_group."""
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)   # rank 0 hosts the store itself, as without torchrun
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    t0 = time.monotonic()
+    dist.init_process_group("gloo", rank=rank, world_size=world, **kw)
+    return time.monotonic() - t0
+
+
+def report(rank: int, t0: float, e: BaseException, timeout_s: float | None) -> None:
+    lab.record("init_failed", error=type(e).__name__, message=str(e).splitlines()[0][:300],
+               seconds=round(time.monotonic() - t0, 3), timeout_s=timeout_s)
+    # torchrun ends every rank as soon as one exits; staying LINGER_S lets the other side print its error.
+    time.sleep(LINGER_S)
+
+
+def main(a) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr = os.environ["MASTER_ADDR"]
+    v = a.variant
+    lab.record("start", variant=v, world_size=world, torch=torch.__version__, timeout_s=a.timeout_s,
+               restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+               max_restarts=int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)))
+    if v == "late-rank" and a.sweep_timeouts:
+        return sweep(rank, world, a)
+
+    t0 = time.monotonic()
+    try:
+        if v == "missing-rank":
+            init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)        # BROKEN: a rank that never starts
+        elif v == "late-rank":
+            late(rank, a.late_s)
+            lab.setup(timeout_s=a.timeout_s)                                    # BROKEN: timeout < rank 1's delay
+        elif v == "unreachable-master":
+            port, dead = own_ports(rank)
+            where = a.master_addr
+            if rank != 0 and where.startswith("127."):
+                port = dead                    # loopback fallback: a port where nothing listens (refused, not dropped)
+            lab.record("dials", master_addr=addr if rank == 0 else where, port=port)
+            init(rank, world, addr if rank == 0 else where, port,               # BROKEN: nothing answers there
+                 a.timeout_s * 3 if rank == 0 else a.timeout_s)  # rank 0 waits longer so rank 1's own error shows
+        elif v == "env-mismatch":
+            port, other = own_ports(rank)
+            if a.mismatch == "port":
+                init(rank, world, addr, port if rank == 0 else other,          # BROKEN: rank 1 has another MASTER_PORT
+                     a.timeout_s * 3 if rank == 0 else a.timeout_s)
+            else:
+                init(rank, world + (rank != 0), addr, port, a.timeout_s)      # BROKEN: rank 1 has WORLD_SIZE+1
+                dist.barrier()
+        elif v == "article-sleep":
+            heartbeat(t0)      # records every 2 s how long init has waited so far (it never answers)
+            try:                                                                # BROKEN: the article's Example 2
+                init(rank, world + 1, addr, own_ports(rank)[0], None)          # default timeout: 30 minutes
+            except RuntimeError as e:
+                lab.record("init_failed", error=type(e).__name__, message=str(e)[:300])
+                time.sleep(a.sleep_s)  # "allow time for other processes to report errors"
+                raise SystemExit(1)
+        elif v == "fixed":
+            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
+                late(rank, a.late_s)   # staging is slow the first time; after a restart it is cached
+            lab.setup(timeout_s=a.timeout_s)                                    # FIX: a timeout chosen on purpose
+            dist.barrier()
+    except Exception as e:
+        report(rank, t0, e, a.timeout_s)
+        raise
+    lab.record("init_done", seconds=round(time.monotonic() - t0, 3), world_size=dist.get_world_size())
+    lab.teardown()
+
+
+def heartbeat(t0: float, every_s: float = 2.0) -> None:
+    def beat():
+        while True:
+            time.sleep(every_s)
+            lab.record("waiting", seconds=round(time.monotonic() - t0, 3))
+    threading.Thread(target=beat, daemon=True).start()
+
+
+def late(rank: int, late_s: float) -> None:
+    if rank == 1:
+        lab.record("late_start", late_s=late_s)
+        time.sleep(late_s)             # slow data staging, a busy node, a container still pulling
+
+
+def sweep(rank: int, world: int, a) -> None:
+    """late-rank for many (timeout, delay) pairs in one job: each trial is a real init_process_group
+    on a fresh store prefix; rank 1 arrives `delay` seconds after rank 0 starts waiting."""
+    store = agent_store()
+    pairs = [(t, d) for d in a.sweep_delays for t in a.sweep_timeouts]
+    for k, (timeout_s, delay) in enumerate(pairs):
+        _barrier(store, f"sweep/{k}/start", world)
+        t0 = time.monotonic()
+        outcome, err = "ok", None
+        if rank != 0:
+            while time.monotonic() - t0 < delay and not store.check([f"sweep/{k}/gave_up"]):
+                time.sleep(0.02)
+            if store.check([f"sweep/{k}/gave_up"]):
+                outcome = "too_late"          # rank 0 had already given up: nothing to join any more
+        if outcome == "ok":
+            try:
+                # Each rank names a new group by a per-process counter; reset it, or a rank that skipped a
+                # trial (too late) would look for the other rank's address under another name.
+                dist.distributed_c10d._world.group_count = 0
+                dist.init_process_group("gloo", store=dist.PrefixStore(f"sweep/{k}", store), rank=rank,
+                                        world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+                dist.destroy_process_group()
+            except RuntimeError as e:
+                outcome, err = "failed", str(e).splitlines()[0][:200]
+                store.set(f"sweep/{k}/gave_up", "1")
+        lab.record("trial", timeout_s=timeout_s, delay_s=delay, outcome=outcome,
+                   seconds=round(time.monotonic() - t0, 3), error=err)
+        _barrier(store, f"sweep/{k}/end", world)
+
+
+def _barrier(store: dist.TCPStore, key: str, world: int) -> None:
+    store.add(key, 1)
+    while int(store.add(key, 0)) < world:
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    def floats(s: str) -> list[float]:
+        try:
+            out = [float(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated seconds, e.g. 0.5,1,2 (got {s!r})")
+        if not out or min(out) <= 0:
+            raise argparse.ArgumentTypeError(f"expected seconds > 0, e.g. 0.5,1,2 (got {s!r})")
+        return out
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=list(LAB["variants"]), default="missing-rank",
+                   help="which initialization failure (or the fix) to run")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="init_process_group(timeout=...) in seconds (default per variant; article-sleep: PyTorch's 30 min)")
+    p.add_argument("--late-s", type=float, default=None,
+                   help="how many seconds late rank 1 starts (late-rank: 4, fixed: 1)")
+    p.add_argument("--master-addr", default="127.0.0.1",
+                   help="where rank 1 looks for the master in unreachable-master (an address nothing answers on)")
+    p.add_argument("--mismatch", choices=["port", "world-size"], default="port",
+                   help="what rank 1 disagrees on in env-mismatch")
+    p.add_argument("--sleep-s", type=float, default=60.0, help="the article's sleep after a failed init (article-sleep)")
+    p.add_argument("--sweep-timeouts", type=floats, default=None,
+                   help="late-rank only: run one trial per timeout x delay, e.g. 0.5,1,2,4")
+    p.add_argument("--sweep-delays", type=floats, default=[2.0], help="late-rank sweep: rank 1's delays, e.g. 1,3")
+    a = p.parse_args()
+    a.timeout_s = DEFAULTS[a.variant][0] if a.timeout_s is None else a.timeout_s
+    a.late_s = DEFAULTS[a.variant][1] if a.late_s is None else a.late_s
+    if a.timeout_s <= 0:
+        p.error("--timeout-s must be more than 0 seconds")
+    if a.master_addr.split(".")[0] not in ("127", "10"):
+        p.error("--master-addr must be loopback (127.x) or the lab's own namespace (10.206.x.y)")
+    main(a)

@@ -1,0 +1,217 @@
+"""Pre-flight for a multi-node run: is the master reachable, is its port usable, do the ranks agree?
+
+Launcher side (no torch import): ``preflight(master_addr, port)`` dials ``master_addr:port`` over TCP
+(or, when the address is this machine's, checks that the port is free to bind), then runs this same
+file on ``nproc`` local ranks through ``ddplab.run``; every rank records its torch version and the
+WORLD_SIZE it was given, and checks with an all_gather that the others agree.
+
+Rank side, on a real cluster (every node, the same command):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 \
+             -m ddplab.preflight
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from ddplab import ports
+from ddplab.errors import DdplabError
+
+
+@dataclass(frozen=True)
+class PortCheck:
+    host: str
+    port: int
+    state: str          # "free" / "taken" (this machine), "open" / "refused" / "no-answer" / "unreachable" (remote)
+    seconds: float
+    detail: str
+
+    @property
+    def reachable(self) -> bool:
+        """An answer came back: the host is there and nothing dropped the packets."""
+        return self.state in ("free", "open", "refused")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "reachable": self.reachable}
+
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    world_size: int          # WORLD_SIZE this rank was given
+    torch: str
+    python: str
+    host: str
+    peers_agree: bool | None  # the all_gather inside the job saw identical (torch, WORLD_SIZE) on all ranks
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    master_addr: str
+    port: int
+    master: PortCheck
+    ranks: tuple[RankReport, ...]
+    nproc: int
+    run_status: str | None   # the rank-side job's RunResult.status (None when not run)
+    run_dir: str | None
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def torch_versions(self) -> tuple[str, ...]:
+        return tuple(sorted({r.torch for r in self.ranks}))
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({r.world_size for r in self.ranks}))
+
+    def to_dict(self) -> dict:
+        return {"master_addr": self.master_addr, "port": self.port, "master": self.master.to_dict(),
+                "ranks": [r.to_dict() for r in self.ranks], "nproc": self.nproc, "run_status": self.run_status,
+                "run_dir": self.run_dir, "problems": list(self.problems), "ok": self.ok,
+                "torch_versions": list(self.torch_versions), "world_sizes": list(self.world_sizes)}
+
+    def explain(self) -> str:
+        lines = [f"pre-flight for {self.master_addr}:{self.port}: {'OK' if self.ok else 'PROBLEMS'}",
+                 f"  master: {self.master.detail}"]
+        if self.ranks:
+            lines.append(f"  ranks: {len(self.ranks)} reported; torch {', '.join(self.torch_versions)}; "
+                         f"WORLD_SIZE {', '.join(map(str, self.world_sizes))}")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def _local_addresses() -> set[str]:
+    out = {"localhost", "0.0.0.0"}
+    for addrs in psutil.net_if_addrs().values():
+        out.update(a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
+    return out
+
+
+def check_master(master_addr: str, port: int, timeout_s: float = 3.0) -> PortCheck:
+    """From this machine: can ``master_addr:port`` be reached (before the job starts)?
+
+    On this machine: the port must be free for the store to bind (who holds it, if not). Elsewhere:
+    one TCP connect. "open" (something listens), "refused" (reachable, nothing listens yet: fine
+    before the job, the master's store will listen there), "no-answer" (packets dropped: a firewall
+    or a wrong address), "unreachable" (no route to it).
+    """
+    if not 0 < int(port) <= 65535:
+        raise DdplabError(f"port {port} is not a TCP port", hint="use the MASTER_PORT you will launch with, e.g. 29500")
+    if not timeout_s > 0:
+        raise DdplabError(f"timeout {timeout_s!r} must be more than 0 seconds", hint="for example 3")
+    t0 = time.monotonic()
+    try:
+        infos = socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return PortCheck(master_addr, port, "unreachable", 0.0, f"{master_addr} does not resolve ({e.strerror})")
+    ip = infos[0][4][0]
+    if master_addr in _local_addresses() or ip in _local_addresses() or ip.startswith("127."):
+        st = ports.check_port(port, ip if not ip.startswith("0.") else "127.0.0.1")
+        return PortCheck(master_addr, port, "free" if st.free else "taken", round(time.monotonic() - t0, 3),
+                         f"{master_addr} is this machine; {st.describe()}")
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.settimeout(timeout_s)
+        try:
+            s.connect(addr)
+            state, detail = "open", f"{master_addr}:{port} accepts connections (a store already listens there?)"
+        except socket.timeout:
+            state, detail = "no-answer", (f"no answer from {master_addr}:{port} in {timeout_s:g} s: packets dropped "
+                                          "(a firewall, or an address where nothing is)")
+        except ConnectionRefusedError:
+            state, detail = "refused", (f"{master_addr} answered, nothing listens on {port} yet "
+                                        "(fine before the job starts: the store will listen there)")
+        except OSError as e:
+            if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EINVAL, errno.EACCES, errno.EPERM):
+                state, detail = "unreachable", f"{master_addr} is unreachable from here ({e.strerror})"
+            else:
+                raise
+    return PortCheck(master_addr, port, state, round(time.monotonic() - t0, 3), detail)
+
+
+def preflight(master_addr: str = "127.0.0.1", port: int = 29500, nproc: int = 2, timeout_s: float = 3.0,
+              run_ranks: bool = True, run_root: str | Path | None = None, deadline_s: float = 90.0) -> Preflight:
+    """Everything a learner should know before a multi-node run, as a frozen Preflight (``to_dict()``).
+
+    ``master_addr:port`` is checked from this machine (``check_master``); then, unless
+    ``run_ranks=False``, ``nproc`` local ranks run this file through ``ddplab.run`` and report
+    their torch version and WORLD_SIZE. ``problems`` lists what would stop a run (empty: go).
+    """
+    master = check_master(master_addr, port, timeout_s)
+    problems = []
+    if master.state == "taken":
+        problems.append(f"{master.detail}: the store cannot bind it; pick another MASTER_PORT")
+    elif not master.reachable:
+        problems.append(master.detail)
+    ranks: tuple[RankReport, ...] = ()
+    status = run_dir = None
+    if run_ranks:
+        import ddplab
+
+        r = ddplab.run(Path(__file__), nproc=nproc, deadline_s=deadline_s, run_root=run_root,
+                       args=("--timeout-s", str(max(timeout_s, 5.0))))
+        status, run_dir = r.status, r.run_dir
+        ranks = tuple(sorted((RankReport(**{k: rec[k] for k in ("rank", "world_size", "torch", "python", "host",
+                                                                   "peers_agree")})
+                              for rec in r.records_of("preflight")), key=lambda x: x.rank))
+        if r.status != "ok":
+            problems.append(f"the rank-side check did not finish: {r.status}"
+                            + (f" [{r.signature}]" if r.signature else "") + f" (see {r.run_dir})")
+        if len({x.torch for x in ranks}) > 1:
+            problems.append(f"ranks run different torch versions: {sorted({x.torch for x in ranks})}")
+        if len({x.world_size for x in ranks}) > 1:
+            problems.append(f"ranks were given different WORLD_SIZE: {sorted({x.world_size for x in ranks})}")
+        if ranks and ranks[0].world_size != len(ranks):
+            problems.append(f"WORLD_SIZE says {ranks[0].world_size}, {len(ranks)} ranks reported")
+        if any(x.peers_agree is False for x in ranks):
+            problems.append("the ranks' all_gather saw disagreeing (torch, WORLD_SIZE) pairs")
+    return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems))
+
+
+def _rank_main(timeout_s: float) -> None:
+    """Every rank: record what it runs, then compare with the others through one all_gather."""
+    import datetime
+    import platform
+
+    import torch
+    import torch.distributed as dist
+
+    from ddplab import lab
+
+    mine = {"torch": torch.__version__, "world_size": int(os.environ["WORLD_SIZE"])}
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    agree = all(e == mine for e in every)
+    lab.record("preflight", rank=rank, world_size=mine["world_size"], torch=mine["torch"],
+               python=platform.python_version(), host=socket.gethostname(), peers_agree=agree)
+    if rank == 0:
+        lab.log("every rank:", every, "agree" if agree else "DISAGREE")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description="ddplab pre-flight, rank side (run it with torchrun on every node)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="init_process_group timeout in seconds")
+    a = p.parse_args()
+    if "RANK" not in os.environ:
+        raise SystemExit("run this with torchrun (it sets RANK and WORLD_SIZE): "
+                         "torchrun --nproc-per-node 2 -m ddplab.preflight")
+    _rank_main(a.timeout_s)

@@ -1,0 +1,324 @@
+"""Lab 06 - initialization that never finishes: runs, sweeps, the silent-master namespace, plots,
+claim checks and exercise checkers for notebooks/06_init.ipynb and benchmarks/lab06_timeouts.py.
+
+Everything stays on this machine: loopback, or a network namespace this module creates (and
+always removes) whose address never answers.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+import ddplab
+from ddplab.errors import DdplabError
+from ddplab.notebook import Check, Claim, ClaimCheck
+
+LAB = "06"
+DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo; NCCL: 10 min)
+ARTICLE_SLEEP_S = 60.0            # Example 2's time.sleep(60)
+
+
+# ----------------------------------------------------------------------------------------------
+# A master address where nothing answers
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SilentMaster:
+    """Where the lab's ranks dial a master that never answers, and how that was made."""
+    address: str
+    kind: str          # "netns" (packets dropped, like a firewall) or "loopback" (nothing listens: refused)
+    namespace: str | None
+    note: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def netns_available() -> tuple[bool, str]:
+    """(True, "") when this process can create a network namespace; else (False, why not)."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return False, "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return False, "creating a network namespace needs root"
+    if shutil.which("ip") is None:
+        return False, "the `ip` command (iproute2) is not installed"
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, f"`ip netns` does not work here: {r.stderr.strip()[:120]}"
+    return True, ""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _namespace_address(pid: int) -> str:
+    return f"10.206.{(pid // 250) % 250 + 1}.{pid % 250 + 2}"
+
+
+@contextlib.contextmanager
+def silent_master(prefer: str = "netns") -> Iterator[SilentMaster]:
+    """A master address that never answers, removed on exit whatever happens.
+
+    ``netns`` (root and `ip netns`): a namespace of its own with an address reached over a veth
+    pair, and no route back out of it, so every packet sent there is silently dropped, as a
+    firewall's DROP rule would. Otherwise (or with prefer="loopback") 127.0.0.1 at a port where
+    nothing listens: the connection is refused at once, and PyTorch retries until its timeout.
+    """
+    if prefer not in ("netns", "loopback"):
+        raise DdplabError(f"unknown kind of silent master {prefer!r}", hint="use prefer='netns' or prefer='loopback'")
+    ok, why = netns_available() if prefer == "netns" else (False, "loopback asked for")
+    if not ok:
+        yield SilentMaster("127.0.0.1", "loopback", None,
+                           f"loopback, a port where nothing listens (connection refused; {why})")
+        return
+    pid = os.getpid()
+    ns, host_if, ns_if = f"ddplab06-{pid}", f"d6h{pid}"[:15], f"d6n{pid}"[:15]
+    addr = _namespace_address(pid)
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _ip("link", "set", ns_if, "netns", ns)
+        _ip("-n", ns, "addr", "add", f"{addr}/32", "dev", ns_if)
+        _ip("-n", ns, "link", "set", ns_if, "up")
+        _ip("link", "set", host_if, "up")
+        _ip("route", "add", f"{addr}/32", "dev", host_if)
+        mac = subprocess.run(["ip", "-n", ns, "-o", "link", "show", ns_if], capture_output=True, text=True,
+                             check=True).stdout.split("link/ether ")[1].split()[0]
+        # A fixed neighbour entry: the packets really arrive in the namespace, which has no route back
+        # to the sender, so no SYN-ACK and no RST ever leaves it.
+        _ip("neigh", "replace", addr, "lladdr", mac, "dev", host_if, "nud", "permanent")
+        yield SilentMaster(addr, "netns", ns, f"network namespace {ns} ({addr}): packets dropped, like a firewall")
+    finally:
+        # Deleting the namespace deletes both ends of the veth pair, and with them the route.
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+
+
+def leftover_namespaces(pid: int | None = None) -> list[str]:
+    """Namespaces this lab made that still exist (must be empty after every run): those of process
+    ``pid`` (default: this one), or of any process with pid=0."""
+    if shutil.which("ip") is None:
+        return []
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    prefix = "ddplab06-" if pid == 0 else f"ddplab06-{pid or os.getpid()}"
+    return [w for w in (line.split()[0] for line in r.stdout.splitlines() if line.strip())
+            if w == prefix or (pid == 0 and w.startswith(prefix))]
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------
+
+STARTUP_S = 60.0   # torchrun + `import torch` on every rank: ~3 s idle, 30+ s on a busy shared machine
+
+
+def run(variant: str, args: Sequence[str] = (), deadline_s: float | None = None, **kw) -> "ddplab.RunResult":
+    """One real run of a lab 06 variant (a torchrun job through ddplab.run)."""
+    return ddplab.run(LAB, variant=variant, args=tuple(args), deadline_s=deadline_s, **kw)
+
+
+def start(variant: str, args: Sequence[str] = (), deadline_s: float | None = None, **kw) -> "Future":
+    """Start a run of a lab 06 variant in a background thread and return at once; ``.result()``
+    waits for its RunResult. For the article's pattern, which waits until its deadline whatever
+    happens: the notebook starts it first and reads it after the other runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lab06-{variant}")
+    job = pool.submit(run, variant, args, deadline_s, **kw)
+    pool.shutdown(wait=False)
+    return job
+
+
+def run_unreachable(timeout_s: float = 3.0, prefer: str = "netns", **kw) -> tuple["ddplab.RunResult", SilentMaster]:
+    """unreachable-master against a silent master made for this run (and removed right after)."""
+    with silent_master(prefer) as m:
+        r = run("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)],
+                deadline_s=STARTUP_S + 3 * timeout_s + 10, **kw)
+    return r, m
+
+
+def init_failures(r) -> list[dict]:
+    """Each rank's init error as recorded by the rank itself: rank, error type, message, seconds."""
+    return [{k: rec.get(k) for k in ("rank", "error", "message", "seconds", "timeout_s")}
+            for rec in sorted(r.records_of("init_failed"), key=lambda x: x["rank"])]
+
+
+def give_up_seconds(r, rank: int = 1) -> float | None:
+    """Seconds from init_process_group's call to its error on ``rank`` (measured inside the rank)."""
+    got = [rec["seconds"] for rec in r.records_of("init_failed") if rec["rank"] == rank and "seconds" in rec]
+    return got[0] if got else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The timeout sweep (late-rank, many trials in one job)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sweep:
+    points: tuple[dict, ...]     # rank 0's trials: timeout_s, delay_s, outcome ("ok"/"failed"), seconds
+    status: str
+    wall_s: float
+    run_dir: str
+
+    def to_dict(self) -> dict:
+        return {"points": [dict(p) for p in self.points], "status": self.status, "wall_s": self.wall_s,
+                "run_dir": self.run_dir}
+
+    def table(self) -> str:
+        rows = [f"{'delay s':>8} {'timeout s':>10} {'outcome':>8} {'answered after s':>17}"]
+        rows += [f"{p['delay_s']:>8g} {p['timeout_s']:>10g} {p['outcome']:>8} {p['seconds']:>17.2f}" for p in self.points]
+        return "\n".join(rows)
+
+
+def validate_sweep(timeouts: Sequence[float], delays: Sequence[float], max_trials: int = 40) -> None:
+    """Reject a sweep that cannot run well, before any rank starts."""
+    for name, xs in (("timeouts", timeouts), ("delays", delays)):
+        if not xs:
+            raise DdplabError(f"the sweep needs at least one value in {name}", hint=f"for example {name}=[0.5, 1, 2]")
+        bad = [x for x in xs if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x <= 120]
+        if bad:
+            raise DdplabError(f"{name} must be seconds between 0 and 120, got {bad}", hint=f"for example {name}=[0.5, 1, 2]")
+    close = [(t, d) for t in timeouts for d in delays if abs(t - d) < 0.3]
+    if close:
+        raise DdplabError(f"timeout and delay too close to call: {close}",
+                          hint="keep every timeout at least 0.3 s away from every delay (the outcome is a race there)")
+    if len(timeouts) * len(delays) > max_trials:
+        raise DdplabError(f"{len(timeouts) * len(delays)} trials is too many for one run",
+                          hint=f"use at most {max_trials} timeout x delay pairs")
+
+
+def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[float] = (1.5,), **kw) -> Sweep:
+    """late-rank for each (timeout, delay) pair, in one torchrun job: every trial is a real
+    init_process_group with that timeout, and rank 1 joining ``delay`` seconds late."""
+    validate_sweep(list(timeouts), list(delays))
+    budget = sum(min(t, d) + 1.0 for t in timeouts for d in delays)
+    r = run("late-rank", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
+            deadline_s=STARTUP_S + 2 * budget, **kw)
+    points = tuple(sorted(({k: p[k] for k in ("timeout_s", "delay_s", "outcome", "seconds", "error")}
+                           for p in r.records_of("trial") if p["rank"] == 0),
+                          key=lambda p: (p["delay_s"], p["timeout_s"])))
+    return Sweep(points, r.status, r.wall_s, r.run_dir)
+
+
+def plot_sweep(sweep: Sweep, title: str = "When does a late rank make init_process_group fail?"):
+    """Observed seconds until init_process_group answered, against the configured timeout; the
+    default timeout (30 min) marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    delays = sorted({p["delay_s"] for p in sweep.points})
+    for i, d in enumerate(delays):
+        pts = [p for p in sweep.points if p["delay_s"] == d]
+        for outcome, marker, colour in (("failed", "x", "#cf222e"), ("ok", "o", "#2da44e")):
+            sel = [p for p in pts if p["outcome"] == outcome]
+            ax.scatter([p["timeout_s"] for p in sel], [p["seconds"] for p in sel], marker=marker, s=60, color=colour,
+                       label=f"{'failed' if outcome == 'failed' else 'succeeded'}, rank 1 {d:g} s late")
+        ax.axhline(d, color="#8c959f", lw=0.8, ls=":")
+    xs = [p["timeout_s"] for p in sweep.points] + [DEFAULT_PG_TIMEOUT_S]
+    lo, hi = min(xs) / 1.5, DEFAULT_PG_TIMEOUT_S * 1.5
+    ax.plot([lo, hi], [lo, hi], color="#0969da", lw=0.8, label="answer = timeout")
+    ax.axvline(DEFAULT_PG_TIMEOUT_S, color="#9a6700", ls="--", label="PyTorch default: 30 min (not run)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min(p["seconds"] for p in sweep.points) / 1.5 if sweep.points else 0.1, hi)
+    ax.set_xlabel("configured init_process_group timeout (s, log)")
+    ax.set_ylabel("measured seconds until init answered (s, log)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def waited_without_answer(article) -> float | None:
+    """Longest time a rank of the article-sleep run had waited in init_process_group, no answer yet."""
+    got = [rec["seconds"] for rec in article.records_of("waiting")]
+    return max(got) if got else None
+
+
+def time_to_answer(explicit, article, explicit_timeout_s: float):
+    """Bars: seconds inside init_process_group until the learner had a clear error (measured in the
+    ranks, so a slow start-up does not count), explicit timeout vs the article's pattern."""
+    from ddplab import plots
+
+    clear = max((f["seconds"] for f in init_failures(explicit) if f["seconds"] is not None), default=float("nan"))
+    waited = waited_without_answer(article) or float("nan")
+    labels = [f"explicit timeout={explicit_timeout_s:g} s: error (measured)",
+              "article's pattern: still no error when stopped (measured)",
+              "article's pattern: 30 min + sleep(60) (quoted)"]
+    return plots.time_to_answer(labels, [clear, waited, DEFAULT_PG_TIMEOUT_S + ARTICLE_SLEEP_S], [True, True, False],
+                                title="Seconds in init_process_group until a missing rank is reported")
+
+
+# ----------------------------------------------------------------------------------------------
+# Claims and exercises
+# ----------------------------------------------------------------------------------------------
+
+def claims(missing, sweep: Sweep, unreachable, master: SilentMaster, article) -> ClaimCheck:
+    fails = [p for p in sweep.points if p["outcome"] == "failed"]
+    oks = [p for p in sweep.points if p["outcome"] == "ok"]
+    ratio = max((p["seconds"] / p["timeout_s"] for p in fails), default=float("nan"))
+    gave_up = give_up_seconds(unreachable, 1)
+    missing_s = max((f["seconds"] for f in init_failures(missing) if f["seconds"] is not None), default=float("nan"))
+    return ClaimCheck([
+        Claim("A timeout at this stage suggests a failure at one or more of these steps (network, resources, process group).",
+              "003, intro",
+              f"a missing rank: {missing.signature} after {missing_s:.1f} s in init_process_group; a late rank: {len(fails)} of "
+              f"{len(sweep.points)} sweep trials failed, each after at most {ratio:.2f}x its timeout; "
+              f"the unreachable master: {unreachable.signature}",
+              "partly"),
+        Claim("The time.sleep allows all processes to report errors before exiting.", "003, Example 2",
+              f"with the default timeout nothing failed at all: {article.status} at the {article.deadline_s:g} s deadline "
+              f"({article.signature}); the sleep only adds 60 s after a 30-minute wait",
+              "wrong" if article.status == "hung" else "partly"),
+        Claim("Firewalls might be blocking the necessary ports.", "003, section 1",
+              f"{master.note}: rank 1 gave up after {gave_up if gave_up is not None else float('nan'):.1f} s "
+              f"({unreachable.signature}), only because the timeout was set short",
+              "holds" if unreachable.signature == "store-unreachable" else "partly"),
+        Claim("A slow or congested network can easily cause the initialization process to exceed the default timeout.",
+              "003, section 1",
+              f"a late rank succeeded whenever timeout > its delay ({len(oks)} trials) and failed otherwise; the default "
+              f"is {DEFAULT_PG_TIMEOUT_S / 60:g} minutes, so only a delay of over half an hour exceeds it",
+              "partly"),
+    ])
+
+
+def check_smallest_timeout(answer, sweep: Sweep, delay_s: float | None = None) -> Check:
+    """Exercise 1: the smallest swept timeout that let rank 1 (``delay_s`` late) join."""
+    if answer is None:
+        return Check(False, "set `answer` to a timeout in seconds from the sweep")
+    delay_s = delay_s if delay_s is not None else max(p["delay_s"] for p in sweep.points)
+    ok = sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s and p["outcome"] == "ok")
+    if not ok:
+        return Check(False, f"no swept timeout was long enough for a {delay_s:g} s delay; sweep longer timeouts")
+    try:
+        passed = abs(float(answer) - ok[0]) < 1e-9
+    except (TypeError, ValueError):
+        return Check(False, f"{answer!r} is not a number of seconds")
+    return Check(passed, f"measured: {ok[0]:g} s is the smallest swept timeout that let a rank {delay_s:g} s late join"
+                 if passed else f"{answer} s is not it: look at the sweep's table for delay {delay_s:g} s")
+
+
+def check_give_up(answer, unreachable, tolerance: float = 0.35) -> Check:
+    """Exercise 2: predict how many seconds rank 1 spent dialing the silent master before giving up."""
+    measured = give_up_seconds(unreachable, 1)
+    if measured is None:
+        return Check(False, "the unreachable-master run recorded no give-up time; run it again")
+    if answer is None:
+        return Check(False, "set `answer` to your prediction in seconds")
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return Check(False, f"{answer!r} is not a number of seconds")
+    passed = abs(a - measured) <= tolerance * measured
+    return Check(passed, f"measured {measured:.2f} s; your {a:g} s is {'within' if passed else 'outside'} "
+                 f"{tolerance:.0%} of it")

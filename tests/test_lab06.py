@@ -1,0 +1,162 @@
+"""Lab 06: initialization that never finishes. Real torchrun jobs (gloo, 2 ranks) for every variant,
+the timeout sweep, the silent master in a network namespace, and the pre-flight.
+
+Most of these jobs spend their time waiting for a timeout, so the module starts them all at once
+(a few at a time, in threads, each through ddplab.run into its own run directory) and the tests
+below assert on their results; the whole file then takes about as long as its longest job."""
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import assert_nothing_left
+
+from ddplab import DdplabError, catalog, preflight, signatures
+from ddplab.workbook import lab06
+
+DATA = Path(__file__).parent / "data"
+LAB = catalog.find_lab("06")
+HAS_NETNS, NO_NETNS = lab06.netns_available()
+requires_netns = pytest.mark.skipif(not HAS_NETNS, reason=NO_NETNS or "needs ip netns")
+# article-sleep hangs with PyTorch's default 30-minute timeout: 30 s is enough for torchrun and
+# `import torch` on every rank of every concurrent job to reach init_process_group (about 8 s when idle),
+# so the run shows the rendezvous hang; the other variants end by themselves in seconds (cap: 90 s).
+DEADLINE = {"article-sleep": 30}
+
+
+def _netns_unreachable(root):
+    with lab06.silent_master() as m:
+        pc = preflight.check_master(m.address, 29500, timeout_s=1.0)
+        r = lab06.run("unreachable-master", ["--master-addr", m.address, "--timeout-s", "2"],
+                      deadline_s=90, run_root=root)
+    return m, pc, r
+
+
+def _doctor_preflight(root):
+    """`ddplab doctor --preflight`, as a learner types it: the master check and 2 ranks through the launcher."""
+    p = subprocess.run([sys.executable, "-m", "ddplab.cli", "doctor", "--json", "--port", "29517", "--preflight"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "DDPLAB_RUNS_DIR": str(root)})
+    return p.returncode, json.loads(p.stdout), p.stderr
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every multi-process job of this file, started together (4 at a time; the hang first)."""
+    root = tmp_path_factory.mktemp("lab06")
+    work = {f"variant:{v}": (lab06.run, (v,), {"deadline_s": DEADLINE.get(v, 90)})
+            for v in sorted((v.name for v in LAB.variants), key=lambda v: v != "article-sleep")}
+    if HAS_NETNS:
+        work["netns"] = (_netns_unreachable, (), {})
+    work["sweep"] = (lab06.timeout_sweep, (), {"timeouts": (0.5, 3.0), "delays": (1.5,)})
+    work["preflight"] = (_doctor_preflight, (), {})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {}
+        for k, (fn, args, kw) in work.items():
+            where = root / k.replace(":", "-")
+            futures[k] = pool.submit(fn, *args, **kw, run_root=where) if kw or args else pool.submit(fn, where)
+    for k, f in futures.items():   # a job that raised fails its own test only
+        r = f.result()[2] if k == "netns" and f.exception() is None else f.result() if f.exception() is None else None
+        if hasattr(r, "leftover"):
+            assert r.leftover == (), f"{k}: launcher reported leftovers: {r.leftover}"
+    assert_nothing_left(str(root))
+    return futures
+
+
+@pytest.fixture(autouse=True)
+def no_namespace_left():
+    yield
+    assert lab06.leftover_namespaces() == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", [v.name for v in LAB.variants])
+def test_variant_outcome(jobs, variant):
+    r = jobs[f"variant:{variant}"].result()
+    v = LAB.variant(variant)
+    assert (r.status, r.signature) == (v.expect, v.signature), r.explain()
+    fails = {f["rank"]: f for f in lab06.init_failures(r)}
+    if variant == "missing-rank":   # both sides of the store, in PyTorch's own words
+        assert "2/3 clients joined" in fails[0]["message"]
+        assert fails[1]["error"] == "DistStoreError" and "wait timeout" in fails[1]["message"]
+    if variant == "late-rank":      # rank 0 gave up at its 2 s timeout, before rank 1 (4 s late) arrived
+        assert 1.9 <= fails[0]["seconds"] < 3.5
+        assert r.records_of("late_start")[0]["late_s"] == 4.0
+    if variant == "unreachable-master":  # loopback fallback: refused, retried until the timeout
+        assert r.records_of("dials")[-1]["master_addr"] == "127.0.0.1"
+        assert fails[1]["error"] == "DistNetworkError" and fails[1]["seconds"] >= 3.0
+    if variant == "article-sleep":  # the default timeout: both ranks still inside init at the deadline
+        assert all(k.state == "hung" for k in r.ranks) and not fails
+    if variant == "fixed":
+        done = r.records_of("init_done")
+        assert sorted(d["rank"] for d in done) == [0, 1] and all(d["world_size"] == 2 for d in done)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+@requires_netns
+def test_unreachable_master_in_namespace_drops_packets(jobs):
+    m, pc, r = jobs["netns"].result()
+    assert m.kind == "netns" and m.address.startswith("10.206.")
+    assert (pc.state, pc.reachable) == ("no-answer", False)
+    assert (r.status, r.signature) == ("failed", "store-unreachable"), r.explain()
+    gave_up = lab06.give_up_seconds(r, 1)
+    assert 2.0 <= gave_up < 6.0        # one connect attempt for the whole timeout, then DistNetworkError
+    assert lab06.leftover_namespaces() == []
+
+
+@requires_netns
+def test_namespace_removed_when_the_body_fails():
+    with pytest.raises(RuntimeError):
+        with lab06.silent_master() as m:
+            assert m.namespace in lab06.leftover_namespaces()
+            raise RuntimeError("boom")
+    assert lab06.leftover_namespaces() == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_timeout_sweep_fails_below_the_delay_and_succeeds_above(jobs):
+    s = jobs["sweep"].result()
+    assert s.status == "ok"
+    by_t = {p["timeout_s"]: p for p in s.points}
+    assert by_t[0.5]["outcome"] == "failed" and 0.45 <= by_t[0.5]["seconds"] < 1.4
+    assert by_t[3.0]["outcome"] == "ok" and 1.4 <= by_t[3.0]["seconds"] < 3.0
+    assert lab06.check_smallest_timeout(3.0, s).passed and not lab06.check_smallest_timeout(None, s).passed
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_doctor_preflight_local(jobs):
+    rc, report, err = jobs["preflight"].result()
+    d = report["preflight"]
+    assert rc == 0 and d["ok"], (d, err)
+    assert d["master"]["state"] == "free" and d["world_sizes"] == [2] and len(d["ranks"]) == 2
+    assert all(r["peers_agree"] for r in d["ranks"]) and len(d["torch_versions"]) == 1
+    assert {"torch", "gloo", "py-spy", "cores"} <= {i["name"] for i in report["items"]}   # the usual doctor too
+
+
+def test_bad_input_is_refused_before_any_rank_starts():
+    with pytest.raises(DdplabError, match="too close"):
+        lab06.timeout_sweep(timeouts=(1.0, 2.0), delays=(2.1,))
+    with pytest.raises(DdplabError, match="at least one"):
+        lab06.validate_sweep([], [1.0])
+    with pytest.raises(DdplabError, match="between 0 and 120"):
+        lab06.validate_sweep([-1], [1.0])
+    with pytest.raises(DdplabError, match="not a TCP port"):
+        preflight.check_master("127.0.0.1", 70000)
+    with pytest.raises(DdplabError, match="prefer="):
+        with lab06.silent_master("elsewhere"):
+            pass
+
+
+@pytest.mark.parametrize("name, sig", [
+    ("lab06_missing_rank_store.txt", "rendezvous-timeout"),
+    ("lab06_missing_rank_client.txt", "rendezvous-timeout"),
+    ("lab06_unreachable_master.txt", "store-unreachable"),
+])
+def test_signatures_of_captured_messages(name, sig):
+    assert signatures.match_text((DATA / name).read_text())[0].id == sig

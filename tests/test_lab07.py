@@ -1,0 +1,113 @@
+"""Lab 07 - scaling overhead: every variant for real (gloo, CPU), the timing decomposition's
+bookkeeping, the fixes' byte counts and loss curves, and the knobs' input checks. Timings are never
+asserted against constants (the machine is shared); only ratios that hold by orders of magnitude."""
+import pytest
+
+from conftest import requires_gpus
+from ddplab import DdplabError
+from ddplab.workbook import lab07 as L
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_broken_grid_decomposes_each_step(run_lab):
+    r = run_lab("07", variant="broken", deadline_s=120, env=ONE_THREAD,
+                args=["--width", "64,768", "--batch", "4,512", "--steps", "3", "--warmup", "1"])
+    assert (r.status, r.signature) == ("ok", None)
+    steps = r.records_of("step")
+    assert len(steps) == 2 * 4 * 3                       # ranks x configurations x steps
+    for s in steps:
+        assert s["wire_bytes"] == 4 * s["params"]          # fp32 gradients, all of them, once per step
+        assert s["compute_s"] + s["exposed_s"] == pytest.approx(s["step_s"], abs=2e-6)
+        assert s["overlap_s"] <= s["comm_s"] + 1e-6 and s["buckets"] >= 1
+    assert {d["config"] for d in r.records_of("ddp_logging")} == {"w64-b4-none", "w64-b512-none",
+                                                                  "w768-b4-none", "w768-b512-none"}
+    rows = {x["config"]: x for x in L.summarize(r)}
+    # the same bytes, 128x the compute: the small batch's communication share must be the larger one
+    assert rows["w768-b4-none"]["comm_frac"] > rows["w768-b512-none"]["comm_frac"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_fixed_variant_bytes_and_loss(run_lab):
+    r = run_lab("07", variant="fixed", deadline_s=120, env=ONE_THREAD,
+                args=["--width", "256", "--batch", "8", "--steps", "4", "--warmup", "1", "--accum-k", "4"])
+    assert (r.status, r.signature) == ("ok", None)
+    rows = {x["fix"]: x for x in L.fix_rows(L.summarize(r))}
+    assert set(rows) == {"none", *L.FIXES}
+    assert rows["fp16"]["bytes_ratio"] == rows["bf16"]["bytes_ratio"] == 0.5       # half the bytes on the wire
+    assert rows["accumulate"]["bytes_ratio"] == rows["batch"]["bytes_ratio"] == 0.25  # one all-reduce per 4x samples
+    assert rows["accumulate"]["micro"] == 4 and rows["batch"]["batch"] == 32
+    assert rows["bucket"]["loss_gap"] == 0 and rows["static"]["loss_gap"] == 0       # same arithmetic
+    assert rows["fp16"]["loss_gap"] < 1e-2 and rows["bf16"]["loss_gap"] < 1e-2       # compression stays close
+    assert len(rows["none"]["losses"]) == 4
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_link_bandwidth_below_copy_bandwidth(run_lab):
+    r = run_lab("07", variant="link", deadline_s=100, env=ONE_THREAD,
+                args=["--sizes", "1024,65536,4194304", "--reps", "3"])
+    assert (r.status, r.signature) == ("ok", None)
+    rows, copy_bw = L.link_rows(r)
+    assert [x["bytes"] for x in rows] == [1024, 65536, 4194304]
+    assert all(x["busbw"] > 0 for x in rows) and copy_bw > 0
+    assert rows[-1]["busbw"] > rows[0]["busbw"]     # 1 KiB is latency-bound, 4 MiB is not
+    assert rows[-1]["busbw"] < 2 * copy_bw          # a loopback all-reduce cannot beat memory copies
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_dataparallel_variant_one_rank(run_lab):
+    r = run_lab("07", variant="dataparallel", nproc=1, deadline_s=100,
+                args=["--width", "256", "--batch", "16", "--steps", "2"])
+    assert (r.status, r.signature) == ("ok", None)
+    kinds = {s["kind"] for s in r.records_of("dp_step")}
+    gpus = r.records_of("copy_bandwidth")[0]["gpus"]
+    assert kinds == ({"bare", "ddp", "dataparallel"} if gpus else {"bare", "ddp"})
+
+
+@requires_gpus(2)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_nccl_grid_and_real_dataparallel(run_lab):
+    r = run_lab("07", variant="broken", nproc=2, deadline_s=120, args=["--width", "1024", "--batch", "8,256"])
+    assert r.ok and {x["backend"] for x in r.records_of("start")} == {"nccl"}
+    dp = run_lab("07", variant="dataparallel", nproc=1, deadline_s=100)
+    assert dp.ok and "dataparallel" in {s["kind"] for s in dp.records_of("dp_step")}
+
+
+def test_dp_model_traffic():
+    rows = L.dp_model(params=4_000_000, batch=8, width=1024, copy_bw=1e10, compute_s_per_sample=1e-3)
+    assert [x["gpus"] for x in rows] == [2, 4, 8] and all(x["kind"] == "model" for x in rows)
+    for x in rows:
+        assert x["dp_bytes"] > x["ddp_bytes"]          # DataParallel funnels everything through device 0
+    assert rows[-1]["dp_bytes"] / rows[0]["dp_bytes"] == pytest.approx(7, rel=0.01)
+    assert "MODEL" in L.dp_table(rows).title
+
+
+@pytest.mark.parametrize("kw", [dict(nproc=3), dict(widths=(0,)), dict(batches=(-1,)), dict(fixes=("fp8",)),
+                                dict(steps=0)])
+def test_bad_knobs_rejected_before_any_rank(kw, tmp_path):
+    with pytest.raises(DdplabError) as e:
+        L.check_knobs(**kw)
+    assert e.value.hint
+    if "nproc" in kw:
+        with pytest.raises(DdplabError):
+            L.run_grid(nproc=3, run_root=tmp_path)
+        assert not (tmp_path / "07_scaling").exists()
+
+
+def test_oversubscription_is_labelled():
+    assert L.oversubscribed(4 * L.cores()) and not L.oversubscribed(1)
+    row = {"config": "x", "world": 4 * L.cores(), "params": 1, "batch": 1, "micro": 1, "step_s": 1.0,
+           "compute_s": 0.5, "exposed_s": 0.5, "overlap_s": 0.1, "comm_frac": 0.5, "samples_per_s": 1.0,
+           "ddp_logging_comm_s": None, "profiler_comm_s": None, "oversubscribed": True}
+    assert "oversubscribed" in repr(L.step_table([row]))
+
+
+def test_exercise_checkers_say_not_yet_without_answer():
+    assert not L.check_batch_for_fraction(None).passed
+    assert not L.check_best_fix(None, []).passed
