@@ -1,0 +1,197 @@
+"""Lab 05 - port conflicts, and two jobs that meet on one port.
+
+Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
+
+    torchrun --nproc-per-node 2 labs/05_ports.py --variant port-taken --master-port 12355
+    ddplab run 05 --variant port-taken -- --master-port 12355   # the same, with a deadline and diagnosis
+
+Article 003 ("Why is DDP timing out during initialization?") hard-codes MASTER_PORT=12355, says
+"choose an available port", and on failure sleeps 60 s before exiting. On a shared machine (a
+classroom: everyone copied 12355) the port is often taken, and rank 0, which hosts the rendezvous
+store on MASTER_PORT, fails at once with DistNetworkError ... EADDRINUSE. The other ranks connect to
+whatever listens there. Two jobs on one port meet in one store.
+
+Variants:
+  port-taken       another process listens on the port (if none does, this script starts a labelled
+                   STAND-IN listener first): rank 0 fails with PyTorch's real EADDRINUSE error.
+  article-retry    the same, with the article's try/except + time.sleep(60): no clear answer for 60 s.
+  two-jobs         the article's fixed port. Alone it works; the workbook starts two at the same moment.
+  fixed-free-port  no fixed port: init from torchrun's rendezvous, whose store the launcher bound on
+                   port 0 (`--rdzv-endpoint 127.0.0.1:0`), so two jobs at once both succeed.
+  fixed-retry      the port is taken, as in port-taken; rank 0 fails fast (no sleep), binds port 0
+                   instead and passes the port on through torchrun's own store: the job succeeds.
+"""
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddplab import lab, ports
+
+LAB = {
+    "title": "Port conflicts, and two jobs that meet on one port",
+    "article": "003_da49d0a504e50001.txt",
+    "deadline_s": 60,
+    "nproc": 2,
+    "min_nproc": 2,
+    "variants": {
+        "port-taken": {"expect": "failed", "signature": "port-in-use",
+                       "about": "MASTER_PORT is held by another process: rank 0 cannot host the store (EADDRINUSE)"},
+        "article-retry": {"expect": "hung", "signature": "hang-rendezvous",
+                          "about": "the article's try/except + time.sleep(60) on the taken port: no answer before the deadline"},
+        "two-jobs": {"expect": "ok", "signature": None,
+                     "about": "the article's fixed MASTER_PORT; alone it works, two at once race (lab05.two_jobs)"},
+        "fixed-free-port": {"expect": "ok", "signature": None,
+                            "about": "no fixed port: torchrun's rendezvous store on a port the launcher bound (port 0)"},
+        "fixed-retry": {"expect": "ok", "signature": None,
+                        "about": "port taken; rank 0 fails fast, binds port 0 and passes it on via torchrun's store"},
+    },
+}
+
+ARTICLE_PORT = 12355
+STANDIN = ("import os,socket,sys,time\n"
+           "s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(64)\n"
+           "print('listening', flush=True); parent=int(sys.argv[2]); end=time.time()+float(sys.argv[3])\n"
+           "while os.getppid()==parent and time.time()<end: time.sleep(0.05)\n")
+
+
+def take_port_if_free(port: int, hold_s: float = 60.0):
+    """STAND-IN for 'a classmate's job already on this port': a separate process listening on
+    127.0.0.1:port. It ends with this rank (or after hold_s). Does nothing if the port is taken."""
+    if not ports.check_port(port).free:
+        return None
+    # -I: isolated, so ddplab's rank hook (PYTHONPATH) does not take this process for a rank.
+    p = subprocess.Popen([sys.executable, "-I", "-c", STANDIN, str(port), str(os.getpid()), str(hold_s)],
+                         stdout=subprocess.PIPE, text=True)
+    p.stdout.readline()  # "listening"
+    lab.record("standin", pid=p.pid, port=port, note="stand-in listener started by this lab (emulates another job)")
+    return p
+
+
+def init_article_style(rank: int, world: int, port: int, timeout_s: float) -> None:
+    """Article 003, Example 1: MASTER_ADDR/MASTER_PORT set in code, rank 0 hosts the store there."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"       # the article says 'localhost'; loopback only here
+    os.environ["MASTER_PORT"] = str(port)         # BROKEN: a fixed port, the same in every copy of the script
+    # Under torchrun the ranks would reuse torchrun's store; the article's launcher has none, so rank 0
+    # hosts a new store on MASTER_PORT. Drop the flag to behave exactly like the article's script.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_fixed_retry(rank: int, world: int, port: int, timeout_s: float) -> int:
+    t0 = time.monotonic()
+    """FIX: try the preferred port once; on EADDRINUSE bind port 0 and pass the port on.
+    torchrun's own store (MASTER_ADDR:MASTER_PORT from torchrun, bound before any rank started) is
+    always there, so the ranks can agree on the port without guessing or sleeping."""
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        try:
+            store = dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        except dist.DistNetworkError as e:                    # FIX: no sleep; a clear error, at once
+            lab.record("port_busy", port=port, seconds=round(time.monotonic() - t0, 3), error=str(e).splitlines()[0][:200], holder=ports.check_port(port).to_dict())
+            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout, wait_for_workers=False)  # FIX: port 0
+        agent.set("lab05/store_port", str(store.port))        # FIX: pass it on
+    else:
+        agent.wait(["lab05/store_port"])
+        store = dist.TCPStore("127.0.0.1", int(agent.get("lab05/store_port")), world, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    return store.port
+
+
+def job_tag() -> str:
+    """Which job this rank belongs to: torchrun's run id and its agent's pid."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.getppid()}"
+
+
+def main(variant: str, port: int, pg_timeout_s: float, steps: int, sleep_s: float) -> None:
+    if "RANK" not in os.environ:
+        sys.exit("start this script with torchrun (or `ddplab run 05`), which sets RANK and WORLD_SIZE: "
+                 "torchrun --nproc-per-node 2 " + " ".join(sys.argv))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    port = port or ARTICLE_PORT
+    if variant in ("port-taken", "article-retry", "fixed-retry") and int(os.environ["LOCAL_RANK"]) == 0:
+        take_port_if_free(port)
+    lab.record("init_start", variant=variant, port=port, job=job_tag())
+    t0 = time.monotonic()
+    used = port
+    if variant == "fixed-free-port":
+        ctx = lab.setup(timeout_s=pg_timeout_s)                     # FIX: the launcher's port (port 0)
+        used = int(os.environ["MASTER_PORT"])
+    elif variant == "fixed-retry":
+        used = init_fixed_retry(rank, world, port, pg_timeout_s)
+    elif variant == "article-retry":
+        try:                                                        # article 003, Example 2
+            init_article_style(rank, world, port, pg_timeout_s)
+        except RuntimeError as e:
+            lab.record("init_failed", seconds=round(time.monotonic() - t0, 3), error=str(e).splitlines()[0][:300],
+                       holder=ports.check_port(port).to_dict())
+            print(f"Process {rank}: DDP initialization failed: {e}", flush=True)
+            time.sleep(sleep_s)   # BROKEN: "allow time for other processes to report errors"; nothing is learnt
+            sys.exit(1)
+    else:                                                           # port-taken, two-jobs
+        try:
+            init_article_style(rank, world, port, pg_timeout_s)
+        except RuntimeError as e:
+            # Record the facts the diagnosis needs (who holds the port, now), then fail as PyTorch does.
+            lab.record("init_failed", seconds=round(time.monotonic() - t0, 3), error=str(e).splitlines()[0][:300],
+                       holder=ports.check_port(port).to_dict())
+            raise
+    init_s = time.monotonic() - t0
+    # Who is in my process group? Ranks of another job that met us in the same store show up here.
+    peers = [None] * world
+    dist.all_gather_object(peers, job_tag())
+    lab.record("joined", seconds=round(init_s, 3), port=used, job=job_tag(), peers=peers,
+               cross_joined=any(p != job_tag() for p in peers))
+    # A small data-parallel loop. Gradients averaged and SGD applied by hand, as DDP + SGD would: both
+    # DDP and torch.optim import torch._dynamo on first use (many seconds on a busy 2-core machine).
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    for step in range(steps):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * rank + step))
+        loss = model(x).pow(2).mean()
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for prm in model.parameters():
+                dist.all_reduce(prm.grad)   # with whoever is in this process group
+                prm -= 0.05 * prm.grad / world
+        time.sleep(0.05)         # keep the job alive long enough for a second job to meet it
+    weight = [None] * world
+    dist.all_gather_object(weight, model.weight.detach().sum().item())
+    lab.record("done", steps=steps, same_weights=len(set(weight)) == 1, job=job_tag())
+    lab.teardown()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    def within(lo, hi, cast=int):
+        """argparse type: a number in [lo, hi] (clearer than choices=range(...) for ports)."""
+        def parse(text):
+            v = cast(text)
+            if not lo <= v <= hi:
+                raise argparse.ArgumentTypeError(f"{text} is not in {lo}..{hi}")
+            return v
+        return parse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=list(LAB["variants"]), default="port-taken",
+                   help="which way of choosing the port to run")
+    p.add_argument("--master-port", type=within(1024, 65535), default=ARTICLE_PORT, metavar="PORT",
+                   help=f"the fixed MASTER_PORT, 1024..65535 (default {ARTICLE_PORT}, the article's); unused by fixed-free-port")
+    p.add_argument("--pg-timeout-s", type=within(1, 3600, float), default=20.0, metavar="S",
+                   help="init_process_group(timeout=...) in seconds (PyTorch's default is 30 minutes)")
+    p.add_argument("--steps", type=within(1, 1000), default=40, metavar="N",
+                   help="training steps after the join, about 0.05 s each: the window in which a second job meets this one")
+    p.add_argument("--sleep-s", type=within(0, 600, float), default=60.0, metavar="S",
+                   help="article-retry: the article's time.sleep after a failed init (60 s)")
+    a = p.parse_args()
+    main(a.variant, a.master_port, a.pg_timeout_s, a.steps, a.sleep_s)

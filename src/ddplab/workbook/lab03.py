@@ -1,0 +1,221 @@
+"""Lab 03 (mismatched shapes across ranks): everything the notebook calls.
+
+Every number shown comes from a real 2-rank run in this execution (``ddplab.run``).
+"""
+from __future__ import annotations
+
+import re
+
+import ddplab
+from ddplab.errors import DdplabError
+from ddplab.notebook import Check, Claim, ClaimCheck
+
+LAB = "03"
+SEED = "000_5eac2459042e419e.txt"
+VARIANTS = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
+BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
+DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
+ARTICLE_QUOTE = ("If different processes receive input tensors of varying shapes, the `all_reduce` operation "
+                 "will fail silently or produce incorrect results, leading to a hang.")
+PG_TIMEOUT_S = 1800.0   # torch.distributed's default process-group timeout (quoted, not run)
+
+
+def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30) -> None:
+    """Reject what cannot work before any rank starts (one line naming the fix)."""
+    if variant not in VARIANTS:
+        raise DdplabError(f"lab 03 has no variant {variant!r}", hint="choose one of: " + ", ".join(VARIANTS))
+    if detail and variant in BUILDS_DDP:
+        raise DdplabError(f"TORCH_DISTRIBUTED_DEBUG=DETAIL crashes (SIGSEGV) when DDP is constructed on gloo with "
+                          f"torch 2.13, and variant {variant!r} constructs DDP",
+                          hint="use detail=True only with gather-ragged or fixed-pad-gather (plain collectives)")
+    if on_mismatch not in ("pad", "raise"):
+        raise DdplabError(f"on_mismatch must be 'pad' or 'raise', not {on_mismatch!r}",
+                          hint="on_mismatch='raise' makes the guard stop the job with its clear error")
+    if on_mismatch != "pad" and variant != "fixed-guard":
+        raise DdplabError(f"on_mismatch is an option of fixed-guard, not of {variant!r}",
+                          hint="run variant='fixed-guard' with on_mismatch='raise'")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+        raise DdplabError(f"steps must be a whole number from 1 to 1000, not {steps!r}", hint="for example steps=30")
+
+
+def run_variant(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
+                nproc: int | None = None, deadline_s: float | None = None, **kw) -> ddplab.RunResult:
+    """One real run of lab 03; ``detail=True`` adds TORCH_DISTRIBUTED_DEBUG=DETAIL (and C++ INFO logs)."""
+    check_request(variant, detail, on_mismatch, steps)
+    args = []
+    if variant == "fixed-guard":
+        args = ["--on-mismatch", on_mismatch, "--steps", str(steps)]
+    env = {**kw.pop("env", {}), **(DETAIL_ENV if detail else {})}
+    return ddplab.run(LAB, variant=variant, nproc=nproc, deadline_s=deadline_s, args=args, env=env, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the records
+# ----------------------------------------------------------------------------------------------
+
+def _first(result, event: str) -> dict | None:
+    recs = sorted(result.records_of(event), key=lambda r: r["rank"])
+    return recs[0] if recs else None
+
+
+def grad_check(result) -> dict:
+    """article-example: relative error of DDP's averaged gradient against the 30-row gradient."""
+    rec = _first(result, "grad_check")
+    if rec is None:
+        raise DdplabError(f"no gradient check in this run ({result.headline()})", hint="pass an article-example result")
+    return {"rows": [r["rows"] for r in sorted(result.records_of("start"), key=lambda r: r["rank"])],
+            "rel_err_naive": rec["rel_err_naive"], "rel_err_weighted": rec["rel_err_weighted"]}
+
+
+def compare(result) -> dict:
+    """fixed-pad-gather / fixed-guard: the gathered predictions against the single-process ones (every rank)."""
+    recs = result.records_of("compare")
+    if not recs:
+        return {"equal": False, "max_abs_diff": None, "rows": None}
+    return {"equal": all(r["equal"] for r in recs) and len(recs) == result.nproc,
+            "max_abs_diff": max((r["max_abs_diff"] or 0.0) for r in recs), "rows": recs[0]["rows"]}
+
+
+def guard_caught(result) -> dict | None:
+    """The guard's finding: shapes per rank, its message and how long it took (slowest rank)."""
+    recs = result.records_of("guard_caught")
+    if not recs:
+        return None
+    return {"shapes": recs[0]["shapes"], "message": recs[0]["message"].split(" (batch")[0],
+            "ms": max(r["ms"] for r in recs), "batch": recs[0]["batch"]}
+
+
+def guard_cost(result) -> dict:
+    """Median guard time and step time per training step, slowest rank."""
+    recs = result.records_of("guard_cost")
+    if not recs:
+        raise DdplabError(f"no guard cost in this run ({result.headline()})", hint="pass an ok fixed-guard result")
+    g = max(r["guard_ms"] for r in recs)
+    s = max(r["step_ms"] for r in recs)
+    return {"guard_ms": g, "step_ms": s, "overhead_pct": 100 * g / s, "steps": recs[0]["steps"]}
+
+
+_SHAPE = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+), "
+                    r"TensorShape=\[([^\]]*)\].*?but Rank (\d+) is running collective: CollectiveFingerPrint\("
+                    r"SequenceNumber=\d+, OpType=(\w+), TensorShape=\[([^\]]*)\]")
+
+
+def detail_report(result) -> dict | None:
+    """What TORCH_DISTRIBUTED_DEBUG=DETAIL said: the collective, and each rank's tensor shape."""
+    text = "\n".join(r.log_tail for r in result.ranks) + "\n" + (result.excerpt or "")
+    m = _SHAPE.search(text)
+    if not m:
+        return None
+    shape = lambda s: [int(v) for v in s.split(",") if v.strip()]
+    return {"op": m.group(3), "sequence_number": int(m.group(2)),
+            "shapes": {int(m.group(1)): shape(m.group(4)), int(m.group(5)): shape(m.group(7))}}
+
+
+def gloo_report(result) -> dict | None:
+    """What bare gloo said: bytes received against bytes expected, and which rank aborted. Also which
+    ranks got past the bad gather before torchrun stopped them, with what result: a race (the rank that
+    did not abort may or may not reach the comparison first), so shown but never asserted in full."""
+    m = re.search(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)", result.excerpt or "")
+    aborted = [r.rank for r in result.ranks if r.signal == "SIGABRT"]
+    got_past = {c["rank"]: {"rows": c["rows"], "equal": c["equal"]}
+                for c in sorted(result.records_of("compare"), key=lambda c: c["rank"])}
+    return {"received_bytes": int(m.group(1)), "expected_bytes": int(m.group(2)), "aborted_ranks": aborted,
+            "got_past_gather": got_past} if m else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Figure and claim check
+# ----------------------------------------------------------------------------------------------
+
+def plot(bare, detail, guard_raise, guard_ok):
+    """Left: seconds until the learner has a clear answer (measured wall time of each real run; the
+    guard's own detection time inside the ranks; a hang until the default timeout, quoted, hatched).
+    Right: the guard's cost per training step against the step itself (medians, slowest rank)."""
+    import matplotlib.pyplot as plt
+
+    caught = guard_caught(guard_raise) or {"ms": float("nan")}
+    cost = guard_cost(guard_ok)
+    rows = [(f"bare gloo: {bare.status}, names bytes only", bare.wall_s, True),
+            (f"DETAIL: {detail.status}, names op + shapes", detail.wall_s, True),
+            (f"guard: {guard_raise.status}, names ranks + shapes", guard_raise.wall_s, True),
+            ("guard's check inside the ranks", caught["ms"] / 1e3, True),
+            ("a hang until the default 30-min timeout (quoted, not run)", PG_TIMEOUT_S, False)]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [2.2, 1]})
+    for i, (label, s, measured) in enumerate(rows):
+        ax.barh(i, s, color="#0969da" if measured else "white", edgecolor="#0969da", hatch=None if measured else "//")
+        ax.text(s, i, f"  {s:.3g} s", va="center")
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(right=PG_TIMEOUT_S * 20)
+    ax.set_xlabel("seconds to a clear answer (log; whole runs include ~5 s of start-up)")
+    ax.set_title("gather-ragged: time to a clear answer (measured)")
+    bx.bar([0, 1], [cost["step_ms"], cost["guard_ms"]], color=["#8c959f", "#0969da"])
+    bx.set_xticks([0, 1], ["training step", "shape guard"])
+    for x, v in enumerate([cost["step_ms"], cost["guard_ms"]]):
+        bx.text(x, v, f"{v:.2f} ms", ha="center", va="bottom")
+    bx.set_ylim(top=max(cost["step_ms"], cost["guard_ms"]) * 1.25)
+    bx.set_ylabel("ms per step (median)")
+    bx.set_title(f"guard cost: {cost['overhead_pct']:.0f}% of a tiny step")
+    fig.tight_layout()
+    return fig
+
+
+def claims(article, bare, detail, guard_raise, model) -> ClaimCheck:
+    g = grad_check(article)
+    d = detail_report(detail)
+    caught = guard_caught(guard_raise)
+    return ClaimCheck([
+        Claim("Different input shapes per rank make the all_reduce 'fail silently ... leading to a hang'",
+              f"{SEED}, Example 3",
+              f"rows per rank {g['rows']}: DDP run {article.status} in {article.wall_s:.1f} s; gradients have the "
+              f"parameters' shapes whatever the batch size, so the all-reduce matches", "wrong"),
+        Claim("... 'or produce incorrect results'", f"{SEED}, Example 3",
+              f"DDP's averaged gradient differs from the {sum(g['rows'])}-row gradient by "
+              f"{100 * g['rel_err_naive']:.1f}% (ranks weighted equally, not by rows); weighting the loss by rows: "
+              f"{g['rel_err_weighted']:.1e}", "partly"),
+        Claim("(the real cause) different tensor shapes inside one collective", "this lab, gather-ragged",
+              f"gloo: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) "
+              f"{(gloo_report(bare) or {}).get('aborted_ranks')} aborted; DETAIL: {detail.status} [{detail.signature}], "
+              f"shapes {d['shapes'] if d else '?'}; guard: {guard_raise.status} in "
+              f"{(caught or {}).get('ms', float('nan')):.1f} ms inside the ranks", "holds"),
+        Claim("(the real cause) a rank-dependent model", "this lab, model-mismatch",
+              f"DDP construction: {model.status} [{model.signature}]", "holds"),
+    ])
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+# ----------------------------------------------------------------------------------------------
+
+def check_failing(answer, results: dict) -> Check:
+    """Exercise 1: which variants end in 'failed' on 2 gloo ranks? ``results``: variant -> RunResult
+    from this execution (the default runs, without DETAIL and with the guard padding)."""
+    if answer is None:
+        return Check(False, "set answer to a set of variant names, e.g. {'article-example'}")
+    try:
+        got = {str(a) for a in answer}
+    except TypeError:
+        return Check(False, f"answer must be a set of variant names, not {answer!r}")
+    unknown = got - set(VARIANTS)
+    if unknown:
+        return Check(False, f"unknown variant(s) {sorted(unknown)}; the variants are {', '.join(VARIANTS)}")
+    truth = {v for v, r in results.items() if r.status == "failed"}
+    if got == truth:
+        return Check(True, f"measured: {sorted(truth)} failed, the others ended ok")
+    return Check(False, f"the runs in this notebook say otherwise: {len(got ^ truth)} variant(s) classified differently")
+
+
+def check_three_ranks(answer, deadline_s: float | None = None, **kw) -> Check:
+    """Exercise 2: with 3 ranks the 45 evaluation rows split 15/15/15. What does gather-ragged end with?
+    The checker runs it for real (about 8 s)."""
+    if answer is None:
+        return Check(False, "set answer to 'ok', 'failed' or 'hung', then run this cell again")
+    if answer not in ("ok", "failed", "hung"):
+        return Check(False, f"answer must be 'ok', 'failed' or 'hung', not {answer!r}")
+    r = run_variant("gather-ragged", nproc=3, deadline_s=deadline_s, **kw)
+    detail = (f"ranks had {[x['rows'] for x in sorted(r.records_of('start'), key=lambda x: x['rank'])]} rows; "
+              f"the run ended {r.status}" + (f" [{r.signature}]" if r.signature else ""))
+    if answer == r.status:
+        return Check(True, detail + ": a ragged gather needs a split whose last batches differ")
+    return Check(False, detail)

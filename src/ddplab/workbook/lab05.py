@@ -1,0 +1,317 @@
+"""Lab 05 (port conflicts, two jobs on one port): everything the notebook calls.
+
+Every number comes from a real run in this execution (``ddplab.run``); two jobs "at the same
+moment" are two threads that each call ``ddplab.run`` after meeting at a barrier.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import ddplab
+from ddplab import ports
+from ddplab.errors import DdplabError
+from ddplab.notebook import Check, Claim, ClaimCheck
+
+LAB = "05"
+SEED = "003_da49d0a504e50001.txt"
+OUTCOMES = ("both ok", "one failed", "both failed", "hang", "cross-joined")
+OUTCOME_COLOURS = {"both ok": "#2da44e", "one failed": "#cf222e", "both failed": "#82071e",
+                   "hang": "#bf8700", "cross-joined": "#8250df"}
+NEXT_STEP = ("use a port nobody chose by hand: `ddplab run --port 0` / `torchrun --rdzv-endpoint 127.0.0.1:0` "
+             "(or `--standalone`), or stop the other job")
+
+
+def _check_reps(repetitions) -> int:
+    if isinstance(repetitions, bool) or not isinstance(repetitions, int) or repetitions < 1:
+        raise DdplabError(f"repetitions must be a whole number of at least 1, not {repetitions!r}",
+                          hint="for example repetitions=3 (each pair of jobs takes a few seconds)")
+    return repetitions
+
+
+def run_variant(variant: str, port: int | None = None, deadline_s: float | None = None, args=(), **kw):
+    """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None)."""
+    port = port or ports.free_port()
+    return ddplab.run(LAB, variant=variant, deadline_s=deadline_s,
+                      args=["--master-port", str(port), *args], **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Diagnosis of a taken port, from the facts rank 0 recorded when init failed
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PortDiagnosis:
+    port: int | None
+    error: str | None            # PyTorch's message, first line
+    seconds_to_error: float | None  # from init_process_group's call to its exception, on rank 0
+    holder_pid: int | None
+    holder: str | None           # process name and command line, as psutil saw them then
+    standin: bool                # the holder was the lab's own stand-in listener
+    next_step: str = NEXT_STEP
+
+    def __repr__(self) -> str:
+        if self.port is None:
+            return "no port conflict recorded in this run"
+        who = f"pid {self.holder_pid} ({self.holder})" if self.holder_pid else "a process this user cannot see"
+        tag = " [the lab's STAND-IN listener, emulating another job]" if self.standin else ""
+        return (f"port {self.port} is taken by {who}{tag}; init_process_group failed after "
+                f"{self.seconds_to_error} s with: {self.error}\nnext step: {self.next_step}")
+
+
+def diagnose(result) -> PortDiagnosis:
+    """Name the port and the process that held it when rank 0 failed (psutil, recorded by the rank)."""
+    rec = next((r for r in result.records if r.get("event") in ("init_failed", "port_busy")), None)
+    if rec is None:
+        return PortDiagnosis(None, None, None, None, None, False)
+    h = rec.get("holder") or {}
+    standin = {r.get("pid") for r in result.records_of("standin")}
+    who = None
+    if h.get("pid"):
+        cmd = (h.get("cmdline") or "").splitlines()[0][:70]
+        who = f"{h.get('process')}: {cmd}"
+    return PortDiagnosis(rec.get("port") or h.get("port") or result_port(result), rec.get("error"),
+                         rec.get("seconds"), h.get("pid"), who, h.get("pid") in standin)
+
+
+def result_port(result) -> int | None:
+    rec = next(iter(result.records_of("init_start")), {})
+    return rec.get("port")
+
+
+def seconds_to_error(result) -> float | None:
+    rec = next(iter(result.records_of("init_failed")), None)
+    return rec.get("seconds") if rec else None
+
+
+def run_article_retry(taken=None, port: int | None = None, deadline_s: float | None = None, **kw):
+    """The article's try/except + sleep(60) on a taken port, watched until ``deadline_s``: by default
+    5 s longer than the whole port-taken run took here (rank 0's init fails well before that run ends),
+    so rank 0 is asleep by then, and still far from waking up after 60 s."""
+    if deadline_s is None:
+        deadline_s = max(12.0, (taken.wall_s if taken is not None else 10.0) + 5.0)
+    return run_variant("article-retry", port=port, deadline_s=deadline_s, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Two jobs at the same moment
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    outcome: str                 # one of OUTCOMES
+    port: int
+    results: tuple               # the two RunResults
+    wall_s: float                # until both jobs had ended
+
+    @property
+    def statuses(self) -> tuple[str, str]:
+        return tuple(r.status for r in self.results)
+
+    @property
+    def cross_joined(self) -> bool:
+        return any(rec.get("cross_joined") for r in self.results for rec in r.records_of("joined"))
+
+    def __repr__(self) -> str:
+        s = ", ".join(f"{r.status}" + (f" [{r.signature}]" if r.signature else "") for r in self.results)
+        return f"Pair(port {self.port}: {self.outcome}; jobs: {s}; {self.wall_s:.1f} s)"
+
+
+def classify(results) -> str:
+    """both ok / one failed / both failed / hang / cross-joined (ranks of one job met the other's)."""
+    if any(rec.get("cross_joined") for r in results for rec in r.records_of("joined")):
+        return "cross-joined"
+    st = [r.status for r in results]
+    if "hung" in st:
+        return "hang"
+    failed = st.count("failed")
+    return {0: "both ok", 1: "one failed"}.get(failed, "both failed")
+
+
+def pair(variant: str = "two-jobs", port: int | None = None, deadline_s: float | None = None, **kw) -> Pair:
+    """Start two independent 2-rank jobs of ``variant`` at the same moment, with the same fixed port."""
+    port = port or ports.free_port()
+    gate = threading.Barrier(2)
+    out: list = [None, None]
+
+    def one(i: int) -> None:
+        gate.wait()
+        try:
+            out[i] = run_variant(variant, port=port, deadline_s=deadline_s, **kw)
+        except BaseException as e:  # noqa: BLE001 - reported below, in the caller's thread
+            out[i] = e
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for o in out:
+        if isinstance(o, BaseException):
+            raise o
+    return Pair(classify(out), port, tuple(out), round(time.monotonic() - t0, 2))
+
+
+def two_jobs(variant: str = "two-jobs", repetitions: int = 3, deadline_s: float | None = None, **kw) -> list[Pair]:
+    """``repetitions`` pairs, each on a fresh port: it is a race, so the outcomes are counted."""
+    return [pair(variant, deadline_s=deadline_s, **kw) for _ in range(_check_reps(repetitions))]
+
+
+def counts(pairs) -> dict[str, int]:
+    c = Counter(p.outcome for p in pairs)
+    return {o: c.get(o, 0) for o in OUTCOMES}
+
+
+def pair_table(pairs) -> str:
+    lines = [f"{'rep':>3}  {'outcome':<13} {'job A':<28} {'job B':<28} seconds"]
+    for i, p in enumerate(pairs):
+        a, b = (f"{r.status} [{r.signature}]" if r.signature else r.status for r in p.results)
+        lines.append(f"{i:>3}  {p.outcome:<13} {a:<28} {b:<28} {p.wall_s:.1f}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The article's netstat check, run as written, and the check that works
+# ----------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def hold_port():
+    """A listener on 127.0.0.1 in this process, for the duration of a ``with`` block (its port)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+@dataclass(frozen=True)
+class NetstatCheck:
+    port: int
+    taken: bool                  # the truth, from binding the port / psutil
+    article_says: str            # what the article's snippet printed (or raised)
+    returncode: int | None
+    listed_lines: int            # lines netstat printed: every listener, not only this port's
+    mentions_port: bool
+    working: str                 # ddplab.ports.check_port(port).describe()
+
+    def __repr__(self) -> str:
+        return (f"port {self.port} really taken: {self.taken}\n"
+                f"article's snippet: {self.article_says} (exit {self.returncode}, {self.listed_lines} lines, "
+                f"the port in them: {self.mentions_port})\n"
+                f"psutil / bind check: {self.working}")
+
+
+def article_netstat(port: int) -> NetstatCheck:
+    """Run article 003's Example 3 as written, with ``port`` in place of 12355."""
+    truth = ports.check_port(port)
+    rc, lines, mentions = None, 0, False
+    try:
+        # As in the article: "| grep" is one more *argument* of netstat; no shell, so no pipe runs.
+        r = subprocess.run(["netstat", "-tulnp", f"| grep {port}"], capture_output=True, text=True, check=True)
+        said, rc = "Port check successful", r.returncode
+        lines, mentions = len(r.stdout.splitlines()), f":{port} " in r.stdout
+    except subprocess.CalledProcessError as e:
+        said, rc = f"Port check failed: {e}", e.returncode
+    except FileNotFoundError as e:
+        said = f"raised FileNotFoundError ({e.strerror}: netstat is not installed), not caught by the snippet"
+    return NetstatCheck(port, not truth.free, said, rc, lines, mentions, truth.describe())
+
+
+def netstat_installed() -> bool:
+    return shutil.which("netstat") is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Plot, claim check, exercises
+# ----------------------------------------------------------------------------------------------
+
+def plot(pairs_by_variant: dict, times: dict):
+    """Left: stacked outcomes of the paired runs per variant. Right: seconds to a clear answer."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.4]})
+    names = list(pairs_by_variant)
+    bottoms = [0] * len(names)
+    for o in OUTCOMES:
+        vals = [counts(pairs_by_variant[n])[o] for n in names]
+        if any(vals):
+            ax1.bar(names, vals, bottom=bottoms, color=OUTCOME_COLOURS[o], label=o)
+            bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax1.set_ylabel("pairs of jobs")
+    ax1.set_title("Two jobs started at once on one port")
+    ax1.legend(fontsize=8)
+    labels = list(times)
+    secs = [times[k][0] for k in labels]
+    for i, (k, (s, final)) in enumerate(times.items()):
+        ax2.barh(i, s, color="#0969da" if final else "white", edgecolor="#0969da", hatch=None if final else "//")
+        ax2.text(s, i, f"  {s:.1f} s" + ("" if final else " (no answer yet: deadline)"), va="center", fontsize=8)
+    ax2.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax2.invert_yaxis()
+    ax2.set_xlim(right=max(secs) * 1.7)
+    ax2.set_xlabel("wall seconds, measured")
+    ax2.set_title("Time to a clear outcome")
+    fig.tight_layout()
+    return fig
+
+
+def claims(taken, retry, article, fixed_pairs, two_pairs, netstat: NetstatCheck, sleep_s: float = 60.0) -> ClaimCheck:
+    """The article's claims against this execution's runs."""
+    d = diagnose(taken)
+    c2 = counts(two_pairs)
+    cf = counts(fixed_pairs)
+    two = ", ".join(f"{k} {v}" for k, v in c2.items() if v)
+    slept = bool(article.records_of("init_failed")) and article.rank(0).state == "hung"
+    where = ("rank 0 had failed init and was in time.sleep" if slept else
+             "the ranks had not reached init yet (a busy machine: raise the deadline)")
+    return ClaimCheck([
+        Claim("MASTER_PORT = '12355'  # Choose an available port", f"{SEED}, Example 1",
+              f"port taken -> job {taken.status} [{taken.signature}], rank 0's init_process_group raised "
+              f"{'EADDRINUSE' if 'EADDRINUSE' in (d.error or '') else d.error} after {d.seconds_to_error} s; "
+              f"{len(two_pairs)} pairs on one fixed port: {two}; "
+              f"port 0 from the launcher: {cf['both ok']} of {len(fixed_pairs)} pairs both ok", "partly"),
+        Claim("time.sleep(60) # Allow time for other processes to report errors", f"{SEED}, Example 2",
+              f"with the sleep: status '{article.status}' at the {article.deadline_s:g} s deadline, {where}: "
+              f"no answer for {sleep_s:g} s; "
+              f"without it: '{taken.status}' in {taken.wall_s:.1f} s with the port named; "
+              f"fixed-retry (port 0, passed on): '{retry.status}' in {retry.wall_s:.1f} s", "wrong"),
+        Claim("subprocess.run(['netstat', '-tulnp', '| grep 12355'], ..., check=True): 'Port check successful'",
+              f"{SEED}, Example 3",
+              f"port {netstat.port} taken: {netstat.taken}; the snippet said: {netstat.article_says}; "
+              f"'| grep' went to netstat as an argument ({netstat.listed_lines} lines listed); "
+              f"bind/psutil: {netstat.working}", "wrong"),
+    ])
+
+
+def check_variant_answer(answer, repetitions: int = 1) -> Check:
+    """Exercise 1: which variant lets two jobs start at once and both succeed? Checked with real pairs."""
+    from ddplab import catalog
+
+    if answer is None:
+        return Check(False, "set `answer` to a variant name of lab 05")
+    names = [v.name for v in catalog.find_lab(LAB).variants]
+    if answer not in names:
+        return Check(False, f"'{answer}' is not a variant of lab 05 ({', '.join(names)})")
+    got = two_jobs(answer, repetitions=repetitions)
+    c = counts(got)
+    if c["both ok"] == len(got):
+        return Check(True, f"{answer}: {c['both ok']} of {len(got)} pairs both succeeded (real runs)")
+    return Check(False, f"{answer}: outcomes {({k: v for k, v in c.items() if v})}; try another variant")
+
+
+def check_error_answer(answer, taken) -> Check:
+    """Exercise 2: the errno name in PyTorch's error when the port is taken (from the real run)."""
+    if answer is None:
+        return Check(False, "set `answer` to the error name PyTorch printed (a word in capitals)")
+    err = diagnose(taken).error or ""
+    if str(answer).strip().upper() in err and str(answer).strip().isupper():
+        return Check(True, f"'{answer}' is in rank 0's real error: {err[:120]}")
+    return Check(False, "not in rank 0's error message; read the Evidence line of the port-taken run")

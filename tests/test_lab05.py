@@ -1,0 +1,103 @@
+"""Lab 05: port conflicts and two jobs on one port, run for real (2 ranks, gloo, 127.0.0.1)."""
+from pathlib import Path
+
+import psutil
+import pytest
+
+import ddplab
+from ddplab import ports, signatures
+from ddplab.workbook import lab05
+from conftest import assert_nothing_left
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_eaddrinuse_message_is_port_in_use():
+    sig, line = signatures.match_text((DATA / "lab05_eaddrinuse.txt").read_text())
+    assert sig.id == "port-in-use" and "EADDRINUSE" in line
+
+
+def test_cross_joined_jobs_message_is_peer_lost():
+    sig, _ = signatures.match_text((DATA / "lab05_cross_join_peer_lost.txt").read_text())
+    assert sig.id == "peer-lost"
+
+
+def test_article_netstat_check_cannot_see_the_port():
+    with lab05.hold_port() as port:
+        c = lab05.article_netstat(port)
+        assert c.taken and "taken" in c.working
+        if lab05.netstat_installed():
+            assert c.article_says == "Port check successful"   # although the port is taken
+        else:
+            assert "FileNotFoundError" in c.article_says
+    assert ports.check_port(port).free
+
+
+def test_bad_repetitions_is_a_clear_error():
+    with pytest.raises(ddplab.DdplabError, match="repetitions"):
+        lab05.two_jobs("two-jobs", repetitions=0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_port_taken_fails_with_eaddrinuse_and_names_the_holder(run_lab):
+    port = ports.free_port()
+    r = run_lab("05", variant="port-taken", args=["--master-port", str(port)])
+    assert (r.status, r.signature) == ("failed", "port-in-use")
+    d = lab05.diagnose(r)
+    assert d.port == port and d.holder_pid and d.standin and "EADDRINUSE" in d.error
+    assert d.seconds_to_error < 5
+    assert not psutil.pid_exists(d.holder_pid) or psutil.Process(d.holder_pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_article_retry_gives_no_answer_before_the_deadline(run_lab):
+    # 12 s: past start-up (the whole port-taken run takes ~4-6 s here), well before the article's 60 s sleep ends.
+    r = run_lab("05", variant="article-retry", deadline_s=12, args=["--master-port", str(ports.free_port())])
+    assert (r.status, r.signature) == ("hung", "hang-rendezvous")
+    assert r.records_of("init_failed")          # rank 0 knew at once, and slept on it
+    assert r.rank(0).state == "hung"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_fixed_retry_succeeds_on_another_port(run_lab):
+    port = ports.free_port()
+    r = run_lab("05", variant="fixed-retry", args=["--master-port", str(port)])
+    assert (r.status, r.signature) == ("ok", None)
+    joined = r.records_of("joined")
+    assert len(joined) == 2 and len({j["port"] for j in joined}) == 1 and joined[0]["port"] != port
+    assert r.records_of("port_busy")[0]["holder"]["free"] is False
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_two_jobs_alone_succeeds(run_lab):
+    # fixed-free-port alone: covered by the pair test below (each of its jobs is checked the same way).
+    r = run_lab("05", variant="two-jobs", args=["--master-port", str(ports.free_port())])
+    assert (r.status, r.signature) == ("ok", None)
+    assert all(d["same_weights"] for d in r.records_of("done")) and len(r.records_of("done")) == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_two_jobs_at_once_on_one_port_do_not_both_succeed(tmp_path):
+    p = lab05.pair("two-jobs", run_root=tmp_path / "runs", args=["--steps", "100"])  # 5 s overlap
+    assert p.outcome != "both ok", p
+    assert p.outcome in lab05.OUTCOMES
+    assert all(r.leftover == () for r in p.results)
+    assert_nothing_left(str(tmp_path / "runs"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_fixed_free_port_pair_both_succeed(tmp_path):
+    # One pair here (CI budget); benchmarks/lab05_two_jobs.py runs 20 pairs and needs 20 of 20.
+    pairs = lab05.two_jobs("fixed-free-port", repetitions=1, run_root=tmp_path / "runs")
+    assert [p.outcome for p in pairs] == ["both ok"], lab05.pair_table(pairs)
+    for r in pairs[0].results:
+        assert (r.status, r.signature) == ("ok", None)
+        assert all(d["same_weights"] for d in r.records_of("done")) and len(r.records_of("done")) == 2
+    assert all(r.leftover == () for p in pairs for r in p.results)
+    assert_nothing_left(str(tmp_path / "runs"))
