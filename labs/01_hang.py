@@ -32,7 +32,7 @@ from ddplab import lab
 LAB = {
     "title": "Anatomy of a hang: ranks with different numbers of batches",
     "article": "000_5eac2459042e419e.txt",
-    "deadline_s": 15,
+    "deadline_s": 10,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

@@ -16,7 +16,7 @@ LAB_ID = "02"
 DEFAULT_MEM_LIMIT_MB = 48.0
 # A hung variant always runs to its deadline: long enough for 2 ranks to import torch and reach
 # the hang on a busy 2-core machine, short enough for a notebook.
-DEADLINES = {"skip-batch": 30.0}
+DEADLINES = {"skip-batch": 15.0}
 
 
 def spec() -> dict:
