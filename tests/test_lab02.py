@@ -52,7 +52,8 @@ def _run(run_lab, variant, deadline_s=None, **knobs):
 def test_oom_fails_fast_with_the_oom_signature(run_lab):
     r = _run(run_lab, "oom")
     assert (r.status, r.signature) == ("failed", _oom_signature())
-    assert r.rank(1).exit_code == 1                        # the rank whose batch did not fit
+    assert r.first_failure == 1                            # the rank whose batch did not fit (its exit code
+                                                           # races with the peer's SIGABRT, see test_launch)
     assert r.rank(0).state == "exited"                     # ended by torchrun, not left waiting
     steps = {(s["rank"], s["step"]) for s in r.records_of("step")}
     assert (1, lab02.spec()["long_step"]) not in steps     # it died in the long step

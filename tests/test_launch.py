@@ -33,7 +33,7 @@ def test_own_script_ok(run_lab):
 def test_own_script_crash_names_the_rank_and_line(run_lab):
     r = run_lab(SCRIPT, args=["--mode", "crash"], deadline_s=60)
     assert r.status == "failed"
-    assert r.rank(1).exit_code == 1
+    assert r.first_failure == 1
     assert r.rank(1).user_frame and "my_train.py" in r.rank(1).user_frame
     assert "rank 1 failed first" in r.diagnosis
     assert "corrupt batch" in r.rank(1).log_tail
@@ -146,3 +146,22 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
     result = json.loads(next(tmp_path.glob("*/*/result.json")).read_text())
     assert result["status"] == "interrupted"
     assert result["leftover"] == []
+
+
+def test_first_failure_is_the_rank_with_the_error_not_torchruns_root_cause(tmp_path):
+    """Captured from a real lab 02 `oom` run in CI: rank 1 ran out of memory, rank 0 lost its
+    connection in the all-reduce and died of SIGABRT before rank 1 had finished exiting, so
+    torchrun's summary named rank 0 as the root cause. The result must name rank 1."""
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "run_lab02_oom_root_cause_is_the_peer", run_dir)
+    job = launch.Job(target="02_oom", script=Path("labs/02_oom.py"), lab=None, variant="oom", nproc=2,
+                     deadline_s=60.0, port=0, host="127.0.0.1", args=(), run_dir=run_dir)
+    assert "rank      : 0" in (run_dir / "torchrun.log").read_text().split("Root Cause")[1]
+    r = launch.collect(job, [], returncode=1, ended_by=None, wall_s=9.0, stacks_by_rank={}, alive_at_end=(),
+                       leftover=(), notes=[])
+    assert (r.status, r.signature, r.first_failure) == ("failed", "cpu-oom", 1)
+    assert r.rank(0).signal == "SIGABRT" and r.rank(1).signal == "SIGTERM"
+    assert r.rank(1).user_frame and "02_oom.py" in r.rank(1).user_frame
+    assert r.diagnosis.startswith("rank 1 failed first") and "root cause" in r.diagnosis
+    assert launch.RunResult.load(run_dir).first_failure == 1

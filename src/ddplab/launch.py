@@ -428,7 +428,7 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
             frames, source = stacks.parse_faulthandler(fault), "faulthandler (fatal signal)"
             w = stacks.where(frames)
         log = logs.get(rank, "")
-        if not frames and state == "exited" and code not in (0, None):
+        if not frames and state == "exited" and code != 0 and (code is not None or sig is not None):
             frames, source = stacks.parse_traceback(log), "traceback"
             w = stacks.where(frames) if frames else None
         ranks.append(RankResult(
@@ -446,7 +446,7 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
     else:
         status = "ok" if returncode == 0 else "failed"
 
-    signature = excerpt = None
+    signature = excerpt = first_failure = None
     diagnosis = ""
     if status in ("hung", "interrupted") and not pids:
         signature = "deadline-exceeded"
@@ -466,11 +466,22 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
         verb = "was interrupted" if status == "interrupted" else f"was still running at its {job.deadline_s:g} s deadline"
         diagnosis = f"The job {verb}: " + "; ".join(parts) + "."
     elif status == "failed":
+        first_failure = root_rank
         order = ([root_rank] if root_rank is not None else []) + [r for r in sorted(logs) if r != root_rank]
         text = "\n".join(logs.get(r, "") for r in order) + "\n" + console
         text += "\n".join(_read(run_dir / "ranks" / f"rank{r}.stack.txt") for r in range(job.nproc))
         # The first failure's own words first; another rank's only if it says something more specific.
         m = signatures.match_text(logs.get(root_rank, "")) if root_rank is not None else None
+        lost_peer = m is not None and m[0].id == "peer-lost"
+        if lost_peer:
+            # torchrun's "Root Cause" is the first exit it observed, not the first error: a rank
+            # that lost its peer (gloo aborts with SIGABRT) can die before the rank whose own
+            # error closed the connection has finished exiting. That rank failed first.
+            for r in sorted(logs):
+                mr = signatures.match_text(logs[r]) if r != root_rank else None
+                if mr is not None and mr[0].id not in signatures.GENERIC:
+                    first_failure, m = r, mr
+                    break
         if m is None or m[0].id in signatures.GENERIC:
             m_all = signatures.match_text(text)
             if m_all is not None and (m is None or m_all[0].id not in signatures.GENERIC):
@@ -480,21 +491,28 @@ def collect(job: Job, cmd: list[str], returncode: int | None, ended_by: str | No
         if not logs:
             last = [l for l in console.splitlines() if l.strip()][-1:] or ["(no output)"]
             diagnosis = f"torchrun failed before any rank started: {last[0].strip()}"
-        first = f"rank {root_rank}" if root_rank is not None else "a rank"
-        rr = next((r for r in ranks if r.rank == root_rank), None)
+        first = f"rank {first_failure}" if first_failure is not None else "a rank"
+        rr = next((r for r in ranks if r.rank == first_failure), None)
         how = ""
         if rr is not None:
-            how = f" with exit code {rr.exit_code}" if rr.exit_code is not None else f" by {rr.signal}"
+            if first_failure == root_rank:
+                how = f" with exit code {rr.exit_code}" if rr.exit_code is not None else f" by {rr.signal}"
             if rr.user_frame:
                 how += f" at {rr.user_frame}"
         if logs:
-            diagnosis = f"{first} failed first{how}" + (f": {excerpt}" if excerpt else "") + \
-                ". torchrun then ended the other ranks."
+            diagnosis = f"{first} failed first{how}" + (f": {excerpt}" if excerpt else "") + "."
+            if first_failure != root_rank and root_rank is not None:
+                rt = next(r for r in ranks if r.rank == root_rank)
+                died = f"exit code {rt.exit_code}" if rt.exit_code is not None else rt.signal
+                diagnosis += (f" Rank {root_rank} then lost its connection to it and died ({died}); torchrun's "
+                              f"summary calls rank {root_rank} the root cause because it saw that exit first.")
+            diagnosis += " torchrun then ended the other ranks."
     result = RunResult(
         target=job.target, variant=job.variant, nproc=job.nproc, status=status, signature=signature,
         excerpt=excerpt, diagnosis=diagnosis, ranks=tuple(ranks), wall_s=round(wall_s, 3),
         deadline_s=job.deadline_s, run_dir=str(run_dir), command=tuple(cmd),
-        port=_port_used(run_dir, job.port), returncode=returncode, leftover=leftover, notes=tuple(notes))
+        port=_port_used(run_dir, job.port), returncode=returncode, leftover=leftover, notes=tuple(notes),
+        first_failure=first_failure)
     result.save()
     return result
 

@@ -52,6 +52,8 @@ class RunResult:
     returncode: int | None = None  # torchrun's own exit status (None when ddplab ended it)
     leftover: tuple[int, ...] = ()  # pids still alive after cleanup (must be empty)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    first_failure: int | None = None  # the rank whose own error started a failed run (torchrun's
+                                      # "root cause" is the first exit it saw, which can be a peer)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
