@@ -4,6 +4,9 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/01_hang.py --variant broken
     ddplab run 01 --variant broken          # the same, with a deadline and each rank's stack
+    torchrun --nproc-per-node 2 labs/01_hang.py --variant broken --debug-server-port 25999
+                                            # then open http://localhost:25999/stacks (torch's own
+                                            # debug server: the route from inside the job)
 
 Article 000 ("Why do DataParallel and DDP hang indefinitely?") blames hangs mostly on networks and
 data transfer. The most common hang in real code is simpler: DDP runs one all-reduce per backward,
@@ -65,8 +68,11 @@ def uneven_shard(data: TensorDataset, rank: int) -> Subset:
     return Subset(data, [(start + i) % len(data) for i in range(sizes[-1])])
 
 
-def main(variant: str, steps_log: bool = True, pg_timeout_s: float | None = None) -> None:
+def main(variant: str, steps_log: bool = True, pg_timeout_s: float | None = None,
+         debug_server_port: int = 0) -> None:
     ctx = lab.setup(timeout_s=pg_timeout_s)
+    if debug_server_port:
+        start_debug_server(debug_server_port)
     rank, device = ctx.rank, ctx.device
     torch.manual_seed(0)
     model = DDP(nn.Linear(8, 1).to(device), device_ids=[device.index] if device.type == "cuda" else None)
@@ -105,6 +111,20 @@ def main(variant: str, steps_log: bool = True, pg_timeout_s: float | None = None
     lab.teardown()
 
 
+def start_debug_server(port: int) -> None:
+    """torch's experimental in-job debug server (torch >= 2.13): rank 0 serves every rank's Python
+    stacks at http://<host>:<port>/stacks while the job runs. It is the route from inside the job:
+    one line in the training script, extra packages, and ports opened on every interface (only on a
+    trusted network). ddplab's own diagnosis reads the same stacks from outside, with no code change."""
+    try:
+        from torch.distributed.debug import start_debug_server as start
+    except ImportError as e:  # older torch, or jinja2 / tabulate / requests missing
+        raise SystemExit(f"[rank {lab.ctx().rank}] torch's debug server is not available here ({e}): it needs "
+                         f"torch>=2.13 and `pip install jinja2 tabulate requests`") from None
+    start(port=port)
+    lab.record("debug_server", port=port)
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -123,5 +143,9 @@ if __name__ == "__main__":
     p.add_argument("--pg-timeout-s", type=float, default=None,
                    help="init_process_group(timeout=...) in seconds (default: PyTorch's 30 minutes)")
     p.add_argument("--quiet", action="store_true", help="do not record every step")
+    p.add_argument("--debug-server-port", type=int, default=0, metavar="PORT",
+                   help="start torch's debug server on rank 0 at this port (0: off); it listens on every interface")
     a = p.parse_args()
-    main(a.variant, steps_log=not a.quiet, pg_timeout_s=a.pg_timeout_s)
+    if not 0 <= a.debug_server_port <= 65535:
+        p.error(f"--debug-server-port {a.debug_server_port}: a port is 1-65535 (0 turns the server off)")
+    main(a.variant, steps_log=not a.quiet, pg_timeout_s=a.pg_timeout_s, debug_server_port=a.debug_server_port)

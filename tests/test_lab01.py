@@ -52,6 +52,37 @@ def test_pytorch_timeout_error_is_recognised(run_lab):
     assert "Timed out waiting 5000ms" in r.excerpt
 
 
+@pytest.mark.timeout(120)
+def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
+    """torch's in-job debug server, fetched over HTTP while the broken job hangs, shows each rank in
+    the same collective at the same line as ddplab's diagnosis from outside; nothing outlives it."""
+    from ddplab.ports import holder
+    from conftest import assert_nothing_left
+
+    view = lab01.debug_server_view(deadline_s=HANG_DEADLINE_S, run_root=tmp_path / "runs")
+    assert view.outside.status == "hung" and view.outside.leftover == ()
+    assert view.seen_at_s is not None and view.seen_at_s < view.outside.wall_s, view.to_dict()
+    assert [w for _, w, _ in view.waits] == ["barrier", "all_reduce (DDP gradients, inside backward)"]
+    assert view.agree, view.rows()
+    assert "labs/01_hang.py" in view.page and view.outside.records_of("debug_server")
+    assert_nothing_left(str(tmp_path / "runs"))
+    assert holder(int(view.url.split(":")[-1].split("/")[0]))[0] is None  # the server's port is closed
+
+
+def test_debug_server_page_is_read_per_rank():
+    """A /stacks page captured from a real hung run of lab 01 (torch 2.13, gloo): each rank's main
+    thread is found behind the server's own "Current thread", and classified as ddplab does."""
+    from pathlib import Path
+    from ddplab import stacks
+
+    page = (Path(__file__).parent / "data" / "debug_server_stacks.html").read_text()
+    blocks = {int(m.group(1)): m.group(2) for m in lab01._RANK_BLOCK.finditer(page)}
+    assert sorted(blocks) == [0, 1]
+    where = {rank: stacks.where(stacks.parse_faulthandler_main(text)) for rank, text in blocks.items()}
+    assert where[0].waits_in == "barrier" and where[0].user_frame.line == 109
+    assert where[1].waits_in == "all_reduce (DDP gradients, inside backward)" and where[1].user_frame.line == 99
+
+
 def test_default_timeout_is_read_from_torch():
     assert lab01.default_pg_timeout_s() == 30 * 60
 

@@ -165,6 +165,20 @@ def parse_faulthandler(text: str) -> list[Frame]:
     return frames
 
 
+def parse_faulthandler_main(text: str) -> list[Frame]:
+    """Main-thread frames from one faulthandler-format dump of *all* threads taken from another
+    thread (torch's debug server answers /stacks this way: "Current thread" is its own server
+    thread, with no Python frame). The main thread is the one whose outermost frame is ``<module>``."""
+    blocks = list(_FH_THREAD.finditer(text))
+    threads = []
+    for i, m in enumerate(blocks):
+        end = blocks[i + 1].start() if i + 1 < len(blocks) else len(text)
+        frames = [Frame(f.group(3).strip(), f.group(1), int(f.group(2)))
+                  for f in map(_FH_FRAME.match, text[m.start():end].splitlines()[1:]) if f]
+        threads.append(frames)
+    return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
+
+
 _TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)
 
 

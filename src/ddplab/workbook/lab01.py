@@ -2,9 +2,16 @@
 that notebooks/01_hang.ipynb shows. Every number comes from a run made by these functions."""
 from __future__ import annotations
 
+import html
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 import ddplab
+from ddplab import stacks
 from ddplab.notebook import Check, Claim, ClaimCheck
 from ddplab.result import RunResult
 
@@ -25,22 +32,27 @@ def default_pg_timeout_s() -> float:
 
 @dataclass(frozen=True)
 class TimeToAnswer:
-    """Seconds until the learner knows what happened, three ways."""
+    """Seconds until the learner knows what happened: three ways, four with the debug server."""
     default_timeout_s: float      # quoted from torch: the bare job would wait this long
     pg_timeout_s: float           # the timeout set with init_process_group(timeout=...)
     with_timeout: RunResult       # the bare job with that timeout: PyTorch's own error
     with_deadline: RunResult      # ddplab's deadline and stack diagnosis
+    in_job: "InJobStacks | None" = None  # torch's debug server, polled while the job ran
 
     def rows(self) -> list[tuple[str, float, bool]]:
-        return [
+        rows = [
             ("bare job, PyTorch's default timeout", self.default_timeout_s, False),
             (f"init_process_group(timeout={self.pg_timeout_s:g} s)", self.with_timeout.wall_s, True),
             (f"ddplab deadline ({self.with_deadline.deadline_s:g} s) + stacks", self.with_deadline.wall_s, True),
         ]
+        if self.in_job is not None and self.in_job.seen_at_s is not None:
+            rows.append(("torch debug server /stacks (code change)", self.in_job.seen_at_s, True))
+        return rows
 
     def to_dict(self) -> dict:
         return {"default_timeout_s": self.default_timeout_s, "pg_timeout_s": self.pg_timeout_s,
-                "with_timeout": self.with_timeout.to_dict(), "with_deadline": self.with_deadline.to_dict()}
+                "with_timeout": self.with_timeout.to_dict(), "with_deadline": self.with_deadline.to_dict(),
+                "in_job": self.in_job.to_dict() if self.in_job else None}
 
     def plot(self):
         from ddplab.plots import time_to_answer
@@ -50,13 +62,107 @@ class TimeToAnswer:
 
 
 def measure_time_to_answer(pg_timeout_s: float = 10, deadline_s: float | None = None,
-                           broken: RunResult | None = None) -> TimeToAnswer:
+                           broken: RunResult | None = None, in_job: "InJobStacks | None" = None) -> TimeToAnswer:
     """Run the broken job with a short process-group timeout (PyTorch's error), and reuse (or make)
-    the broken run that ddplab's deadline ended."""
+    the broken run that ddplab's deadline ended. ``in_job`` (from ``debug_server_view``) adds the
+    moment torch's debug server first showed the hang."""
     with_timeout = run_variant("broken", args=["--pg-timeout-s", str(pg_timeout_s)],
                                deadline_s=max(60, 4 * pg_timeout_s))
     with_deadline = broken or run_variant("broken", deadline_s=deadline_s)
-    return TimeToAnswer(default_pg_timeout_s(), pg_timeout_s, with_timeout, with_deadline)
+    return TimeToAnswer(default_pg_timeout_s(), pg_timeout_s, with_timeout, with_deadline, in_job)
+
+
+@dataclass(frozen=True)
+class InJobStacks:
+    """The same hang seen two ways: torch's debug server inside the job (stacks over HTTP while it
+    runs), and ddplab from outside (py-spy or faulthandler at the deadline)."""
+    url: str                       # what a learner would open in a browser
+    seen_at_s: float | None        # seconds from launch until /stacks first showed every rank stuck
+    polls: int                     # how many times /stacks was fetched
+    waits: tuple[tuple[int, str | None, str | None], ...]  # (rank, waits in, user frame) from /stacks
+    page: str                      # the stacks text the server returned (per rank, as served)
+    outside: RunResult             # ddplab's run of the same job, ended at its deadline
+
+    @property
+    def agree(self) -> bool:
+        """Both routes name the same collective and the same line on every rank."""
+        theirs = {(r.rank, r.waits_in, r.user_frame) for r in self.outside.ranks}
+        return bool(self.waits) and set(self.waits) == theirs
+
+    def rows(self) -> list[tuple[int, str, str]]:
+        mine = {rank: (w, f) for rank, w, f in self.waits}
+        return [(r.rank, "{} at {}".format(*mine.get(r.rank, ("?", "?"))), f"{r.waits_in} at {r.user_frame}")
+                for r in self.outside.ranks]
+
+    def to_dict(self) -> dict:
+        return {"url": self.url, "seen_at_s": self.seen_at_s, "polls": self.polls,
+                "waits": [list(w) for w in self.waits], "agree": self.agree, "page": self.page,
+                "outside": self.outside.to_dict()}
+
+    def _repr_html_(self) -> str:
+        seen = f"{self.seen_at_s:.1f} s after launch" if self.seen_at_s is not None else "never"
+        body = "".join(f"<tr><td>{r}</td><td><code>{html.escape(a)}</code></td><td><code>{html.escape(b)}</code></td></tr>"
+                       for r, a, b in self.rows())
+        return (f"<p>torch's debug server (<code>{html.escape(self.url)}</code>) showed every rank stuck {seen} "
+                f"({self.polls} fetches); ddplab's deadline ended the job at {self.outside.wall_s:.1f} s. "
+                f"Same collectives and lines: <b>{'yes' if self.agree else 'no'}</b></p>"
+                f"<table><tr><th>rank</th><th>debug server /stacks (inside the job)</th>"
+                f"<th>ddplab (outside, no code change)</th></tr>{body}</table>")
+
+
+_RANK_BLOCK = re.compile(r"<h2>Rank (\d+): [^<]*</h2>\s*(?:<p>[^<]*</p>\s*)?<pre>(.*?)</pre>", re.S)
+
+
+def _read_stacks_page(url: str) -> dict[int, str] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            page = resp.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return None  # not up yet, or the job is gone
+    return {int(m.group(1)): html.unescape(m.group(2)) for m in _RANK_BLOCK.finditer(page)}
+
+
+def debug_server_view(deadline_s: float | None = None, nproc: int = 2, poll_s: float = 0.5,
+                      **run_kw) -> InJobStacks:
+    """Run the broken job with torch's debug server on (``--debug-server-port``) and, while it runs,
+    fetch http://127.0.0.1:<port>/stacks as a browser would, until two fetches in a row show every
+    rank waiting in the same collective at the same line. ddplab's deadline then ends the job and
+    gives its own diagnosis of the same stacks, from outside."""
+    from ddplab.ports import free_port
+
+    port = free_port()  # the server's port; torch's default 25999 would collide between learners
+    url = f"http://127.0.0.1:{port}/stacks"
+    done = threading.Event()
+    found: dict = {"polls": 0, "seen_at_s": None, "waits": (), "page": ""}
+    t0 = time.monotonic()
+
+    def poll() -> None:
+        last = None
+        while not done.is_set():
+            blocks = _read_stacks_page(url)
+            if blocks is not None:
+                found["polls"] += 1
+                waits = []
+                for rank, text in sorted(blocks.items()):
+                    w = stacks.where(stacks.parse_faulthandler_main(text))
+                    waits.append((rank, w.waits_in, w.user_frame.short() if w.user_frame else None))
+                stuck = len(waits) == nproc and all(w and f for _, w, f in waits)
+                if stuck and waits == last:  # the same answer twice: stuck, not passing through
+                    found.update(seen_at_s=round(time.monotonic() - t0, 2), waits=tuple(waits),
+                                 page="\n".join(f"=== rank {r} ===\n{t.strip()}" for r, t in sorted(blocks.items())))
+                    return
+                last = waits if stuck else None
+            done.wait(poll_s)
+
+    poller = threading.Thread(target=poll, name="ddplab-debug-server-poll", daemon=True)
+    poller.start()
+    try:
+        outside = run_variant("broken", nproc=nproc, deadline_s=deadline_s,
+                              args=["--debug-server-port", str(port), "--quiet"], **run_kw)
+    finally:
+        done.set()
+        poller.join(timeout=10)
+    return InJobStacks(url, found["seen_at_s"], found["polls"], found["waits"], found["page"], outside)
 
 
 def who_waits_where(r: RunResult) -> list[str]:
