@@ -59,7 +59,7 @@ def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
     from ddplab.ports import holder
     from conftest import assert_nothing_left
 
-    view = lab01.debug_server_view(deadline_s=HANG_DEADLINE_S, run_root=tmp_path / "runs")
+    view = lab01.debug_server_view(deadline_s=HANG_DEADLINE_S + 8, run_root=tmp_path / "runs")
     assert view.outside.status == "hung" and view.outside.leftover == ()
     assert view.seen_at_s is not None and view.seen_at_s < view.outside.wall_s, view.to_dict()
     assert [w for _, w, _ in view.waits] == ["barrier", "all_reduce (DDP gradients, inside backward)"]

@@ -122,12 +122,13 @@ def _read_stacks_page(url: str) -> dict[int, str] | None:
     return {int(m.group(1)): html.unescape(m.group(2)) for m in _RANK_BLOCK.finditer(page)}
 
 
-def debug_server_view(deadline_s: float | None = None, nproc: int = 2, poll_s: float = 0.5,
+def debug_server_view(deadline_s: float | None = 15, nproc: int = 2, poll_s: float = 0.5,
                       **run_kw) -> InJobStacks:
     """Run the broken job with torch's debug server on (``--debug-server-port``) and, while it runs,
     fetch http://127.0.0.1:<port>/stacks as a browser would, until two fetches in a row show every
     rank waiting in the same collective at the same line. ddplab's deadline then ends the job and
-    gives its own diagnosis of the same stacks, from outside."""
+    gives its own diagnosis of the same stacks, from outside. The deadline is longer than lab 01's
+    own (10 s) so that the server is looked at for several seconds of hang even on a busy machine."""
     from ddplab.ports import free_port
 
     port = free_port()  # the server's port; torch's default 25999 would collide between learners
