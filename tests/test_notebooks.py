@@ -38,7 +38,8 @@ def test_notebook_executes_under_papermill(path, session_runs_dir):
 
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / path.name
-    pm.execute_notebook(str(path), str(out), cwd=str(path.parent), progress_bar=False, kernel_name="python3")
+    pm.execute_notebook(str(path), str(out), cwd=str(path.parent), progress_bar=False, kernel_name="python3",
+                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

@@ -79,7 +79,10 @@ def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, 
         t0 = time.monotonic()
         try:
             pm.execute_notebook(str(nb), str(out / "notebooks" / nb.name), cwd=str(folder),
-                                progress_bar=False, kernel_name="python3")
+                                progress_bar=False, kernel_name="python3",
+                                # the kernel's own startup warning (TCP without encryption, on
+                                # localhost) printed once per notebook would bury the table
+                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
             status = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
             status = f"failed: {str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__}"
