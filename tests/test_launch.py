@@ -136,7 +136,12 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
         assert len(list(tmp_path.glob("*/*/ranks/rank*.json"))) == 2, "ranks never started"
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Evidence before the kill (as torch's MultiProcessTestCase dumps stacks): where the
+            # launcher and its children are stuck.
+            pytest.fail("ddplab run did not end within 30 s of SIGINT; stacks:\n" + _stacks_of_tree(proc.pid))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -146,6 +151,31 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
     result = json.loads(next(tmp_path.glob("*/*/result.json")).read_text())
     assert result["status"] == "interrupted"
     assert result["leftover"] == []
+
+
+def _stacks_of_tree(pid: int) -> str:
+    import psutil
+    from ddplab.stacks import pyspy_path
+
+    exe, out = pyspy_path(), []
+    try:
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return "(process gone)"
+    for p in procs:
+        try:
+            head = f"--- pid {p.pid} {p.status()} {' '.join(p.cmdline())[:150]}"
+        except psutil.Error:
+            continue
+        dump = ""
+        if exe:
+            try:
+                dump = subprocess.run([exe, "dump", "--pid", str(p.pid)], capture_output=True, text=True,
+                                      timeout=10).stdout
+            except subprocess.TimeoutExpired:
+                dump = "(py-spy timed out)"
+        out.append(head + "\n" + dump)
+    return "\n".join(out)
 
 
 def test_first_failure_is_the_rank_with_the_error_not_torchruns_root_cause(tmp_path):
