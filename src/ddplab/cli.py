@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     args.script_args = script_args
     # SIGTERM (a CI timeout, `kill`) ends the job the same way Ctrl-C does, so nothing is left.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too, even where it was inherited as ignored: a command started with `&` from a script
+    # (or under a CI runner that does so) gets SIGINT set to SIG_IGN, and a ddplab run that ignores
+    # Ctrl-C would leave its ranks running until the deadline. Seen in CI: SIGINT did nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if script_args and args.cmd != "run":
         print(f"ddplab: arguments after -- are only for `ddplab run`: {' '.join(script_args)}", file=sys.stderr)
         return EXIT_USAGE
