@@ -143,8 +143,15 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
             # launcher and its children are stuck.
             pytest.fail("ddplab run did not end within 30 s of SIGINT; stacks:\n" + _stacks_of_tree(proc.pid))
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed test must not leave the job behind either
+            import psutil
+            tree = psutil.Process(proc.pid).children(recursive=True)
             proc.kill()
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert_nothing_left(str(tmp_path))
