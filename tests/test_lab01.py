@@ -56,6 +56,7 @@ def test_pytorch_timeout_error_is_recognised(run_lab):
 def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
     """torch's in-job debug server, fetched over HTTP while the broken job hangs, shows each rank in
     the same collective at the same line as ddplab's diagnosis from outside; nothing outlives it."""
+    from urllib.parse import urlsplit
     from ddplab.ports import holder
     from conftest import assert_nothing_left
 
@@ -66,7 +67,7 @@ def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
     assert view.agree, view.rows()
     assert "labs/01_hang.py" in view.page and view.outside.records_of("debug_server")
     assert_nothing_left(str(tmp_path / "runs"))
-    assert holder(int(view.url.split(":")[-1].split("/")[0]))[0] is None  # the server's port is closed
+    assert holder(urlsplit(view.url).port)[0] is None  # the server's port is closed
 
 
 def test_debug_server_page_is_read_per_rank():
@@ -76,7 +77,7 @@ def test_debug_server_page_is_read_per_rank():
     from ddplab import stacks
 
     page = (Path(__file__).parent / "data" / "debug_server_stacks.html").read_text()
-    blocks = {int(m.group(1)): m.group(2) for m in lab01._RANK_BLOCK.finditer(page)}
+    blocks = lab01.stacks_by_rank(page)
     assert sorted(blocks) == [0, 1]
     where = {rank: stacks.where(stacks.parse_faulthandler_main(text)) for rank, text in blocks.items()}
     assert where[0].waits_in == "barrier" and where[0].user_frame.line == 109

@@ -34,12 +34,11 @@ def test_notebook_structure(path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes_under_papermill(path, session_runs_dir):
-    import papermill as pm
+    from ddplab.workbook.build import execute_notebook
 
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / path.name
-    pm.execute_notebook(str(path), str(out), cwd=str(path.parent), progress_bar=False, kernel_name="python3",
-                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    execute_notebook(path, out)
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

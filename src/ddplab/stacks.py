@@ -144,38 +144,36 @@ _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
 _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 
 
+def _fh_threads(text: str) -> list[tuple[str, list[Frame]]]:
+    """Every thread block of faulthandler-format text, in order: ("Current thread" or "Thread",
+    its frames innermost first)."""
+    headers = list(_FH_THREAD.finditer(text))
+    threads = []
+    for i, m in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
+        frames = [Frame(f.group(3).strip(), f.group(1), int(f.group(2)))
+                  for f in map(_FH_FRAME.match, text[m.start():end].splitlines()[1:]) if f]
+        threads.append((m.group(1), frames))
+    return threads
+
+
 def parse_faulthandler(text: str) -> list[Frame]:
     """Main-thread frames of the last dump in a faulthandler file.
 
     faulthandler lists the current thread first with "Current thread", others as "Thread"; on a
     SIGUSR1 dump the main thread is the one the signal landed in, so the current thread is main.
     """
-    blocks = list(_FH_THREAD.finditer(text))
-    if not blocks:
-        return []
-    # The last dump starts at the last "Current thread" header (or the last header of any kind).
-    starts = [m for m in blocks if m.group(1) == "Current thread"] or blocks
-    start = starts[-1].start()
-    end = next((m.start() for m in blocks if m.start() > start), len(text))
-    frames = []
-    for line in text[start:end].splitlines()[1:]:
-        m = _FH_FRAME.match(line)
-        if m:
-            frames.append(Frame(m.group(3).strip(), m.group(1), int(m.group(2))))
-    return frames
+    threads = _fh_threads(text)
+    # The last dump's current thread (or the last block of any kind).
+    current = [frames for kind, frames in threads if kind == "Current thread"] or [f for _, f in threads]
+    return current[-1] if current else []
 
 
 def parse_faulthandler_main(text: str) -> list[Frame]:
     """Main-thread frames from one faulthandler-format dump of *all* threads taken from another
     thread (torch's debug server answers /stacks this way: "Current thread" is its own server
     thread, with no Python frame). The main thread is the one whose outermost frame is ``<module>``."""
-    blocks = list(_FH_THREAD.finditer(text))
-    threads = []
-    for i, m in enumerate(blocks):
-        end = blocks[i + 1].start() if i + 1 < len(blocks) else len(text)
-        frames = [Frame(f.group(3).strip(), f.group(1), int(f.group(2)))
-                  for f in map(_FH_FRAME.match, text[m.start():end].splitlines()[1:]) if f]
-        threads.append(frames)
+    threads = [frames for _, frames in _fh_threads(text)]
     return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
 
 

@@ -67,9 +67,18 @@ def _runner(number: str):
     return fn if fn is not None else (lambda variant: run(number, variant=variant))
 
 
-def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, float]]:
+def execute_notebook(nb: Path, out: Path) -> None:
+    """Execute one notebook headless with papermill, in its own folder (as `make workbook` and the
+    tests do); raises papermill's error with the failing cell's output."""
     import papermill as pm
 
+    pm.execute_notebook(str(nb), str(out), cwd=str(nb.parent), progress_bar=False, kernel_name="python3",
+                        # the kernel's own startup warning (TCP without encryption, on localhost)
+                        # printed once per notebook would bury the table
+                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+
+
+def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, float]]:
     folder = catalog.REPO_DIR / "notebooks"
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     done = []
@@ -78,11 +87,7 @@ def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, 
             continue
         t0 = time.monotonic()
         try:
-            pm.execute_notebook(str(nb), str(out / "notebooks" / nb.name), cwd=str(folder),
-                                progress_bar=False, kernel_name="python3",
-                                # the kernel's own startup warning (TCP without encryption, on
-                                # localhost) printed once per notebook would bury the table
-                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+            execute_notebook(nb, out / "notebooks" / nb.name)
             status = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
             status = f"failed: {str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__}"

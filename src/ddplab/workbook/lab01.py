@@ -113,13 +113,18 @@ class InJobStacks:
 _RANK_BLOCK = re.compile(r"<h2>Rank (\d+): [^<]*</h2>\s*(?:<p>[^<]*</p>\s*)?<pre>(.*?)</pre>", re.S)
 
 
+def stacks_by_rank(page: str) -> dict[int, str]:
+    """Each rank's stacks text from the debug server's /stacks page."""
+    return {int(m.group(1)): html.unescape(m.group(2)) for m in _RANK_BLOCK.finditer(page)}
+
+
 def _read_stacks_page(url: str) -> dict[int, str] | None:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             page = resp.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError):
         return None  # not up yet, or the job is gone
-    return {int(m.group(1)): html.unescape(m.group(2)) for m in _RANK_BLOCK.finditer(page)}
+    return stacks_by_rank(page)
 
 
 def debug_server_view(deadline_s: float | None = 15, nproc: int = 2, poll_s: float = 0.5,
