@@ -3,7 +3,7 @@
 Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/01_hang.py --variant broken
-    ddplab run 01 --variant broken          # the same, with a deadline and each rank's stack
+    ddplab run 01 --variant broken          # the same, judged by progress, with each rank's stack
     torchrun --nproc-per-node 2 labs/01_hang.py --variant broken --debug-server-port 25999
                                             # then open http://localhost:25999/stacks (torch's own
                                             # debug server: the route from inside the job)
@@ -35,7 +35,6 @@ from ddplab import lab
 LAB = {
     "title": "Anatomy of a hang: ranks with different numbers of batches",
     "article": "000_5eac2459042e419e.txt",
-    "deadline_s": 10,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

@@ -3,7 +3,7 @@
 Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/02_oom.py --variant oom --mem-limit-mb 48
-    ddplab run 02 --variant skip-batch          # the same, with a deadline and each rank's stack
+    ddplab run 02 --variant skip-batch          # the same, judged by progress, with each rank's stack
 
 Each rank pads its batch of 16 sequences to the longest one in it, and a per-token MLP runs on the
 padded tensor, so activation memory grows with batch x longest length. At step 2 the last rank draws
@@ -32,7 +32,6 @@ from ddplab import lab
 LAB = {
     "title": "Out of memory, and the OOM that turns into a hang",
     "article": "000_5eac2459042e419e.txt",
-    "deadline_s": 90,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

@@ -4,7 +4,7 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/03_shapes.py --variant gather-ragged
     TORCH_DISTRIBUTED_DEBUG=DETAIL TORCH_CPP_LOG_LEVEL=INFO torchrun --nproc-per-node 2 labs/03_shapes.py --variant gather-ragged
-    ddplab run 03 --variant gather-ragged     # the same, with a deadline and a diagnosis
+    ddplab run 03 --variant gather-ragged     # the same, judged by progress, with a diagnosis
 
 Article 000, Example 3, says ranks whose batches differ in size (10 vs 20 rows) make DDP's
 all-reduce "fail silently" and hang. They do not: DDP all-reduces GRADIENTS, which have the
@@ -40,7 +40,6 @@ from ddplab import lab
 LAB = {
     "title": "Mismatched shapes across ranks: what hangs and what does not",
     "article": "000_5eac2459042e419e.txt",
-    "deadline_s": 120,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

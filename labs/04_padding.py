@@ -3,7 +3,7 @@
 Run it by itself (gloo on CPU; real nn.DataParallel when 2+ GPUs exist):
 
     torchrun --nproc-per-node 2 labs/04_padding.py --variant dp-broken
-    ddplab run 04 --variant ddp-broken      # the same, with a deadline and a diagnosis
+    ddplab run 04 --variant ddp-broken      # the same, judged by progress, with a diagnosis
 
 Article 002 ("Why is training not starting with nn.DataParallel?") pads each batch in its collate_fn
 and says DataParallel "expects a completely consistent tensor". The real mechanism: a model that packs
@@ -40,7 +40,6 @@ from ddplab import lab
 LAB = {
     "title": "Padded variable-length sequences under DataParallel and DDP",
     "article": "002_3b7eff0f44992b59.txt",
-    "deadline_s": 90,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

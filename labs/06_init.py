@@ -3,7 +3,7 @@
 Run it by itself (gloo on CPU):
 
     torchrun --nproc-per-node 2 labs/06_init.py --variant missing-rank
-    ddplab run 06 --variant missing-rank        # the same, with a deadline and each rank's stack
+    ddplab run 06 --variant missing-rank        # the same, judged by progress, with each rank's stack
 
 Article 003 ("Why is DDP timing out during initialization?") lists the causes: a firewall or a wrong
 MASTER_ADDR, ranks that never join, environments that disagree. Every one of them looks the same
@@ -37,7 +37,6 @@ from ddplab import lab
 LAB = {
     "title": "Initialization that never finishes: missing ranks, late ranks, an unreachable master",
     "article": "003_da49d0a504e50001.txt",
-    "deadline_s": 90,       # only a cap: every variant but article-sleep ends by itself in seconds
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

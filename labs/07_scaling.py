@@ -34,7 +34,6 @@ from ddplab import lab
 LAB = {
     "title": "Scaling overhead, measured: where a DDP step's time goes",
     "article": "002_3b7eff0f44992b59.txt",
-    "deadline_s": 60,
     "nproc": 2,
     "min_nproc": 1,
     "variants": {

@@ -3,7 +3,7 @@
 Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/08_article_code.py --variant accumulate-article
-    ddplab run 08 --variant no-master-env       # the same, with a deadline and the diagnosis
+    ddplab run 08 --variant no-master-env       # the same, judged by progress, with the diagnosis
 
 The samples are copied from the seed articles with only what is needed to run them (a model, data);
 each broken line is marked `# BROKEN:` next to its `# FIX:`.
@@ -38,7 +38,6 @@ from ddplab import lab
 LAB = {
     "title": "Run the articles' own code: silent accumulation, frozen shuffles, missing env",
     "article": "001_159326f62e29f2b3.txt",
-    "deadline_s": 60,
     "nproc": 2,
     "min_nproc": 2,
     "variants": {

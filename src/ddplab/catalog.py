@@ -1,7 +1,7 @@
 """The lab list, read from the lab scripts themselves.
 
 Each ``labs/NN_name.py`` holds a literal ``LAB = {...}`` dict (title, article, variants with the
-outcome each one must show, default deadline). It is read with ``ast`` so listing the labs does not
+outcome each one must show, the stall window if not the default). It is read with ``ast`` so listing the labs does not
 import torch, and the script stays the one place its variants are named (its argparse ``choices``
 come from the same dict).
 """
@@ -43,7 +43,7 @@ class Lab:
     article: str              # seed file name
     path: Path
     variants: tuple[Variant, ...]
-    deadline_s: float
+    stall_s: float            # the stall window its runs are judged with (ddplab.supervise)
     nproc: int
     min_nproc: int = 1
     extra: dict = field(default_factory=dict, compare=False)
@@ -66,7 +66,7 @@ class Lab:
     def to_dict(self) -> dict:
         return {"number": self.number, "name": self.name, "title": self.title, "article": self.article,
                 "path": str(self.path), "variants": [v.to_dict() for v in self.variants],
-                "deadline_s": self.deadline_s, "nproc": self.nproc, "min_nproc": self.min_nproc}
+                "stall_s": self.stall_s, "nproc": self.nproc, "min_nproc": self.min_nproc}
 
 
 _LAB_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
@@ -88,9 +88,9 @@ def read_lab(path: Path) -> Lab:
         Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""))
         for name, v in spec["variants"].items()
     )
-    known = {"title", "article", "variants", "deadline_s", "nproc", "min_nproc"}
+    known = {"title", "article", "variants", "stall_s", "nproc", "min_nproc"}
     return Lab(number=m.group(1), name=m.group(2), title=spec["title"], article=spec.get("article", ""),
-               path=path, variants=variants, deadline_s=float(spec.get("deadline_s", 30)),
+               path=path, variants=variants, stall_s=float(spec.get("stall_s", 3.0)),
                nproc=int(spec.get("nproc", 2)), min_nproc=int(spec.get("min_nproc", 1)),
                extra={k: v for k, v in spec.items() if k not in known})
 

@@ -1,37 +1,119 @@
-"""What a run returns: frozen dataclasses with ``to_dict()``, saved as ``result.json``.
+"""What a run returns: frozen dataclasses of facts, with ``to_dict()``, saved as ``result.json``.
 
-Notebooks and tests assert on these fields, never on printed text.
+Facts are fields (op, seq, frame, exception type); sentences are made from them only when shown
+(``ddplab.render``): ``diagnosis``, ``explain()``, ``waits_in`` and ``user_frame`` are views, never
+read back. Notebooks and tests assert on the fields.
 """
 from __future__ import annotations
 
-import html
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-STATUSES = ("ok", "failed", "hung", "interrupted")
+from .ledger import Collective, Divergence
+from .stacks import Frame, Where
+
+STATUSES = ("ok", "failed", "hung", "deadline", "interrupted")
+
+
+@dataclass(frozen=True)
+class RankError:
+    """A rank's uncaught exception, as its rank hook recorded it (torchrun error-file style)."""
+    type: str                     # "ValueError", "DistNetworkError"
+    message: str
+    frames: tuple[Frame, ...]     # innermost first
+    time: float                   # time.time() when it was raised
+    module: str = ""
+    cause: str | None = None      # "raise ... from e": the cause's "Type: message"
+    env: dict | None = None       # MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the rank had them when it failed
+
+    @property
+    def frame(self) -> Frame | None:
+        """The innermost frame of the user's own code."""
+        from .stacks import is_user_file
+        return next((f for f in self.frames if is_user_file(f.file)), None)
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
+                "time": self.time, "module": self.module, "cause": self.cause, "env": self.env}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "RankError | None":
+        if not d:
+            return None
+        return cls(type=d["type"], message=d.get("message", ""),
+                   frames=tuple(Frame.from_dict(f) for f in d.get("frames", ())), time=float(d.get("time", 0)),
+                   module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"))
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Why a job was judged hung: every live rank made no progress for ``window_s``."""
+    window_s: float               # the stall window
+    idle_s: float                 # how long no rank had made progress when the verdict was given
+    since_s: float                # seconds after launch of the last progress seen
+    last_seq: int | None          # the highest collective number every rank had completed
+    waited_for_timeout_s: float | None = None   # extra wait for a collective's own timeout to fire
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class RankResult:
     rank: int
     pid: int | None
-    state: str                    # "exited" (on its own), "hung" (alive at the deadline, ended by ddplab),
-                                  # "not-started" (torchrun never started it)
+    state: str                    # "exited" (on its own), "hung" (alive when the job stalled, ended
+                                  # by ddplab), "running" (alive at the outer deadline or an
+                                  # interrupt), "not-started" (torchrun never started it)
     exit_code: int | None         # 0, 1, ... ; None if ended by a signal or unknown
     signal: str | None            # "SIGABRT", "SIGTERM" (sent by ddplab or torchrun), ...
-    user_frame: str | None        # "labs/01_hang.py:57 in main": innermost frame in the script's own code
-    waits_in: str | None          # collective (or other blocking call) it was in at the deadline
-    stack: tuple[str, ...] = ()   # innermost first, as "file:line in func"
-    stack_source: str | None = None  # "py-spy" or "faulthandler"
+    where: Where | None = None    # what a live rank was blocked in when the verdict was given
+    error: RankError | None = None   # its uncaught exception, if it raised one
+    ledger: tuple[Collective, ...] = ()   # its flight recorder ledger (last snapshot)
+    stack: tuple[Frame, ...] = ()  # innermost first
+    stack_source: str | None = None  # "worker-server", "py-spy", "faulthandler", "traceback"
+    cpu_s: float | None = None     # CPU seconds it used (with its child processes)
+    connections: tuple[dict, ...] = ()   # TCP sockets at the verdict: laddr, raddr, status
+    dialling: dict | None = None   # {"host", "port"} of the store it was connecting to, if stuck there
+    given: dict | None = None      # {"host", "port"} torchrun gave it (MASTER_ADDR/PORT)
     records: tuple[dict, ...] = ()
     log_tail: str = ""
+    consequence: bool = False      # its error only says that a peer went away (not a cause)
+
+    # --- views (made from the fields above, for people; never parsed) ---------------------------
+    @property
+    def frame(self) -> Frame | None:
+        """The line of the user's code where it stood (blocked) or failed."""
+        if self.where is not None and self.where.frame is not None:
+            return self.where.frame
+        return self.error.frame if self.error is not None else None
+
+    @property
+    def user_frame(self) -> str | None:
+        return self.frame.short() if self.frame else None
+
+    @property
+    def waits_in(self) -> str | None:
+        from .render import wait_phrase
+        return wait_phrase(self.where) if self.where is not None and self.state in ("hung", "running") else None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["stack"] = list(self.stack)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["where"] = self.where.to_dict() if self.where else None
+        d["error"] = self.error.to_dict() if self.error else None
+        d["ledger"] = [c.to_dict() for c in self.ledger]
+        d["stack"] = [f.to_dict() for f in self.stack]
+        d["connections"] = list(self.connections)
         d["records"] = list(self.records)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankResult":
+        return cls(**{**d, "where": Where.from_dict(d.get("where")), "error": RankError.from_dict(d.get("error")),
+                      "ledger": tuple(Collective.from_dict(c) for c in d.get("ledger", ())),
+                      "stack": tuple(Frame.from_dict(f) for f in d.get("stack", ())),
+                      "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ()))})
 
 
 @dataclass(frozen=True)
@@ -41,19 +123,21 @@ class RunResult:
     nproc: int
     status: str                   # one of STATUSES
     signature: str | None         # id in ddplab.signatures (None when ok)
-    excerpt: str | None           # the text (or stack summary) the signature matched
-    diagnosis: str                # one paragraph: what happened, per rank where it matters
+    excerpt: str | None           # PyTorch's own message line that the signature matched
     ranks: tuple[RankResult, ...]
     wall_s: float
-    deadline_s: float
     run_dir: str
     command: tuple[str, ...]
+    stall_s: float = 3.0          # the stall window the run was judged with
+    deadline_s: float | None = None   # the optional outer limit
     port: int | None = None
     returncode: int | None = None  # torchrun's own exit status (None when ddplab ended it)
     leftover: tuple[int, ...] = ()  # pids still alive after cleanup (must be empty)
     notes: tuple[str, ...] = field(default_factory=tuple)
     first_failure: int | None = None  # the rank whose own error started a failed run (torchrun's
                                       # "root cause" is the first exit it saw, which can be a peer)
+    stall: Stall | None = None        # why it was judged hung
+    divergence: Divergence | None = None   # where the ranks' ledgers first differ
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -71,13 +155,21 @@ class RunResult:
     def rank(self, n: int) -> RankResult:
         return next(r for r in self.ranks if r.rank == n)
 
+    @property
+    def cause(self) -> RankError | None:
+        """The exception of the rank that failed first, if it raised one."""
+        return self.rank(self.first_failure).error if self.first_failure is not None else None
+
     # --- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["ranks"] = [r.to_dict() for r in self.ranks]
         d["command"] = list(self.command)
         d["leftover"] = list(self.leftover)
         d["notes"] = list(self.notes)
+        d["stall"] = self.stall.to_dict() if self.stall else None
+        d["divergence"] = self.divergence.to_dict() if self.divergence else None
+        d["diagnosis"] = self.diagnosis   # a view, saved for people reading the file; never read back
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -87,10 +179,13 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunResult":
-        ranks = tuple(RankResult(**{**r, "stack": tuple(r.get("stack", ())), "records": tuple(r.get("records", ()))})
-                      for r in d["ranks"])
-        return cls(**{**d, "ranks": ranks, "command": tuple(d["command"]), "leftover": tuple(d.get("leftover", ())),
-                      "notes": tuple(d.get("notes", ()))})
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        return cls(**{**d, "ranks": tuple(RankResult.from_dict(r) for r in d["ranks"]),
+                      "command": tuple(d["command"]), "leftover": tuple(d.get("leftover", ())),
+                      "notes": tuple(d.get("notes", ())),
+                      "stall": Stall(**d["stall"]) if d.get("stall") else None,
+                      "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":
@@ -99,56 +194,20 @@ class RunResult:
             p = p / "result.json"
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people ---------------------------------------------------------------------------
+    # --- for people (ddplab.render) ----------------------------------------------------------
+    @property
+    def diagnosis(self) -> str:
+        from .render import diagnosis
+        return diagnosis(self)
+
     def headline(self) -> str:
-        v = f" --variant {self.variant}" if self.variant else ""
-        sig = f" [{self.signature}]" if self.signature else ""
-        return f"{self.target}{v}: {self.status}{sig} in {self.wall_s:.1f} s ({self.nproc} ranks)"
+        from .render import headline
+        return headline(self)
 
     def explain(self) -> str:
-        from . import signatures
-
-        lines = [self.headline()]
-        if self.signature:
-            sig = signatures.get(self.signature)
-            lines.append(f"  {sig.title}.")
-            lines += [f"  {t}" for t in sig.explanation.splitlines()]
-            if sig.lab:
-                lines.append(f"  Lab {sig.lab} teaches this failure.")
-        if self.diagnosis:
-            lines.append(f"  Diagnosis: {self.diagnosis}")
-        if self.excerpt and self.status != "hung":
-            lines.append(f"  Evidence: {self.excerpt}")
-        for r in self.ranks:
-            how = (f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?"))
-            if r.state == "hung":
-                how = f"alive at the deadline, ended with {r.signal or 'SIGTERM'}"
-            at = f" at {r.user_frame}" if r.user_frame else ""
-            waits = f", waiting in {r.waits_in}" if r.waits_in else ""
-            lines.append(f"  rank {r.rank}: {how}{waits}{at}")
-        for n in self.notes:
-            lines.append(f"  note: {n}")
-        lines.append(f"  run dir: {self.run_dir}")
-        return "\n".join(lines)
+        from .render import explain
+        return explain(self)
 
     def _repr_html_(self) -> str:
-        colour = {"ok": "#1a7f37", "failed": "#cf222e", "hung": "#9a6700", "interrupted": "#6e7781"}[self.status]
-        e = html.escape
-        rows = "".join(
-            f"<tr><td>{r.rank}</td><td>{e(r.state)}</td>"
-            f"<td>{e(str(r.exit_code) if r.exit_code is not None else (r.signal or ''))}</td>"
-            f"<td>{e(r.waits_in or '')}</td><td><code>{e(r.user_frame or '')}</code></td></tr>"
-            for r in self.ranks)
-        sig = ""
-        if self.signature:
-            from . import signatures
-            s = signatures.get(self.signature)
-            sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>, lab {e(s.lab)})<br>"
-                   f"{'<br>'.join(e(t) for t in s.explanation.splitlines())}</p>")
-        diag = f"<p><b>Diagnosis:</b> {e(self.diagnosis)}</p>" if self.diagnosis else ""
-        ev = (f"<p><b>Evidence:</b> <code>{e(self.excerpt)}</code></p>"
-              if self.excerpt and self.status != "hung" else "")
-        return (f"<div><p><b style='color:{colour}'>{e(self.status.upper())}</b> "
-                f"<code>{e(self.target)}</code> {e(self.variant or '')}: {self.wall_s:.1f} s, {self.nproc} ranks</p>"
-                f"{sig}{diag}{ev}<table><tr><th>rank</th><th>state</th><th>exit</th><th>waits in</th>"
-                f"<th>its code</th></tr>{rows}</table><p><small>{e(self.run_dir)}</small></p></div>")
+        from .render import html
+        return html(self)

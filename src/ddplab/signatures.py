@@ -1,8 +1,9 @@
 """The one catalog of known failures: how to recognise each, what it means, which lab teaches it.
 
-Text signatures match PyTorch's own messages (the patterns are tested against messages captured
-from real runs, kept in ``tests/data/``). Stack signatures are decided from where each rank stood
-when the deadline ended a hung job (``ddplab.stacks``).
+Text signatures match PyTorch's own messages, in a rank's exception record first and its log
+after (the patterns are tested against messages captured from real runs, kept in ``tests/data/``).
+Hang signatures are decided by ``ddplab.classify`` from where each rank stood when the job stopped
+making progress. This module is data and pure lookups only.
 """
 from __future__ import annotations
 
@@ -142,19 +143,32 @@ CATALOG: tuple[Signature, ...] = (
 
 GENERIC = {"peer-lost", "python-exception"}
 
-# Decided from stacks and exit codes when a job was still running at its deadline.
+# Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
+# progress (ddplab.classify.hang_signature).
 STACK_CATALOG: tuple[Signature, ...] = (
     Signature(
         "hang-rank-exited", "A rank left while the others wait",
         (),
-        "At least one rank had already finished or died while the others still waited in a collective.\n"
+        "At least one rank had already finished while the others still waited in a collective.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01"),
     Signature(
         "hang-different-collectives", "Ranks wait in different collectives",
         (),
-        "The ranks are blocked in different collectives, and each collective needs every rank, so none can finish.\n"
+        "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"
         "Make the control flow the same on every rank: the same number of steps, no collective under `if rank == ...`.",
+        "01"),
+    Signature(
+        "hang-different-sizes", "Ranks wait in the same collective with different sizes",
+        (),
+        "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"
+        "Agree on sizes first (all-reduce MAX of the lengths, pad, then the collective) or use the *_object variants.",
+        "03"),
+    Signature(
+        "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
+        (),
+        "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
+        "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
         "01"),
     Signature(
         "hang-same-collective", "All ranks wait in the same collective",
@@ -165,14 +179,26 @@ STACK_CATALOG: tuple[Signature, ...] = (
     Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),
-        "Some ranks are in init_process_group waiting for others that never arrive.\n"
+        "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
         "Check that every rank starts, agrees on MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and set a join timeout on purpose.",
         "06"),
     Signature(
-        "deadline-exceeded", "Still running at the deadline, outside any collective",
+        "stalled-outside-collectives", "No rank makes progress, and none is in a collective",
         (),
-        "No rank was waiting on another: the job was simply still working (or stuck in its own code) at the deadline.\n"
-        "Raise the deadline if the job is slow, or read the stacks to see what it was doing.",
+        "Every rank stopped outside torch.distributed: sleeping, waiting on a socket, a lock, a pipe or a subprocess.\n"
+        "Read each rank's line: the wait is in the script's own code, not in a collective.",
+        "05"),
+    Signature(
+        "no-rank-started", "No rank started",
+        (),
+        "torchrun made no progress and started no rank.\n"
+        "Run the script once by itself (python script.py) to see it import; check torchrun's output in the run directory.",
+        "06"),
+    Signature(
+        "deadline-exceeded", "Still making progress at the outer deadline",
+        (),
+        "The job was still working (using CPU, moving through collectives) when its outer limit ran out: slow, not stuck.\n"
+        "Raise --deadline, or leave it out: a stuck job is found by the stall rule, not by the deadline.",
         "01"),
 )
 
@@ -192,25 +218,3 @@ def match_text(text: str) -> tuple[Signature, str] | None:
             end = text.find("\n", m.end())
             return sig, text[start:end if end >= 0 else len(text)].strip()[:400]
     return None
-
-
-def match_stacks(states: list[tuple[int, str, str | None, str]]) -> tuple[Signature, str]:
-    """Decide a hang's signature from each rank's (rank, state, waits_in, kind).
-
-    ``state`` is "hung" (alive at the deadline) or "exited"; ``kind`` comes from ``stacks.where``.
-    """
-    alive = [s for s in states if s[1] == "hung"]
-    gone = [s for s in states if s[1] != "hung"]
-    waiting = [s for s in alive if s[2]]
-    desc = "; ".join(f"rank {r}: {w or ('exited' if st != 'hung' else 'running')}" for r, st, w, _ in states)
-    if gone and waiting:
-        return get("hang-rank-exited"), desc
-    if any(k == "rendezvous" for *_, k in alive):
-        return get("hang-rendezvous"), desc
-    if waiting and len(alive) >= 2 and len({w for _, _, w, _ in alive}) > 1:
-        return get("hang-different-collectives"), desc
-    if waiting and len({w for _, _, w, _ in alive}) == 1:
-        return get("hang-same-collective"), desc
-    if waiting:
-        return get("hang-different-collectives"), desc
-    return get("deadline-exceeded"), desc

@@ -1,9 +1,11 @@
-"""Reading a rank's Python stack from outside the job, and saying what it waits in.
+"""Reading a rank's Python stack, and saying as data what the rank is blocked in.
 
-Two sources, innermost frame first in both: ``py-spy dump --json`` (attaches to the process, ~40 ms),
-and the ``faulthandler`` dump that ddplab's rank hook writes on SIGUSR1 (works where py-spy may not
-attach). ``where()`` turns a stack into the two facts a learner needs: the innermost line of *their*
-code, and the collective (or other blocking call) the rank is in.
+Sources, innermost frame first in all: torch's worker server (``dump_traceback`` over the rank's
+socket, see ``ddplab.probe``: no ptrace, works while the main thread is blocked in C++),
+``py-spy dump --json`` (attaches from outside, ~40 ms), and the ``faulthandler`` dump that ddplab's
+rank hook writes on SIGUSR1 or a fatal signal. ``where()`` turns a stack (and the kernel's wait
+channel of the main thread) into a ``Where``: the kind of wait, the call, who issued it, and the
+innermost line of the user's own code.
 """
 from __future__ import annotations
 
@@ -26,23 +28,50 @@ class Frame:
     line: int
 
     def short(self) -> str:
-        return f"{_short_path(self.file)}:{self.line} in {self.func}"
+        return f"{short_path(self.file)}:{self.line} in {self.func}"
 
     def to_dict(self) -> dict:
         return {"func": self.func, "file": self.file, "line": self.line}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Frame":
+        return cls(d["func"], d["file"], int(d["line"]))
+
 
 @dataclass(frozen=True)
 class Where:
-    """Where one rank stands: its own code's innermost frame and the call it blocks in."""
-    user_frame: Frame | None
-    waits_in: str | None      # "barrier", "all_reduce (DDP gradients, inside backward)", ...
-    kind: str                 # "collective", "rendezvous", "store", "backward", "other"
+    """Where one rank stands, as data: what it is blocked in and the line of its own code.
+
+    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "sleep", "accept",
+    "store.wait"); ``via`` says who issued a collective the user never called by name
+    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group");
+    ``seq`` is the collective's number in the ledger when the ledger knows it."""
+    kind: str
+    op: str | None = None
+    via: str | None = None
+    frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
+    call: Frame | None = None     # the innermost library frame that names the call
+    seq: int | None = None
+
+    @property
+    def in_collective(self) -> bool:
+        return self.kind == "collective"
 
     def to_dict(self) -> dict:
-        return {"user_frame": self.user_frame.to_dict() if self.user_frame else None,
-                "waits_in": self.waits_in, "kind": self.kind}
+        return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
+                "frame": self.frame.to_dict() if self.frame else None,
+                "call": self.call.to_dict() if self.call else None}
 
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Where | None":
+        if not d:
+            return None
+        return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
+                   frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
+                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
+
+
+KINDS = ("collective", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
 
 # torch.distributed functions that block until every rank joins. Names as they appear in stacks.
 COLLECTIVES = {
@@ -50,21 +79,32 @@ COLLECTIVES = {
     "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
     "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
     "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce_coalesced",
-    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base", "wait",
+    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
 }
-# DDP's own collectives, which a learner never calls by name.
+# Collectives DDP and Join issue themselves, which a learner never calls by name: (op, via).
 DDP_CALLS = {
-    "_verify_param_shape_across_processes": "all_gather (DDP checks every rank has the same parameters)",
-    "_sync_module_states": "broadcast (DDP copies rank 0's parameters to every rank)",
-    "_sync_params_and_buffers": "broadcast (DDP copies rank 0's parameters to every rank)",
-    "_sync_buffers": "broadcast (DDP syncs buffers before forward)",
-    "_rebuild_buckets": "all_reduce (DDP rebuilds its gradient buckets)",
-    "_check_global_requires_backward_grad_sync": "all_reduce (DDP Join: is any rank still training?)",
-    "_match_all_reduce_for_bwd_pass": "all_reduce (Join shadows a finished rank's all-reduce)",
+    "_verify_param_shape_across_processes": ("all_gather", "ddp-construct"),
+    "_sync_module_states": ("broadcast", "ddp-construct"),
+    "_sync_params_and_buffers": ("broadcast", "ddp-construct"),
+    "_sync_buffers": ("broadcast", "ddp-forward-buffers"),
+    "_sync_module_buffers": ("broadcast", "ddp-forward-buffers"),
+    "_default_broadcast_coalesced": ("broadcast", "ddp-forward-buffers"),
+    "_rebuild_buckets": ("broadcast", "ddp-forward-rebuild-buckets"),
+    "_check_global_requires_backward_grad_sync": ("all_reduce", "join"),
+    "_match_all_reduce_for_bwd_pass": ("all_reduce", "join"),
+    "_match_all_reduce_for_opt_step": ("all_reduce", "join"),
+    "notify_join_context": ("all_reduce", "join"),
 }
 RENDEZVOUS_CALLS = {"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
-                    "_tcp_rendezvous_handler", "_store_based_barrier", "new_group"}
-STORE_CALLS = {"get", "wait", "set", "add", "compare_set"}
+                    "_tcp_rendezvous_handler", "_store_based_barrier", "new_group", "init_device_mesh"}
+STORE_CALLS = {"get", "wait", "set", "add", "compare_set", "check", "multi_get"}
+# The kernel's wait channel of a blocked main thread (/proc/PID/wchan), when no Python frame says more.
+WCHAN_KINDS = {"hrtimer_nanosleep": ("sleep", "sleep"), "do_nanosleep": ("sleep", "sleep"),
+               "inet_csk_accept": ("socket", "accept"), "__inet_stream_connect": ("socket", "connect"),
+               "inet_wait_for_connect": ("socket", "connect"), "sk_wait_data": ("socket", "recv"),
+               "wait_woken": ("socket", "recv"), "do_sys_poll": ("socket", "poll"), "do_select": ("socket", "select"),
+               "ep_poll": ("socket", "epoll"), "do_epoll_wait": ("socket", "epoll"),
+               "pipe_read": ("other", "read from a pipe")}
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
@@ -76,7 +116,7 @@ def _stdlib_dirs() -> tuple[str, ...]:
 _LIBRARY_DIRS = _stdlib_dirs()
 
 
-def _short_path(file: str) -> str:
+def short_path(file: str) -> str:
     p = Path(file)
     try:
         return str(p.resolve().relative_to(Path.cwd()))
@@ -109,26 +149,57 @@ def _base_name(func: str) -> str:
     return func.rsplit(".", 1)[-1]
 
 
-def where(frames: list[Frame]) -> Where:
-    """Classify a stack (innermost first)."""
+def where(frames: list[Frame], wchan: str | None = None) -> Where:
+    """Classify a stack (innermost first), with the kernel's wait channel of the main thread when
+    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep)."""
     user = next((f for f in frames if is_user_file(f.file)), None)
     for f in frames:
         name = _base_name(f.func)
-        in_torch_dist = "torch/distributed" in f.file.replace("\\", "/")
-        if name in DDP_CALLS and in_torch_dist:
-            return Where(user, DDP_CALLS[name], "collective")
-        if name in COLLECTIVES and in_torch_dist and name != "wait":
-            return Where(user, name, "collective")
-        if name in RENDEZVOUS_CALLS and in_torch_dist:
-            return Where(user, f"{name} (rendezvous: waiting for the other ranks to join)", "rendezvous")
+        path = f.file.replace("\\", "/")
+        if name in DDP_CALLS and ("torch/distributed" in path or "torch/nn/parallel" in path):
+            op, via = DDP_CALLS[name]
+            return Where("collective", op, via, user, f)
+        if name in COLLECTIVES and "torch/distributed" in path:
+            return Where("collective", name, None, user, f)
+        if name in RENDEZVOUS_CALLS and "torch/distributed" in path:
+            return Where("rendezvous", name, "init_process_group", user, f)
     for f in frames:
         name = _base_name(f.func)
         if name in ("_engine_run_backward", "run_backward") or (name == "backward" and "torch/" in f.file):
-            return Where(user, "all_reduce (DDP gradients, inside backward)", "backward")
+            # DDP's reducer all-reduces gradient buckets from autograd hooks: C++, no Python frame.
+            return Where("collective", "all_reduce", "ddp-backward", user, f)
+        if name in ("forward", "_pre_forward", "_run_ddp_forward") and "torch/nn/parallel/distributed" in f.file:
+            return Where("collective", "broadcast", "ddp-forward-buffers", user, f)
     for f in frames:
-        if _base_name(f.func) in STORE_CALLS and "torch/distributed" in f.file:
-            return Where(user, f"store.{_base_name(f.func)} (waiting on the TCPStore)", "store")
-    return Where(user, None, "other")
+        path = f.file.replace("\\", "/")
+        if _base_name(f.func) in STORE_CALLS and "torch/distributed" in path:
+            return Where("store", f"store.{_base_name(f.func)}", None, user, f)
+        if "torch/utils/data" in path:
+            return Where("dataloader", "next batch", None, user, f)
+    inner = frames[0] if frames else None
+    if inner is not None:
+        path = inner.file.replace("\\", "/")
+        name = _base_name(inner.func)
+        if path.endswith(("/socket.py", "/selectors.py", "/ssl.py")):
+            return Where("socket", name, None, user, inner)
+        if path.endswith("/threading.py"):
+            return Where("lock", name, None, user, inner)
+    if wchan in WCHAN_KINDS:
+        kind, op = WCHAN_KINDS[wchan]
+        return Where(kind, op, None, user, None)
+    if wchan and wchan.startswith("futex"):
+        return Where("lock", "a lock or condition", None, user, None)
+    return Where("other", None, None, user, None)
+
+
+def read_wchan(pid: int) -> str | None:
+    """The kernel function the process's main thread sleeps in (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            w = f.read().strip()
+        return w if w and w != "0" else None
+    except OSError:
+        return None
 
 
 def parse_pyspy_json(text: str) -> list[Frame]:
@@ -213,9 +284,3 @@ def pyspy_dump(pid: int, timeout_s: float = 5.0) -> tuple[list[Frame] | None, st
     except (ValueError, KeyError) as e:
         return None, f"py-spy output not understood: {e}"
 
-
-def describe(rank: int, w: Where) -> str:
-    at = f" at {w.user_frame.short()}" if w.user_frame else ""
-    if w.waits_in:
-        return f"rank {rank} waits in {w.waits_in}{at}"
-    return f"rank {rank} is running outside any collective{at}"

@@ -1,0 +1,187 @@
+"""Classification: pure functions from evidence to a verdict (status, signature, per-rank facts).
+
+No I/O and no clock here: everything comes in as data (``evidence.RunEvidence``, the live ranks
+captured at the verdict, the stall facts), so every rule is tested on evidence captured from real
+runs. Sentences are made later, by ``ddplab.render``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from . import ledger as ledger_mod
+from . import signatures, stacks
+from .evidence import LiveRank, RunEvidence
+from .result import RankResult, Stall
+
+# A rank's error that says only that a peer went away: a consequence, never the cause.
+CONSEQUENCES = {"peer-lost"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str
+    signature: str | None
+    excerpt: str | None
+    ranks: tuple[RankResult, ...]
+    first_failure: int | None
+    divergence: ledger_mod.Divergence | None
+
+
+def locate(live: LiveRank) -> stacks.Where:
+    """Where a live rank stands: its stack and wait channel, numbered from its ledger."""
+    w = stacks.where(live.frames, live.wchan)
+    p = ledger_mod.pending(live.ledger)
+    if p is not None and w.kind in ("collective", "lock", "other"):
+        # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a
+        # futex) shows none.
+        return stacks.Where("collective", p.op, w.via if w.kind == "collective" else None, w.frame, w.call, p.seq)
+    return w
+
+
+def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
+                 live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
+                 records: Mapping[int, tuple]) -> tuple[RankResult, ...]:
+    out = []
+    for rank in range(nproc):
+        info = ev.infos.get(rank, {})
+        given = ({"host": info.get("master_addr"), "port": int(info["master_port"])}
+                 if info.get("master_port") else None)
+        log = ev.logs.get(rank, "")
+        common = dict(rank=rank, pid=info.get("pid"), error=ev.errors.get(rank), cpu_s=cpu.get(rank),
+                      consequence=rank in ev.errors and _is_consequence(ev, rank),
+                      given=given, records=tuple(records.get(rank, ())),
+                      log_tail="\n".join(log.splitlines()[-15:]))
+        if rank in live:
+            lv = live[rank]
+            out.append(RankResult(
+                state="hung" if ended_by == "stall" else "running", exit_code=None, signal="SIGTERM",
+                where=locate(lv), ledger=lv.ledger or tuple(ledgers.get(rank, ())), stack=tuple(lv.frames),
+                stack_source=lv.source, connections=lv.connections, dialling=lv.dialling, **common))
+            continue
+        frames, source = (), None
+        if rank in ev.fatal:
+            frames, source = tuple(ev.fatal[rank]), "faulthandler (fatal signal)"
+        elif common["error"] is not None:
+            frames, source = common["error"].frames, "exception record"
+        elif log:
+            tb = stacks.parse_traceback(log)
+            frames, source = (tuple(tb), "traceback") if tb else ((), None)
+        if rank in ev.exits:
+            f = ev.exits[rank]
+            code = f["exitcode"]
+            state, exit_code, sig = "exited", (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
+        elif not info and (returncode not in (0, None) or ended_by):
+            state, exit_code, sig = "not-started", None, None
+        elif returncode == 0 or rank in ev.clean_exit:
+            state, exit_code, sig = "exited", 0, None
+        else:
+            # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
+            state, exit_code, sig = "exited", None, "SIGTERM"
+        out.append(RankResult(state=state, exit_code=exit_code, signal=sig, ledger=tuple(ledgers.get(rank, ())),
+                              stack=frames, stack_source=source, **common))
+    return tuple(out)
+
+
+def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
+    """The rank whose own error started the failure: the earliest exception that is not a
+    consequence (a lost peer); else the earliest recorded exception; else the earliest failed exit
+    torchrun saw; else torchrun's root cause."""
+    recorded = sorted((e.time, r) for r, e in ev.errors.items())
+    causes = [r for _, r in recorded if not _is_consequence(ev, r)]
+    if causes:
+        return causes[0]
+    if recorded:
+        return recorded[0][1]
+    failed = sorted((f.get("timestamp") or 0, r) for r, f in ev.exits.items() if f.get("exitcode") != 0)
+    real = [r for _, r in failed if not _is_consequence(ev, r)]
+    if real:
+        return real[0]
+    if failed:
+        return failed[0][1]
+    root = (ev.torchrun or {}).get("torchrun_root_cause")
+    return int(root) if root is not None else None
+
+
+def _rank_text(ev: RunEvidence, rank: int) -> str:
+    e = ev.errors.get(rank)
+    own = f"{e.type}: {e.message}\n{e.cause or ''}\n" if e else ""
+    return own + ev.logs.get(rank, "")
+
+
+def _is_consequence(ev: RunEvidence, rank: int) -> bool:
+    e = ev.errors.get(rank)
+    text = f"{e.type}: {e.message}" if e else ev.logs.get(rank, "")
+    m = signatures.match_text(text)
+    return m is not None and m[0].id in CONSEQUENCES
+
+
+def failed_signature(ev: RunEvidence, first: int | None) -> tuple[str | None, str | None]:
+    """The catalog entry for a failed run: the first failing rank's own exception first (the
+    record's type and message), then its log, then any rank's log or torchrun's output when the
+    first rank's words are generic."""
+    m = signatures.match_text(_rank_text(ev, first)) if first is not None else None
+    if m is None or m[0].id in signatures.GENERIC:
+        every = "\n".join(_rank_text(ev, r) for r in sorted(set(ev.logs) | set(ev.errors)) if r != first)
+        m_all = signatures.match_text(every + "\n" + ev.console)
+        if m_all is not None and (m is None or m_all[0].id not in signatures.GENERIC):
+            m = m_all
+    return (m[0].id, m[1]) if m else (None, None)
+
+
+def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> str:
+    """The catalog entry for a job in which no rank made progress (or that was interrupted)."""
+    alive = [r for r in ranks if r.state in ("hung", "running")]
+    if not alive:
+        return "no-rank-started"
+    gone = [r for r in ranks if r.state == "exited"]
+    kinds = [r.where.kind if r.where else "other" for r in alive]
+    in_coll = [r for r in alive if r.where is not None and r.where.kind == "collective"]
+    if any(k in ("rendezvous", "store") for k in kinds) and not any(r.ledger for r in alive):
+        return "hang-rendezvous"
+    if gone and in_coll:
+        return "hang-rank-exited"
+    if in_coll and len(in_coll) < len(alive):
+        return "hang-rank-elsewhere"
+    if in_coll:
+        if divergence is not None and divergence.kind == "different-sizes":
+            return "hang-different-sizes"
+        ops = {(r.where.op, r.where.seq) for r in in_coll}
+        if len(ops) > 1 or (divergence is not None and divergence.kind == "different-op"):
+            return "hang-different-collectives"
+        return "hang-same-collective"
+    if any(k in ("rendezvous", "store") for k in kinds):
+        return "hang-rendezvous"
+    return "stalled-outside-collectives"
+
+
+def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
+            live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
+            records: Mapping[int, tuple]) -> Verdict:
+    ranks = rank_results(nproc, ended_by, returncode, ev, live, ledgers, cpu, records)
+    div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
+    if ended_by == "interrupt":
+        status = "interrupted"
+    elif ended_by == "stall":
+        status = "hung"
+    elif ended_by == "deadline":
+        status = "deadline"
+    else:
+        status = "ok" if returncode == 0 else "failed"
+    signature = excerpt = first = None
+    if status == "failed":
+        first = first_failure(ev, ranks)
+        signature, excerpt = failed_signature(ev, first)
+    elif status == "hung" or (status == "interrupted" and live):
+        signature = hang_signature(ranks, div)
+    elif status == "deadline":
+        signature = "deadline-exceeded"
+    return Verdict(status, signature, excerpt, ranks, first, div)
+
+
+def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[RankResult, ...],
+                waited_for_timeout_s: float | None) -> Stall:
+    done = [ledger_mod.last_completed(r.ledger) for r in ranks if r.ledger]
+    last = min(d for d in done if d is not None) if done and all(d is not None for d in done) else None
+    return Stall(window_s=window_s, idle_s=round(idle_s, 1), since_s=round(since_s, 1), last_seq=last,
+                 waited_for_timeout_s=waited_for_timeout_s)

@@ -1,0 +1,203 @@
+"""Reading evidence: what the ranks did, as data, from the live job and from what it left behind.
+
+Live, at the moment of a verdict (``capture_live``), for each rank still running: its main-thread
+stack (torch's worker server over the rank's socket; py-spy from outside; the faulthandler hook on
+SIGUSR1 last), the kernel's wait channel, its flight-recorder ledger, its TCP sockets and, if it is
+stuck in the rendezvous, the address it is dialling.
+
+Afterwards (``read_run``): each rank's start record and exception record (written by the rank
+hook), faulthandler dumps of fatal signals, torchrun's outcome (``torchrun.json``, written by
+``ddplab._torchrun`` from torchrun's ChildFailedError), the ranks' logs. Nothing here parses
+ddplab's own display text; the only text matched is PyTorch's and the kernel's own messages in the
+ranks' logs (``ddplab.signatures``), and a traceback only where a rank died without a record.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import psutil
+
+from . import ledger as ledger_mod
+from . import probe, stacks
+from .result import RankError
+from .supervise import rank_infos
+
+
+@dataclass
+class LiveRank:
+    """One running rank as captured at the verdict."""
+    rank: int
+    pid: int
+    frames: list = field(default_factory=list)
+    source: str | None = None
+    wchan: str | None = None
+    ledger: tuple = ()
+    connections: tuple = ()
+    dialling: dict | None = None
+    note: str | None = None
+
+
+def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int, tuple]) -> dict[int, LiveRank]:
+    """Everything readable from each live rank, now (before the job is ended)."""
+    out = {}
+    force_fh = os.environ.get("DDPLAB_STACKS") == "faulthandler"
+    for rank, info in sorted(ranks.items()):
+        pid = int(info["pid"])
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        live = LiveRank(rank, pid, wchan=stacks.read_wchan(pid), ledger=tuple(ledgers.get(rank, ())))
+        sock = info.get("socket")
+        if sock and not force_fh:
+            text = probe.traceback(sock)
+            if text:
+                live.frames, live.source = stacks.parse_faulthandler_main(text), "worker-server"
+        if not live.frames and not force_fh:
+            frames, why = stacks.pyspy_dump(pid)
+            if frames is not None:
+                live.frames, live.source = frames, "py-spy"
+            else:
+                live.note = why
+        if not live.frames:
+            frames = faulthandler_dump(run_dir, rank, pid)
+            if frames:
+                live.frames, live.source = frames, "faulthandler"
+        if sock:
+            dump = probe.ledger(sock)
+            if dump is not None:
+                live.ledger = ledger_mod.parse(dump)
+            live.dialling = probe.rendezvous_target(sock)
+        live.connections = tcp_connections(proc)
+        out[rank] = live
+    return out
+
+
+def tcp_connections(proc: psutil.Process) -> tuple[dict, ...]:
+    try:
+        conns = proc.net_connections(kind="tcp")
+    except (psutil.Error, AttributeError):
+        try:
+            conns = proc.connections(kind="tcp")   # psutil < 6
+        except psutil.Error:
+            return ()
+    out = []
+    for c in conns:
+        out.append({"laddr": f"{c.laddr.ip}:{c.laddr.port}" if c.laddr else None,
+                    "raddr": f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else None, "status": c.status})
+    return tuple(out)
+
+
+def faulthandler_dump(run_dir: Path, rank: int, pid: int, wait_s: float = 1.0) -> list:
+    """SIGUSR1 to the rank's faulthandler (registered by the rank hook); its dump of the main thread."""
+    path = run_dir / "ranks" / f"rank{rank}.stack.txt"
+    start = path.stat().st_size if path.exists() else 0
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except (OSError, AttributeError):
+        return []
+    end = time.monotonic() + wait_s
+    size = start
+    while time.monotonic() < end:
+        time.sleep(0.02)
+        new = path.stat().st_size if path.exists() else 0
+        if new > start and new == size:  # written and no longer growing
+            break
+        size = new
+    try:
+        with open(path, "r", errors="replace") as f:
+            f.seek(start)
+            return stacks.parse_faulthandler(f.read())
+    except OSError:
+        return []
+
+
+# ------------------------------------------------------------------------------------------------
+# After the job
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class RunEvidence:
+    """What the job left behind, as data."""
+    infos: dict[int, dict]                 # rank -> its start record
+    errors: dict[int, RankError]           # rank -> its uncaught exception
+    exits: dict[int, dict]                 # rank -> {"exitcode", "signal", "pid", "timestamp"} (failed ranks)
+    torchrun: dict | None                  # torchrun.json (None: torchrun did not finish on its own)
+    logs: dict[int, str]                   # rank -> stdout + stderr
+    fatal: dict[int, list]                 # rank -> frames of a faulthandler fatal-signal dump
+    console: str                           # torchrun's own output
+    clean_exit: dict[int, float] = field(default_factory=dict)   # rank -> time of a normal interpreter exit
+    final_ledgers: dict[int, tuple] = field(default_factory=dict)  # rank -> its ledger as it exited
+
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
+    """(rank, file) for every rank's stdout.log and stderr.log, last attempt only."""
+    found: dict[tuple[int, str], Path] = {}
+    for p in sorted((run_dir / "torchrun").glob("*/attempt_*/*/std*.log")):
+        try:
+            found[(int(p.parent.name), p.name)] = p
+        except ValueError:
+            continue
+    return sorted((rank, p) for (rank, _), p in found.items())
+
+
+def read_run(run_dir: Path) -> RunEvidence:
+    infos = rank_infos(run_dir)
+    errors = {}
+    for p in (run_dir / "ranks").glob("rank*.error.json"):
+        try:
+            d = json.loads(p.read_text())
+            errors[int(d["rank"])] = RankError.from_dict(d)
+        except (ValueError, KeyError, OSError):
+            continue
+    tr = None
+    try:
+        tr = json.loads((run_dir / "torchrun.json").read_text())
+    except (OSError, ValueError):
+        pass
+    exits = {int(r): f for r, f in (tr or {}).get("failures", {}).items()}
+    logs: dict[int, str] = {}
+    for rank, path in rank_logs(run_dir):
+        logs[rank] = logs.get(rank, "") + read(path)
+    fatal = {}
+    for rank in infos:
+        text = read(run_dir / "ranks" / f"rank{rank}.stack.txt")
+        if "Fatal Python error" in text:
+            fatal[rank] = stacks.parse_faulthandler(text[text.rfind("Fatal Python error"):])
+    clean_exit, final_ledgers = {}, {}
+    for p in (run_dir / "ranks").glob("rank*.exit.json"):
+        try:
+            d = json.loads(p.read_text())
+        except (ValueError, OSError):
+            continue
+        rank = int(d.get("rank", -1))
+        if rank not in errors:
+            clean_exit[rank] = float(d.get("time", 0))
+        if d.get("ledger"):
+            final_ledgers[rank] = ledger_mod.parse(d["ledger"])
+    return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / "torchrun.log"), clean_exit, final_ledgers)
+
+
+def records(run_dir: Path, rank: int) -> tuple[dict, ...]:
+    out = []
+    for line in read(run_dir / "ranks" / f"rank{rank}.records.jsonl").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return tuple(out)

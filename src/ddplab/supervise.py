@@ -1,0 +1,316 @@
+"""Supervision: one poll loop over a running job, the stall rule, and ending the job.
+
+Progress is evidence from the ranks, never the clock: a rank makes progress when its CPU time grows
+(with its child processes: DataLoader workers), when its collective ledger moves (torch's flight
+recorder, read through the rank's worker server), or when its stack changes. A job is *stalled*
+when every live rank has made no progress for the stall window. A rank computing, importing torch
+or loading data on a loaded machine is slow, not stuck, however long it takes.
+
+Two things hold a stall verdict back, both read from the ranks: a rank that has just started or
+exited (a change of state is progress), and PyTorch's own timeout about to fire. When a blocked
+collective (its ledger entry carries ``timeout_ms``) or a rendezvous (the timeout argument of the
+frame it waits in) will time out within ``TIMEOUT_PATIENCE_S``, the verdict waits for PyTorch's
+own error, which is what the learner would meet.
+
+The loop is torch's ``MultiProcessTestCase._join_processes`` shape: poll, check, sleep, with every
+process of the job (found through the tree: torchrun starts each worker in its own session)
+ended on any way out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from . import ledger as ledger_mod
+from . import probe, stacks
+
+POLL_S = 0.05                 # how often torchrun's exit is checked
+SAMPLE_S = 0.25               # how often the ranks are sampled (CPU)
+LEDGER_EVERY_S = 0.5          # how often each rank's ledger is read
+STACK_EVERY_S = 1.0           # how often an idle rank's stack is fingerprinted
+CPU_WINDOW_S = 1.0
+CPU_PROGRESS_CORES = 0.03     # CPU use over the window above this is progress (a blocked rank: ~0.003)
+TIMEOUT_PATIENCE_S = 30.0     # wait for PyTorch's own timeout when it fires within this
+TIMEOUT_GRACE_S = 3.0         # ... plus this, for the error to be raised and the rank to exit
+GRACE_S = 1.5                 # SIGTERM to SIGKILL
+
+
+def rank_infos(run_dir: Path) -> dict[int, dict]:
+    """What each rank's hook wrote at start (pid, socket, the address torchrun gave it)."""
+    out = {}
+    for p in (run_dir / "ranks").glob("rank*.json"):
+        if p.name.count(".") != 1:
+            continue  # rankN.error.json
+        try:
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = d
+        except (ValueError, KeyError, OSError):
+            continue
+    return out
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@dataclass
+class RankWatch:
+    """What the loop knows about one rank as it runs."""
+    rank: int
+    pid: int
+    sock: str | None
+    proc: psutil.Process | None
+    started: float                               # monotonic, when first seen
+    last_progress: float
+    progress_by: str = "start"                   # "cpu", "ledger", "stack", "start", "exit"
+    cpu: deque = field(default_factory=lambda: deque(maxlen=64))   # (t, cpu seconds)
+    cpu_s: float = 0.0
+    ledger: tuple = ()
+    ledger_t: float = 0.0
+    stack_fp: tuple | None = None
+    stack_t: float = 0.0
+    exited_at: float | None = None
+    rdzv: dict | None = None                     # what its rendezvous handler last said
+    rdzv_t: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.exited_at is None
+
+    def idle_s(self, now: float) -> float:
+        return now - self.last_progress
+
+    def pending(self):
+        return ledger_mod.pending(self.ledger)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The job at one moment, for the live status line (``ddplab.render.status_line``)."""
+    elapsed_s: float
+    nproc: int
+    ranks: tuple[dict, ...]      # rank, state ("starting", "running", "waiting", "exited"), op, seq, idle_s
+    idle_s: float                # time since any rank last made progress (0 while progressing)
+    stall_s: float
+
+
+class Supervisor:
+    """The job's processes and each rank's progress, sampled by ``poll()``."""
+
+    def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float):
+        self.proc, self.run_dir, self.nproc, self.stall_s, self.t0 = proc, run_dir, nproc, stall_s, t0
+        self.known: dict[int, psutil.Process] = {}
+        try:
+            self.known[proc.pid] = psutil.Process(proc.pid)
+        except psutil.Error:
+            pass
+        self.ranks: dict[int, RankWatch] = {}
+        self.last_sample = 0.0
+        self.job_progress = t0          # last progress of the job as a whole
+        self.agent_cpu: deque = deque(maxlen=64)
+        self.waited_for_timeout_s: float | None = None
+        self.wall_offset = time.time() - time.monotonic()
+
+    # --- sampling ------------------------------------------------------------------------------
+    def poll(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_sample < SAMPLE_S:
+            return
+        self.last_sample = now
+        self._discover(now)
+        for w in self.ranks.values():
+            if w.alive:
+                self._sample_rank(w, now)
+        if len(self.ranks) < self.nproc:
+            self._sample_agent(now)
+        for w in self.ranks.values():
+            self.job_progress = max(self.job_progress, w.last_progress)
+
+    def _discover(self, now: float) -> None:
+        root = self.known.get(self.proc.pid)
+        if root is not None:
+            try:
+                for p in root.children(recursive=True):
+                    self.known.setdefault(p.pid, p)
+            except psutil.Error:
+                pass
+        if len(self.ranks) < self.nproc:
+            for rank, info in rank_infos(self.run_dir).items():
+                if rank in self.ranks:
+                    continue
+                pid = int(info["pid"])
+                proc = self.known.get(pid)
+                if proc is None:
+                    try:
+                        proc = psutil.Process(pid)
+                        self.known[pid] = proc
+                    except psutil.Error:
+                        proc = None
+                self.ranks[rank] = RankWatch(rank, pid, info.get("socket"), proc, now, now)
+
+    def _tree_cpu(self, p: psutil.Process) -> float:
+        total = 0.0
+        try:
+            procs = [p] + p.children(recursive=True)
+        except psutil.Error:
+            procs = [p]
+        for q in procs:
+            try:
+                t = q.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def _sample_rank(self, w: RankWatch, now: float) -> None:
+        if w.proc is None or not _alive(w.proc):
+            w.exited_at = now
+            w.last_progress, w.progress_by = now, "exit"      # a rank leaving changes the job's state
+            return
+        cpu = self._tree_cpu(w.proc)
+        w.cpu_s = max(w.cpu_s, cpu)
+        w.cpu.append((now, cpu))
+        before = next(((t, c) for t, c in reversed(w.cpu) if now - t >= CPU_WINDOW_S), None)
+        if before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0]):
+            w.last_progress, w.progress_by = now, "cpu"
+            return
+        if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
+            w.ledger_t = now
+            dump = probe.ledger(w.sock, timeout_s=1.0)
+            if dump is not None:
+                new = ledger_mod.parse(dump)
+                if ledger_mod.position(new) != ledger_mod.position(w.ledger):
+                    w.last_progress, w.progress_by = now, "ledger"
+                w.ledger = new
+        if w.idle_s(now) >= STACK_EVERY_S and now - w.stack_t >= STACK_EVERY_S:
+            w.stack_t = now
+            frames = self._stack(w)
+            if frames is not None:
+                fp = tuple((f.file, f.line, f.func) for f in frames)
+                if w.stack_fp is not None and fp != w.stack_fp:
+                    w.last_progress, w.progress_by = now, "stack"
+                w.stack_fp = fp
+
+    def _stack(self, w: RankWatch):
+        """The main thread's frames through the worker server (no ptrace); None if not reachable."""
+        if not w.sock:
+            return None
+        text = probe.traceback(w.sock, timeout_s=1.0)
+        return stacks.parse_faulthandler_main(text) if text else None
+
+    def _sample_agent(self, now: float) -> None:
+        """Before every rank has started, torchrun (and ranks still importing) make the progress."""
+        root = self.known.get(self.proc.pid)
+        if root is None:
+            return
+        cpu = self._tree_cpu(root)
+        self.agent_cpu.append((now, cpu))
+        before = next(((t, c) for t, c in reversed(self.agent_cpu) if now - t >= CPU_WINDOW_S), None)
+        if before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0]):
+            self.job_progress = now
+
+    # --- the stall rule ----------------------------------------------------------------------------
+    def live(self) -> list[RankWatch]:
+        return [w for w in self.ranks.values() if w.alive]
+
+    def idle_s(self, now: float) -> float:
+        return now - self.job_progress
+
+    def stalled(self, now: float) -> bool:
+        """Every live rank without progress for the stall window (and no own timeout about to fire)."""
+        live = self.live()
+        if not live and self.ranks:
+            return False                     # every rank exited: torchrun is finishing
+        if self.idle_s(now) < self.stall_s:
+            return False
+        expiry = self._own_timeout(now)
+        if expiry is not None:
+            if now < expiry:
+                return False
+            self.waited_for_timeout_s = round(now - (self.job_progress + self.stall_s), 1)
+        return True
+
+    def _own_timeout(self, now: float) -> float | None:
+        """When PyTorch's own timeout of a blocked rank fires (monotonic), if within the patience."""
+        soonest = None
+        for w in self.live():
+            ends = []
+            p = w.pending()
+            if p is not None and p.timeout_ms:
+                ends.append(p.created_ns / 1e9 - self.wall_offset + p.timeout_ms / 1000)
+            if w.sock and not w.ledger:
+                if now - w.rdzv_t >= 1.0:
+                    w.rdzv_t, w.rdzv = now, probe.rendezvous_target(w.sock, timeout_s=1.0)
+                if w.rdzv and w.rdzv.get("timeout_s"):
+                    ends.append(w.last_progress + float(w.rdzv["timeout_s"]))
+            for end in ends:
+                if end - now <= TIMEOUT_PATIENCE_S and (soonest is None or end < soonest):
+                    soonest = end
+        return None if soonest is None else soonest + TIMEOUT_GRACE_S
+
+    def snapshot(self, now: float) -> Snapshot:
+        rows = []
+        for r in range(self.nproc):
+            w = self.ranks.get(r)
+            if w is None:
+                rows.append({"rank": r, "state": "starting", "op": None, "seq": None, "idle_s": 0.0})
+                continue
+            if not w.alive:
+                rows.append({"rank": r, "state": "exited", "op": None, "seq": None, "idle_s": 0.0})
+                continue
+            p = w.pending()
+            idle = w.idle_s(now)
+            if p is not None and idle >= SAMPLE_S * 2:
+                rows.append({"rank": r, "state": "waiting", "op": p.op, "seq": p.seq, "idle_s": round(idle, 1)})
+            else:
+                rows.append({"rank": r, "state": "running", "op": None,
+                             "seq": ledger_mod.last_completed(w.ledger), "idle_s": round(idle, 1)})
+        idle = self.idle_s(now)
+        return Snapshot(round(now - self.t0, 1), self.nproc, tuple(rows), round(idle, 1) if idle >= 1.0 else 0.0,
+                        self.stall_s)
+
+    # --- the end -----------------------------------------------------------------------------------
+    def alive_processes(self) -> list[psutil.Process]:
+        return [p for p in self.known.values() if _alive(p)]
+
+    def terminate(self, grace_s: float = GRACE_S) -> tuple[int, ...]:
+        """End the whole job: SIGTERM to torchrun's group and every process found in its tree (workers
+        have sessions of their own), a short grace, then SIGKILL to anything left. Returns the pids
+        still alive (should be none)."""
+        self._discover(time.monotonic())
+        pgid = self.proc.pid  # start_new_session=True: the group id is torchrun's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        gone_by = time.monotonic() + grace_s
+        while time.monotonic() < gone_by and self.alive_processes():
+            self.proc.poll()
+            self._discover(time.monotonic())
+            time.sleep(POLL_S)
+        for p in self.alive_processes():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        psutil.wait_procs(self.alive_processes(), timeout=2)
+        return tuple(p.pid for p in self.alive_processes())
