@@ -20,6 +20,11 @@ def ddplab(*args, timeout=120):
     (["run", "01", "--nproc", "two"], "invalid int value"),
     (["run", "01", "--deadline", "0"], "more than 0 seconds"),
     (["run", "01", "--deadline", "-5"], "more than 0 seconds"),
+    (["run", "01", "--stall", "0"], "--stall must be more than 0 seconds"),
+    (["run", "01", "--stall", "-1"], "--stall must be more than 0 seconds"),
+    (["attach", "999999999"], "no process with pid 999999999"),
+    (["attach", "1", "--stall", "0"], "--stall must be more than 0 seconds"),
+    (["attach", "notapid"], "invalid int value"),
     (["run", "nowhere/train.py"], "no such script"),
     (["run", "01", "--port", "70000"], "not a TCP port"),
     (["frobnicate"], "invalid choice"),
@@ -73,5 +78,14 @@ def test_run_json_for_scripts_and_ci(tmp_path):
     assert d["status"] == "ok" and d["variant"] == "fixed-sampler" and len(d["ranks"]) == 2
 
 
+def test_attach_to_a_process_that_is_not_a_job_says_what_it_is():
+    import os
+    p = ddplab("attach", str(os.getpid()))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"pid {os.getpid()} is " in p.stderr and "not a torchrun job or one of its ranks" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
 def test_exit_codes_are_named():
-    assert cli.STATUS_EXIT == {"ok": 0, "failed": 1, "hung": 3, "interrupted": 130}
+    assert cli.STATUS_EXIT == {"ok": 0, "failed": 1, "hung": 3, "deadline": 4, "interrupted": 130,
+                               "running": 0, "exited": 0}

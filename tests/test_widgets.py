@@ -23,9 +23,13 @@ def test_panel_rejects_an_unknown_lab():
 @pytest.mark.timeout(120)
 def test_clicking_run_starts_a_real_job(session_runs_dir):
     from ddplab.widgets import panel
-    p = panel("01", deadline_s=60)
+    p = panel("01")
+    seen = []
+    p.status.observe(lambda change: seen.append(change["new"]), "value")
     p.variant.value = "fixed-sampler"
     p.button.click()
     assert p.result is not None and p.result.status == "ok" and p.result.nproc == 2
+    # the live status line was updated while the job ran (about once a second), naming each rank
+    assert seen and all("rank 0" in s and "rank 1" in s for s in seen)
     assert p.button.description == "Run" and not p.button.disabled
     assert_nothing_left(str(session_runs_dir))

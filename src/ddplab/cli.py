@@ -1,7 +1,9 @@
-"""``ddplab list | run | doctor``: the command line.
+"""``ddplab list | run | attach | doctor``: the command line.
 
 User mistakes (DdplabError) become one line on stderr and exit status 2, never a traceback.
-Exit status of ``run``: 0 ok, 1 the job failed, 3 it hung (ended at the deadline), 130 Ctrl-C.
+Exit status of ``run``: 0 ok, 1 the job failed, 3 it hung (no rank made progress for the stall
+window), 4 still making progress at the optional --deadline, 130 Ctrl-C.
+``attach``: 3 hung, 0 still making progress or ended while watched.
 """
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import signal
 import sys
 
 from . import catalog
-from .errors import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, DdplabError
+from .errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
+                     DdplabError)
 
-STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "hung": EXIT_HUNG, "interrupted": EXIT_INTERRUPTED}
+STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "hung": EXIT_HUNG, "deadline": EXIT_DEADLINE,
+               "interrupted": EXIT_INTERRUPTED, "running": EXIT_OK, "exited": EXIT_OK}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,15 +43,35 @@ def _cmd_run(a: argparse.Namespace) -> int:
     from .launch import run
 
     try:
-        r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, args=a.script_args,
-                port=a.port, stream=not a.json and not a.quiet)
+        r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, stall_s=a.stall,
+                args=a.script_args, port=a.port, stream=not a.json and not a.quiet,
+                progress=None if a.json else "auto")
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    if a.json:
+    return _show(r, a.json)
+
+
+def _show(r, as_json: bool) -> int:
+    if as_json:
         print(json.dumps(r.to_dict(), indent=2, default=str))
     else:
         print(r.explain())
     return STATUS_EXIT[r.status]
+
+
+def _cmd_attach(a: argparse.Namespace) -> int:
+    from .attach import attach
+    from .launch import TerminalProgress
+
+    show = TerminalProgress() if not a.json and sys.stderr.isatty() else None
+    try:
+        r = attach(a.pid, stall_s=a.stall, watch_s=a.watch, stop=a.stop, progress=show)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    finally:
+        if show is not None:
+            show.close()
+    return _show(r, a.json)
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -73,20 +97,36 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the catalog as JSON")
     pl.set_defaults(func=_cmd_list)
 
-    pr = sub.add_parser("run", help="run a lab or your own script under torchrun, with a deadline and diagnosis",
+    pr = sub.add_parser("run", help="run a lab or your own script under torchrun, judged by progress, with a diagnosis",
                         description="Run LAB (number or name, see `ddplab list`) or SCRIPT (any torchrun-able .py). "
                                     "Arguments after `--` go to the script.",
-                        usage="ddplab run LAB|SCRIPT [--variant V] [--nproc N] [--deadline S] [--port P] [--json] [-- SCRIPT ARGS]")
+                        usage="ddplab run LAB|SCRIPT [--variant V] [--nproc N] [--stall S] [--deadline S] [--port P] [--json] [-- SCRIPT ARGS]")
     pr.add_argument("target", metavar="LAB|SCRIPT", help="lab number/name, or the path of a script")
     pr.add_argument("--variant", help="the lab's variant (see `ddplab list`); labs only")
     pr.add_argument("--nproc", type=int, default=None, help="number of ranks (default: the lab's, 2 for scripts)")
-    pr.add_argument("--deadline", type=float, default=None,
-                    help="seconds before a still-running job is called hung, its stacks read and it is ended "
-                         "(default: the lab's, 120 for scripts)")
+    pr.add_argument("--stall", type=float, default=None, metavar="S",
+                    help="the job is hung when no rank makes progress (CPU, collectives, stack) for S seconds "
+                         "(default 3, or the lab's)")
+    pr.add_argument("--deadline", type=float, default=None, metavar="S",
+                    help="optional outer limit in seconds, for a job that keeps making progress "
+                         "(default: none for labs, 1800 for scripts)")
     pr.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default 0: a free one)")
     pr.add_argument("--json", action="store_true", help="print the RunResult as JSON (for scripts and CI)")
     pr.add_argument("--quiet", action="store_true", help="do not echo the ranks' output while running")
     pr.set_defaults(func=_cmd_run)
+
+    pa = sub.add_parser("attach", help="diagnose a running torchrun job that ddplab did not start",
+                        description="Find every rank of the job (PID: torchrun's or any rank's) through the process "
+                                    "tree, watch its progress, and say where each rank is. The job keeps running "
+                                    "unless --stop is given.")
+    pa.add_argument("pid", type=int, metavar="PID", help="the pid of torchrun or of one of its ranks")
+    pa.add_argument("--stall", type=float, default=None, metavar="S",
+                    help="hung when no rank makes progress for S seconds while watched (default 3)")
+    pa.add_argument("--watch", type=float, default=20.0, metavar="S",
+                    help="stop watching a job that keeps making progress after S seconds (default 20)")
+    pa.add_argument("--stop", action="store_true", help="end the whole job after the diagnosis")
+    pa.add_argument("--json", action="store_true", help="print the result as JSON")
+    pa.set_defaults(func=_cmd_attach)
 
     pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
     pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1      # the job ran and failed (a lab's broken variant does this on purpose)
 EXIT_USAGE = 2           # bad input: unknown lab/variant, bad --nproc, missing script, port taken
-EXIT_HUNG = 3            # the job was still running at its deadline and was ended by ddplab
+EXIT_HUNG = 3            # every rank stopped making progress (the stall rule); ddplab read the evidence
+EXIT_DEADLINE = 4        # still making progress when the optional outer --deadline ran out
 EXIT_INTERRUPTED = 130   # Ctrl-C
 
 

@@ -136,7 +136,8 @@ def diagnosis(result: "RunResult") -> str:
     if s == "hung" and result.stall is not None:
         st = result.stall
         after = f" after collective #{st.last_seq}" if st.last_seq is not None else ""
-        lead = (f"No rank made progress for {st.idle_s:.1f} s (since {st.since_s:.1f} s after launch{after}); "
+        origin = "ddplab attached" if result.attached_pid is not None else "launch"
+        lead = (f"No rank made progress for {st.idle_s:.1f} s (since {st.since_s:.1f} s after {origin}{after}); "
                 f"the stall window is {st.window_s:g} s.")
         if st.waited_for_timeout_s:
             lead += f" ddplab waited {st.waited_for_timeout_s:.1f} s more for PyTorch's own timeout."
@@ -144,6 +145,10 @@ def diagnosis(result: "RunResult") -> str:
         lead = f"The job was still making progress when its outer limit of {result.deadline_s:g} s ran out."
     elif s == "interrupted":
         lead = f"The run was interrupted after {result.wall_s:.1f} s."
+    elif s == "running":
+        lead = f"The job kept making progress while ddplab watched it for {result.wall_s:.1f} s: slow, perhaps, but not stuck."
+    elif s == "exited":
+        return "The job ended while ddplab watched it."
     div = _divergence(result)
     ranks = "; ".join(rank_phrase(r, result) for r in result.ranks) + "."
     return " ".join(x for x in (lead, div, ranks[0].upper() + ranks[1:]) if x)
@@ -187,7 +192,8 @@ def headline(result: "RunResult") -> str:
 
 def _rank_line(r: "RankResult") -> str:
     if r.state in ("hung", "running"):
-        how = "no progress, ended by ddplab" if r.state == "hung" else "still running, ended by ddplab"
+        how = "no progress" if r.state == "hung" else "still running"
+        how += ", ended by ddplab" if r.signal else ""
     elif r.state == "not-started":
         how = "never started"
     else:
@@ -220,7 +226,8 @@ def explain(result: "RunResult") -> str:
     return "\n".join(lines)
 
 
-COLOURS = {"ok": "#1a7f37", "failed": "#cf222e", "hung": "#9a6700", "deadline": "#9a6700", "interrupted": "#6e7781"}
+COLOURS = {"ok": "#1a7f37", "failed": "#cf222e", "hung": "#9a6700", "deadline": "#9a6700", "interrupted": "#6e7781",
+           "running": "#0969da", "exited": "#6e7781"}
 
 
 def html(result: "RunResult") -> str:

@@ -13,7 +13,9 @@ from pathlib import Path
 from .ledger import Collective, Divergence
 from .stacks import Frame, Where
 
-STATUSES = ("ok", "failed", "hung", "deadline", "interrupted")
+# "running" and "exited" come only from `ddplab attach` (a job watched, not started): it kept
+# making progress while watched, or it ended while watched.
+STATUSES = ("ok", "failed", "hung", "deadline", "interrupted", "running", "exited")
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class RunResult:
                                       # "root cause" is the first exit it saw, which can be a peer)
     stall: Stall | None = None        # why it was judged hung
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
+    attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
 
     # --- conveniences -------------------------------------------------------------------------
     @property

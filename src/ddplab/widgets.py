@@ -3,8 +3,9 @@
     from ddplab.widgets import panel
     panel("01")
 
-The run goes through `ddplab.run` like every other run (deadline, stacks, nothing left behind); the
-panel shows its result and keeps it as `panel.result`. Interrupting the kernel during a run ends
+The run goes through `ddplab.run` like every other run (judged by progress, evidence read, nothing
+left behind); while it runs, a status line shows each rank's state about once a second; then the
+panel shows the result and keeps it as `panel.result`. Interrupting the kernel during a run ends
 the job the same way Ctrl-C does.
 """
 from __future__ import annotations
@@ -15,10 +16,11 @@ from IPython.display import display
 from . import catalog
 from .errors import DdplabError
 from .launch import max_nproc, run
+from .render import status_line
 
 
 class Panel(w.VBox):
-    def __init__(self, lab: str | int, deadline_s: float | None = None):
+    def __init__(self, lab: str | int, stall_s: float | None = None):
         self.lab = catalog.find_lab(str(lab))
         if self.lab is None:
             known = ", ".join(l.number for l in catalog.labs())
@@ -29,17 +31,23 @@ class Panel(w.VBox):
         self.about = w.HTML(self._about(names[0]))
         self.nproc = w.IntSlider(value=self.lab.nproc, min=self.lab.min_nproc, max=max_nproc(),
                                  description="ranks")
-        self.deadline = w.FloatText(value=deadline_s or self.lab.deadline_s, description="deadline s")
+        self.stall = w.FloatText(value=stall_s or self.lab.stall_s, description="stall s",
+                                 tooltip="hung when no rank makes progress for this many seconds")
+        self.status = w.HTML("")
         self.button = w.Button(description="Run", button_style="primary", icon="play")
         self.out = w.Output()
         self.variant.observe(lambda change: setattr(self.about, "value", self._about(change["new"])), "value")
         self.button.on_click(self._run)
         super().__init__([w.HTML(f"<b>Lab {self.lab.number}: {self.lab.title}</b>"), self.variant, self.about,
-                          w.HBox([self.nproc, self.deadline]), self.button, self.out])
+                          w.HBox([self.nproc, self.stall]), self.button, self.status, self.out])
 
     def _about(self, name: str) -> str:
         v = next(v for v in self.lab.variants if v.name == name)
         return f"<i>{v.about}</i> (expected: {v.expect}{' [' + v.signature + ']' if v.signature else ''})"
+
+    def _progress(self, snap) -> None:
+        import html
+        self.status.value = f"<code>{html.escape(status_line(snap))}</code>"
 
     def _run(self, _button=None) -> None:
         self.button.disabled, self.button.description = True, "running..."
@@ -48,7 +56,7 @@ class Panel(w.VBox):
             with self.out:
                 try:
                     self.result = run(self.lab.number, variant=self.variant.value, nproc=self.nproc.value,
-                                      deadline_s=self.deadline.value)
+                                      stall_s=self.stall.value, progress=self._progress)
                     display(self.result)
                 except DdplabError as e:
                     print(f"error: {e}")
@@ -56,6 +64,6 @@ class Panel(w.VBox):
             self.button.disabled, self.button.description = False, "Run"
 
 
-def panel(lab: str | int, deadline_s: float | None = None) -> Panel:
-    """A widget panel for one lab (variant, ranks, deadline, Run button, result)."""
-    return Panel(lab, deadline_s)
+def panel(lab: str | int, stall_s: float | None = None) -> Panel:
+    """A widget panel for one lab (variant, ranks, stall window, Run button, live status, result)."""
+    return Panel(lab, stall_s)
