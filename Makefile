@@ -32,6 +32,7 @@ lab: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/verdict_latency.py
 
 clean:
 	rm -rf build runs
