@@ -135,7 +135,7 @@ def diagnosis(result: "RunResult") -> str:
     lead = ""
     if s == "hung" and result.stall is not None:
         st = result.stall
-        after = f" after collective #{st.last_seq}" if st.last_seq is not None else ""
+        after = f", after collective #{st.last_seq}" if st.last_seq is not None else ""
         origin = "ddplab attached" if result.attached_pid is not None else "launch"
         lead = (f"No rank made progress for {st.idle_s:.1f} s (since {st.since_s:.1f} s after {origin}{after}); "
                 f"the stall window is {st.window_s:g} s.")
