@@ -89,3 +89,32 @@ def test_attach_to_a_process_that_is_not_a_job_says_what_it_is():
 def test_exit_codes_are_named():
     assert cli.STATUS_EXIT == {"ok": 0, "failed": 1, "hung": 3, "deadline": 4, "interrupted": 130,
                                "running": 0, "exited": 0}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_status_line_on_a_terminal_only(tmp_path):
+    """On a terminal, one status line rewritten in place (\\r) about once a second; the result on
+    stdout stays clean."""
+    import os
+    import pty
+    master, slave = pty.openpty()
+    env = {**os.environ, "DDPLAB_RUNS_DIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "ddplab.cli", "run", "01", "--variant", "fixed-sampler", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out, _ = p.communicate(timeout=100)
+    os.close(master)
+    assert p.returncode == 0
+    lines = seen.decode(errors="replace").split("\r")
+    assert any("rank 0:" in l and "rank 1:" in l for l in lines), seen[-500:]
+    assert "\r" not in out and out.startswith("01_hang --variant fixed-sampler: ok")
