@@ -56,15 +56,14 @@ def run_labs(numbers: list[str] | None, out: Path) -> list[Row]:
 
 
 def _runner(number: str):
-    """A lab's own workbook runner when it has one (it sets the variant's knobs and a hang deadline
-    sized for the lab: a port held by another process, a rank that starts late, ...), else the
-    plain launcher with the lab's defaults."""
+    """A lab's own workbook runner when it has one (it sets the variant's knobs: a port held by
+    another process, a rank that starts late, ...), else the plain launcher with the lab's defaults."""
     try:
         mod = importlib.import_module(f"ddplab.workbook.lab{number}")
     except ModuleNotFoundError:
         mod = None
     fn = getattr(mod, "run_variant", None) or getattr(mod, "run", None)
-    return fn if fn is not None else (lambda variant: run(number, variant=variant))
+    return fn if fn is not None else (lambda variant: run(number, variant=variant, progress=None))
 
 
 def execute_notebook(nb: Path, out: Path) -> None:
