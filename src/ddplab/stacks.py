@@ -104,7 +104,9 @@ WCHAN_KINDS = {"hrtimer_nanosleep": ("sleep", "sleep"), "do_nanosleep": ("sleep"
                "inet_wait_for_connect": ("socket", "connect"), "sk_wait_data": ("socket", "recv"),
                "wait_woken": ("socket", "recv"), "do_sys_poll": ("socket", "poll"), "do_select": ("socket", "select"),
                "ep_poll": ("socket", "epoll"), "do_epoll_wait": ("socket", "epoll"),
-               "pipe_read": ("other", "read from a pipe")}
+               "pipe_read": ("other", "read from a pipe"), "anon_pipe_read": ("other", "read from a pipe"),
+               "unix_stream_read_generic": ("socket", "recv"), "unix_stream_data_wait": ("socket", "recv"),
+               "unix_wait_for_peer": ("socket", "send"), "poll_schedule_timeout": ("socket", "poll")}
 
 
 def _stdlib_dirs() -> tuple[str, ...]:
@@ -184,6 +186,7 @@ def where(frames: list[Frame], wchan: str | None = None) -> Where:
             return Where("socket", name, None, user, inner)
         if path.endswith("/threading.py"):
             return Where("lock", name, None, user, inner)
+    wchan = wchan.split(".", 1)[0] if wchan else wchan    # "poll_schedule_timeout.constprop.0"
     if wchan in WCHAN_KINDS:
         kind, op = WCHAN_KINDS[wchan]
         return Where(kind, op, None, user, None)
