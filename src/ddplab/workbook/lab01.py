@@ -36,14 +36,14 @@ class TimeToAnswer:
     default_timeout_s: float      # quoted from torch: the bare job would wait this long
     pg_timeout_s: float           # the timeout set with init_process_group(timeout=...)
     with_timeout: RunResult       # the bare job with that timeout: PyTorch's own error
-    with_deadline: RunResult      # ddplab's deadline and stack diagnosis
+    by_stall: RunResult           # ddplab's stall verdict ("no rank made progress for N s") and stacks
     in_job: "InJobStacks | None" = None  # torch's debug server, polled while the job ran
 
     def rows(self) -> list[tuple[str, float, bool]]:
         rows = [
             ("bare job, PyTorch's default timeout", self.default_timeout_s, False),
             (f"init_process_group(timeout={self.pg_timeout_s:g} s)", self.with_timeout.wall_s, True),
-            (f"ddplab deadline ({self.with_deadline.deadline_s:g} s) + stacks", self.with_deadline.wall_s, True),
+            (f"ddplab: no progress for {self.by_stall.stall_s:g} s + stacks", self.by_stall.wall_s, True),
         ]
         if self.in_job is not None and self.in_job.seen_at_s is not None:
             rows.append(("torch debug server /stacks (code change)", self.in_job.seen_at_s, True))
@@ -51,7 +51,7 @@ class TimeToAnswer:
 
     def to_dict(self) -> dict:
         return {"default_timeout_s": self.default_timeout_s, "pg_timeout_s": self.pg_timeout_s,
-                "with_timeout": self.with_timeout.to_dict(), "with_deadline": self.with_deadline.to_dict(),
+                "with_timeout": self.with_timeout.to_dict(), "by_stall": self.by_stall.to_dict(),
                 "in_job": self.in_job.to_dict() if self.in_job else None}
 
     def plot(self):
@@ -61,38 +61,51 @@ class TimeToAnswer:
         return time_to_answer(labels, secs, measured, title="Lab 01: seconds until the hang is explained")
 
 
-def measure_time_to_answer(pg_timeout_s: float = 10, deadline_s: float | None = None,
-                           broken: RunResult | None = None, in_job: "InJobStacks | None" = None) -> TimeToAnswer:
-    """Run the broken job with a short process-group timeout (PyTorch's error), and reuse (or make)
-    the broken run that ddplab's deadline ended. ``in_job`` (from ``debug_server_view``) adds the
-    moment torch's debug server first showed the hang."""
-    with_timeout = run_variant("broken", args=["--pg-timeout-s", str(pg_timeout_s)],
-                               deadline_s=max(60, 4 * pg_timeout_s))
-    with_deadline = broken or run_variant("broken", deadline_s=deadline_s)
-    return TimeToAnswer(default_pg_timeout_s(), pg_timeout_s, with_timeout, with_deadline, in_job)
+def measure_time_to_answer(pg_timeout_s: float = 10, broken: RunResult | None = None,
+                           in_job: "InJobStacks | None" = None) -> TimeToAnswer:
+    """Run the broken job with a short process-group timeout (PyTorch's own error: ddplab waits for
+    a timeout that fires within 30 s), and reuse (or make) the broken run that ddplab's stall rule
+    ended. ``in_job`` (from ``debug_server_view``) adds the moment torch's debug server first showed
+    the hang."""
+    with_timeout = run_variant("broken", args=["--pg-timeout-s", str(pg_timeout_s)])
+    by_stall = broken or run_variant("broken")
+    return TimeToAnswer(default_pg_timeout_s(), pg_timeout_s, with_timeout, by_stall, in_job)
+
+
+def _key(where: "stacks.Where | None") -> tuple[str | None, str | None, str | None]:
+    """What both routes must agree on, as fields: the collective, who issued it, the user's line."""
+    if where is None:
+        return (None, None, None)
+    return (where.op, where.via, where.frame.short() if where.frame else None)
 
 
 @dataclass(frozen=True)
 class InJobStacks:
     """The same hang seen two ways: torch's debug server inside the job (stacks over HTTP while it
-    runs), and ddplab from outside (py-spy or faulthandler at the deadline)."""
+    runs), and ddplab from outside (the ranks' stacks when its stall rule judged the job hung)."""
     url: str                       # what a learner would open in a browser
     seen_at_s: float | None        # seconds from launch until /stacks first showed every rank stuck
     polls: int                     # how many times /stacks was fetched
-    waits: tuple[tuple[int, str | None, str | None], ...]  # (rank, waits in, user frame) from /stacks
+    waits: tuple[tuple[int, str | None, str | None, str | None], ...]  # (rank, op, via, user frame) from /stacks
     page: str                      # the stacks text the server returned (per rank, as served)
-    outside: RunResult             # ddplab's run of the same job, ended at its deadline
+    outside: RunResult             # ddplab's run of the same job, judged hung by its stall rule
 
     @property
     def agree(self) -> bool:
-        """Both routes name the same collective and the same line on every rank."""
-        theirs = {(r.rank, r.waits_in, r.user_frame) for r in self.outside.ranks}
+        """Both routes name the same collective (op and via) and the same line on every rank."""
+        theirs = {(r.rank, *_key(r.where)) for r in self.outside.ranks}
         return bool(self.waits) and set(self.waits) == theirs
 
     def rows(self) -> list[tuple[int, str, str]]:
-        mine = {rank: (w, f) for rank, w, f in self.waits}
-        return [(r.rank, "{} at {}".format(*mine.get(r.rank, ("?", "?"))), f"{r.waits_in} at {r.user_frame}")
-                for r in self.outside.ranks]
+        from ddplab.render import wait_phrase
+
+        mine = {rank: (op, via, f) for rank, op, via, f in self.waits}
+        out = []
+        for r in self.outside.ranks:
+            op, via, f = mine.get(r.rank, (None, None, None))
+            inside = f"{wait_phrase(stacks.Where('collective', op, via)) if op else '?'} at {f or '?'}"
+            out.append((r.rank, inside, f"{r.waits_in} at {r.user_frame}"))
+        return out
 
     def to_dict(self) -> dict:
         return {"url": self.url, "seen_at_s": self.seen_at_s, "polls": self.polls,
@@ -104,7 +117,8 @@ class InJobStacks:
         body = "".join(f"<tr><td>{r}</td><td><code>{html.escape(a)}</code></td><td><code>{html.escape(b)}</code></td></tr>"
                        for r, a, b in self.rows())
         return (f"<p>torch's debug server (<code>{html.escape(self.url)}</code>) showed every rank stuck {seen} "
-                f"({self.polls} fetches); ddplab's deadline ended the job at {self.outside.wall_s:.1f} s. "
+                f"({self.polls} fetches); ddplab judged the job hung (no rank made progress for "
+                f"{self.outside.stall_s:g} s) and ended it at {self.outside.wall_s:.1f} s. "
                 f"Same collectives and lines: <b>{'yes' if self.agree else 'no'}</b></p>"
                 f"<table><tr><th>rank</th><th>debug server /stacks (inside the job)</th>"
                 f"<th>ddplab (outside, no code change)</th></tr>{body}</table>")
@@ -127,13 +141,15 @@ def _read_stacks_page(url: str) -> dict[int, str] | None:
     return stacks_by_rank(page)
 
 
-def debug_server_view(deadline_s: float | None = 15, nproc: int = 2, poll_s: float = 0.5,
+def debug_server_view(nproc: int = 2, poll_s: float = 0.5, deadline_s: float | None = 120,
                       **run_kw) -> InJobStacks:
     """Run the broken job with torch's debug server on (``--debug-server-port``) and, while it runs,
     fetch http://127.0.0.1:<port>/stacks as a browser would, until two fetches in a row show every
-    rank waiting in the same collective at the same line. ddplab's deadline then ends the job and
-    gives its own diagnosis of the same stacks, from outside. The deadline is longer than lab 01's
-    own (10 s) so that the server is looked at for several seconds of hang even on a busy machine."""
+    rank waiting in a collective at the same place. Then the fetching stops, and ddplab's stall rule
+    (no rank made progress for the stall window) ends the job and gives its own diagnosis of the same
+    stacks, from outside. Each fetch makes the ranks work (the server gathers every rank's stacks),
+    which is progress, so the job is judged hung only once nobody is looking; ``deadline_s`` is an
+    outer limit in case the server never answers."""
     from ddplab.ports import free_port
 
     port = free_port()  # the server's port; torch's default 25999 would collide between learners
@@ -151,8 +167,8 @@ def debug_server_view(deadline_s: float | None = 15, nproc: int = 2, poll_s: flo
                 waits = []
                 for rank, text in sorted(blocks.items()):
                     w = stacks.where(stacks.parse_faulthandler_main(text))
-                    waits.append((rank, w.waits_in, w.user_frame.short() if w.user_frame else None))
-                stuck = len(waits) == nproc and all(w and f for _, w, f in waits)
+                    waits.append((rank, *_key(w)) if w.in_collective else (rank, None, None, None))
+                stuck = len(waits) == nproc and all(op and f for _, op, _, f in waits)
                 if stuck and waits == last:  # the same answer twice: stuck, not passing through
                     found.update(seen_at_s=round(time.monotonic() - t0, 2), waits=tuple(waits),
                                  page="\n".join(f"=== rank {r} ===\n{t.strip()}" for r, t in sorted(blocks.items())))
@@ -172,11 +188,16 @@ def debug_server_view(deadline_s: float | None = 15, nproc: int = 2, poll_s: flo
 
 
 def who_waits_where(r: RunResult) -> list[str]:
-    """The deterministic part of a hang diagnosis: rank, collective, function (no paths, no times)."""
+    """The deterministic part of a hang diagnosis, from the fields: rank, state, collective and who
+    issued it, and the user's function (no paths, no line numbers, no times)."""
+    from ddplab.render import wait_phrase
+
     out = []
     for rank in r.ranks:
-        func = rank.user_frame.rsplit(" in ", 1)[-1] if rank.user_frame else "?"
-        out.append(f"rank {rank.rank}: {rank.state}, waits in {rank.waits_in or 'nothing'} (in {func})")
+        w = rank.where
+        func = w.frame.func if w is not None and w.frame is not None else "?"
+        waits = wait_phrase(w) if w is not None and w.in_collective else None
+        out.append(f"rank {rank.rank}: {rank.state}, waits in {waits or 'nothing'} (in {func})")
     return out
 
 
@@ -197,27 +218,33 @@ def claim_check(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer) ->
         Claim("DDP 'hangs indefinitely'.",
               f"{ARTICLE}, title",
               f"not indefinitely: the gloo default timeout is {tta.default_timeout_s / 60:g} min; with "
-              f"timeout={tta.pg_timeout_s:g} s PyTorch raised '{_short(tta.with_timeout.excerpt)}' after "
-              f"{tta.with_timeout.wall_s:.1f} s",
+              f"timeout={tta.pg_timeout_s:g} s PyTorch raised {_short(tta.with_timeout)} after "
+              f"{tta.with_timeout.wall_s:.1f} s; ddplab named the hang after {tta.by_stall.wall_s:.1f} s "
+              f"(no rank made progress for {tta.by_stall.stall_s:g} s)",
               "partly"),
     ])
 
 
-def _short(text: str | None, n: int = 90) -> str:
-    text = (text or "").split("RuntimeError: ")[-1]
+def _short(r: RunResult, n: int = 90) -> str:
+    """The failing rank's exception, "Type: message" (first line, shortened), from its error record."""
+    if r.cause is None:
+        return f"no exception ({r.status})"
+    text = f"{r.cause.type}: {r.cause.message.strip().splitlines()[0] if r.cause.message.strip() else ''}"
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
 # --- exercises ------------------------------------------------------------------------------------
 
 def check_waiting_rank(broken: RunResult, rank: int | None, collective: str | None) -> Check:
-    """Exercise 1: which rank waits in the barrier? Answer with its number and the collective name."""
+    """Exercise 1: which rank waits in the barrier? Answer with its number and the collective name
+    (as torch.distributed calls it: "barrier", "all_reduce")."""
     if rank is None or collective is None:
         return Check(False, "set `rank` and `collective`, then run this cell again")
-    truth = {r.rank: r.waits_in for r in broken.ranks}
-    if truth.get(rank) and collective.strip().lower() in truth[rank].lower():
-        return Check(True, f"rank {rank} waits in {truth[rank]}, as the stacks show")
-    return Check(False, f"the stacks say: " + "; ".join(f"rank {k} waits in {v}" for k, v in truth.items())
+    truth = {r.rank: r.where.op for r in broken.ranks if r.where is not None and r.where.in_collective}
+    answer = str(collective).strip().lower().removeprefix("dist.").removesuffix("()")
+    if truth.get(rank) == answer == "barrier":
+        return Check(True, f"rank {rank} waits in {broken.rank(rank).waits_in}, as the stacks show")
+    return Check(False, "the stacks say: " + "; ".join(f"rank {k} waits in {v}" for k, v in sorted(truth.items()))
                  + ". Read the table above again.")
 
 
@@ -228,8 +255,8 @@ def check_timeout_answer(timeout_s: float | None, must_fail_within_s: float = 20
         return Check(False, "set `timeout_s` to a number of seconds, then run this cell again")
     if timeout_s <= 0:
         return Check(False, "a timeout must be more than 0 seconds")
-    r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)], deadline_s=must_fail_within_s + 30)
+    r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)])
     if r.status == "failed" and r.signature == "collective-timeout" and r.wall_s <= must_fail_within_s:
-        return Check(True, f"PyTorch raised its own timeout error after {r.wall_s:.1f} s: {_short(r.excerpt)}")
+        return Check(True, f"PyTorch raised its own timeout error after {r.wall_s:.1f} s: {_short(r)}")
     return Check(False, f"the run ended {r.status} ({r.signature}) after {r.wall_s:.1f} s; "
                  f"it must fail with collective-timeout within {must_fail_within_s:g} s")
