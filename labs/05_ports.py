@@ -14,7 +14,8 @@ whatever listens there. Two jobs on one port meet in one store.
 Variants:
   port-taken       another process listens on the port (if none does, this script starts a labelled
                    STAND-IN listener first): rank 0 fails with PyTorch's real EADDRINUSE error.
-  article-retry    the same, with the article's try/except + time.sleep(60): no clear answer for 60 s.
+  article-retry    the same, with the article's try/except + time.sleep(60) and no init timeout: rank 0
+                   sleeps on its error, rank 1 waits at the rendezvous (30 minutes by default).
   two-jobs         the article's fixed port. Alone it works; the workbook starts two at the same moment.
   fixed-free-port  no fixed port: init from torchrun's rendezvous, whose store the launcher bound on
                    port 0 (`--rdzv-endpoint 127.0.0.1:0`), so two jobs at once both succeed.
@@ -53,6 +54,7 @@ LAB = {
 }
 
 ARTICLE_PORT = 12355
+PG_TIMEOUT_S = 20.0   # init_process_group timeout unless --pg-timeout-s is given (article-retry: PyTorch's default)
 STANDIN = ("import os,socket,sys,time\n"
            "s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(64)\n"
            "print('listening', flush=True); parent=int(sys.argv[2]); end=time.time()+float(sys.argv[3])\n"
@@ -72,14 +74,16 @@ def take_port_if_free(port: int, hold_s: float = 60.0):
     return p
 
 
-def init_article_style(rank: int, world: int, port: int, timeout_s: float) -> None:
-    """Article 003, Example 1: MASTER_ADDR/MASTER_PORT set in code, rank 0 hosts the store there."""
+def init_article_style(rank: int, world: int, port: int, timeout_s: float | None) -> None:
+    """Article 003, Example 1: MASTER_ADDR/MASTER_PORT set in code, rank 0 hosts the store there.
+    timeout_s None: PyTorch's default (30 minutes), as the article's call has no timeout."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"       # the article says 'localhost'; loopback only here
     os.environ["MASTER_PORT"] = str(port)         # BROKEN: a fixed port, the same in every copy of the script
     # Under torchrun the ranks would reuse torchrun's store; the article's launcher has none, so rank 0
     # hosts a new store on MASTER_PORT. Drop the flag to behave exactly like the article's script.
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    kw = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group("gloo", rank=rank, world_size=world, **kw)
 
 
 def init_fixed_retry(rank: int, world: int, port: int, timeout_s: float) -> int:
@@ -109,12 +113,14 @@ def job_tag() -> str:
     return f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.getppid()}"
 
 
-def main(variant: str, port: int, pg_timeout_s: float, steps: int, sleep_s: float) -> None:
+def main(variant: str, port: int, pg_timeout_s: float | None, steps: int, sleep_s: float) -> None:
     if "RANK" not in os.environ:
         sys.exit("start this script with torchrun (or `ddplab run 05`), which sets RANK and WORLD_SIZE: "
                  "torchrun --nproc-per-node 2 " + " ".join(sys.argv))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     port = port or ARTICLE_PORT
+    explicit_timeout = pg_timeout_s is not None
+    pg_timeout_s = pg_timeout_s or PG_TIMEOUT_S
     if variant in ("port-taken", "article-retry", "fixed-retry") and int(os.environ["LOCAL_RANK"]) == 0:
         take_port_if_free(port)
     lab.record("init_start", variant=variant, port=port, job=job_tag())
@@ -127,7 +133,8 @@ def main(variant: str, port: int, pg_timeout_s: float, steps: int, sleep_s: floa
         used = init_fixed_retry(rank, world, port, pg_timeout_s)
     elif variant == "article-retry":
         try:                                                        # article 003, Example 2
-            init_article_style(rank, world, port, pg_timeout_s)
+            # The article's call has no timeout: rank 1 waits up to PyTorch's default 30 minutes.
+            init_article_style(rank, world, port, pg_timeout_s if explicit_timeout else None)
         except RuntimeError as e:
             lab.record("init_failed", seconds=round(time.monotonic() - t0, 3), error=str(e).splitlines()[0][:300],
                        holder=ports.check_port(port).to_dict())
@@ -186,8 +193,9 @@ if __name__ == "__main__":
                    help="which way of choosing the port to run")
     p.add_argument("--master-port", type=within(1024, 65535), default=ARTICLE_PORT, metavar="PORT",
                    help=f"the fixed MASTER_PORT, 1024..65535 (default {ARTICLE_PORT}, the article's); unused by fixed-free-port")
-    p.add_argument("--pg-timeout-s", type=within(1, 3600, float), default=20.0, metavar="S",
-                   help="init_process_group(timeout=...) in seconds (PyTorch's default is 30 minutes)")
+    p.add_argument("--pg-timeout-s", type=within(1, 3600, float), default=None, metavar="S",
+                   help=f"init_process_group(timeout=...) in seconds (default {PG_TIMEOUT_S:g}; article-retry: "
+                        "none given, as in the article, so PyTorch's default of 30 minutes)")
     p.add_argument("--steps", type=within(1, 1000), default=40, metavar="N",
                    help="training steps after the join, about 0.05 s each: the window in which a second job meets this one")
     p.add_argument("--sleep-s", type=within(0, 600, float), default=60.0, metavar="S",

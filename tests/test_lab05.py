@@ -44,6 +44,9 @@ def test_port_taken_fails_with_eaddrinuse_and_names_the_holder(run_lab):
     port = ports.free_port()
     r = run_lab("05", variant="port-taken", args=["--master-port", str(port)])
     assert (r.status, r.signature) == ("failed", "port-in-use")
+    assert r.first_failure == 0 and r.cause.type == "DistNetworkError" and "EADDRINUSE" in r.cause.message
+    assert r.cause.env["MASTER_PORT"] == str(port)            # the port the article's code set, as rank 0 had it
+    assert r.cause.frame.file.endswith("labs/05_ports.py")
     d = lab05.diagnose(r)
     assert d.port == port and d.holder_pid and d.standin and "EADDRINUSE" in d.error
     assert d.seconds_to_error < 5
@@ -51,13 +54,20 @@ def test_port_taken_fails_with_eaddrinuse_and_names_the_holder(run_lab):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
-def test_article_retry_gives_no_answer_before_the_deadline(run_lab):
-    # 12 s: past start-up (the whole port-taken run takes ~4-6 s here), well before the article's 60 s sleep ends.
-    r = run_lab("05", variant="article-retry", deadline_s=12, args=["--master-port", str(ports.free_port())])
+@pytest.mark.timeout(90)
+def test_article_retry_is_a_hang_rank_0_asleep_rank_1_at_the_rendezvous(run_lab):
+    # No deadline: the stall rule ends it (the article's sleep is 60 s, rank 1's init timeout PyTorch's 30 min).
+    r = run_lab("05", variant="article-retry", args=["--master-port", str(ports.free_port())])
     assert (r.status, r.signature) == ("hung", "hang-rendezvous")
-    assert r.records_of("init_failed")          # rank 0 knew at once, and slept on it
-    assert r.rank(0).state == "hung"
+    assert r.records_of("init_failed")[0]["rank"] == 0       # rank 0 knew at once, and slept on it
+    r0, r1 = r.rank(0), r.rank(1)
+    assert (r0.state, r0.where.kind, r0.where.op) == ("hung", "sleep", "sleep")
+    assert r0.where.frame.file.endswith("labs/05_ports.py") and r0.where.frame.func == "main"
+    assert (r1.state, r1.where.kind, r1.where.via) == ("hung", "rendezvous", "init_process_group")
+    assert r0.error is None and r1.error is None             # nothing raised: the job said nothing
+    assert r.stall is not None and r.stall.waited_for_timeout_s is None
+    pic = lab05.retry_picture(r)
+    assert pic.as_article_says and pic.sleeping == (0,) and pic.at_rendezvous == (1,)
 
 
 @pytest.mark.multiprocess

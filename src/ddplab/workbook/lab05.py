@@ -35,11 +35,11 @@ def _check_reps(repetitions) -> int:
     return repetitions
 
 
-def run_variant(variant: str, port: int | None = None, deadline_s: float | None = None, args=(), **kw):
-    """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None)."""
+def run_variant(variant: str, port: int | None = None, args=(), **kw):
+    """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None). A hang is found by
+    the stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
     port = port or ports.free_port()
-    return ddplab.run(LAB, variant=variant, deadline_s=deadline_s,
-                      args=["--master-port", str(port), *args], **kw)
+    return ddplab.run(LAB, variant=variant, args=["--master-port", str(port), *args], **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,13 +90,37 @@ def seconds_to_error(result) -> float | None:
     return rec.get("seconds") if rec else None
 
 
-def run_article_retry(taken=None, port: int | None = None, deadline_s: float | None = None, **kw):
-    """The article's try/except + sleep(60) on a taken port, watched until ``deadline_s``: by default
-    5 s longer than the whole port-taken run took here (rank 0's init fails well before that run ends),
-    so rank 0 is asleep by then, and still far from waking up after 60 s."""
-    if deadline_s is None:
-        deadline_s = max(12.0, (taken.wall_s if taken is not None else 10.0) + 5.0)
-    return run_variant("article-retry", port=port, deadline_s=deadline_s, **kw)
+def run_article_retry(port: int | None = None, **kw):
+    """The article's try/except + sleep(60) on a taken port. Judged by the stall rule: rank 0 sleeps on
+    its error and rank 1 waits at the rendezvous with PyTorch's default timeout, so no rank makes
+    progress and the run is reported hung seconds after the ranks got there, not after 60 s."""
+    return run_variant("article-retry", port=port, **kw)
+
+
+@dataclass(frozen=True)
+class RetryPicture:
+    """What each rank of the article-retry run was doing when it was judged hung (from fields)."""
+    status: str
+    signature: str | None
+    sleeping: tuple[int, ...]          # ranks in time.sleep (rank 0: it knew the port was taken)
+    at_rendezvous: tuple[int, ...]     # ranks waiting in init_process_group's store
+    knew_after_s: float | None         # seconds from init_process_group's call to rank 0's error
+    idle_s: float | None               # how long no rank had made progress at the verdict
+    wall_s: float
+
+    @property
+    def as_article_says(self) -> bool:
+        """Rank 0 asleep on an error it already had, rank 1 left waiting for a store that never answers."""
+        return self.status == "hung" and 0 in self.sleeping and bool(self.at_rendezvous)
+
+
+def retry_picture(result) -> RetryPicture:
+    """Which ranks slept and which waited at the rendezvous, read from each rank's ``where``."""
+    kinds = {k.rank: k.where.kind for k in result.ranks if k.where is not None}
+    return RetryPicture(result.status, result.signature,
+                        tuple(r for r, k in sorted(kinds.items()) if k == "sleep"),
+                        tuple(r for r, k in sorted(kinds.items()) if k == "rendezvous"),
+                        seconds_to_error(result), result.stall.idle_s if result.stall else None, result.wall_s)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,13 +152,13 @@ def classify(results) -> str:
     if any(rec.get("cross_joined") for r in results for rec in r.records_of("joined")):
         return "cross-joined"
     st = [r.status for r in results]
-    if "hung" in st:
+    if "hung" in st or "deadline" in st:
         return "hang"
     failed = st.count("failed")
     return {0: "both ok", 1: "one failed"}.get(failed, "both failed")
 
 
-def pair(variant: str = "two-jobs", port: int | None = None, deadline_s: float | None = None, **kw) -> Pair:
+def pair(variant: str = "two-jobs", port: int | None = None, **kw) -> Pair:
     """Start two independent 2-rank jobs of ``variant`` at the same moment, with the same fixed port."""
     port = port or ports.free_port()
     gate = threading.Barrier(2)
@@ -143,7 +167,7 @@ def pair(variant: str = "two-jobs", port: int | None = None, deadline_s: float |
     def one(i: int) -> None:
         gate.wait()
         try:
-            out[i] = run_variant(variant, port=port, deadline_s=deadline_s, **kw)
+            out[i] = run_variant(variant, port=port, **kw)
         except BaseException as e:  # noqa: BLE001 - reported below, in the caller's thread
             out[i] = e
 
@@ -159,9 +183,9 @@ def pair(variant: str = "two-jobs", port: int | None = None, deadline_s: float |
     return Pair(classify(out), port, tuple(out), round(time.monotonic() - t0, 2))
 
 
-def two_jobs(variant: str = "two-jobs", repetitions: int = 3, deadline_s: float | None = None, **kw) -> list[Pair]:
+def two_jobs(variant: str = "two-jobs", repetitions: int = 3, **kw) -> list[Pair]:
     """``repetitions`` pairs, each on a fresh port: it is a race, so the outcomes are counted."""
-    return [pair(variant, deadline_s=deadline_s, **kw) for _ in range(_check_reps(repetitions))]
+    return [pair(variant, **kw) for _ in range(_check_reps(repetitions))]
 
 
 def counts(pairs) -> dict[str, int]:
@@ -253,7 +277,8 @@ def plot(pairs_by_variant: dict, times: dict):
     secs = [times[k][0] for k in labels]
     for i, (k, (s, final)) in enumerate(times.items()):
         ax2.barh(i, s, color="#0969da" if final else "white", edgecolor="#0969da", hatch=None if final else "//")
-        ax2.text(s, i, f"  {s:.1f} s" + ("" if final else " (no answer yet: deadline)"), va="center", fontsize=8)
+        ax2.text(s, i, f"  {s:.1f} s" + ("" if final else " (the job itself still silent: ended by the stall rule)"),
+                 va="center", fontsize=8)
     ax2.set_yticks(range(len(labels)), labels, fontsize=8)
     ax2.invert_yaxis()
     ax2.set_xlim(right=max(secs) * 1.7)
@@ -269,9 +294,12 @@ def claims(taken, retry, article, fixed_pairs, two_pairs, netstat: NetstatCheck,
     c2 = counts(two_pairs)
     cf = counts(fixed_pairs)
     two = ", ".join(f"{k} {v}" for k, v in c2.items() if v)
-    slept = bool(article.records_of("init_failed")) and article.rank(0).state == "hung"
-    where = ("rank 0 had failed init and was in time.sleep" if slept else
-             "the ranks had not reached init yet (a busy machine: raise the deadline)")
+    pic = retry_picture(article)
+    if pic.as_article_says:
+        where = (f"rank {', '.join(map(str, pic.sleeping))} in time.sleep (its error came after "
+                 f"{pic.knew_after_s} s), rank {', '.join(map(str, pic.at_rendezvous))} waiting at the rendezvous")
+    else:
+        where = f"sleeping: ranks {list(pic.sleeping)}, at the rendezvous: ranks {list(pic.at_rendezvous)}"
     return ClaimCheck([
         Claim("MASTER_PORT = '12355'  # Choose an available port", f"{SEED}, Example 1",
               f"port taken -> job {taken.status} [{taken.signature}], rank 0's init_process_group raised "
@@ -279,9 +307,10 @@ def claims(taken, retry, article, fixed_pairs, two_pairs, netstat: NetstatCheck,
               f"{len(two_pairs)} pairs on one fixed port: {two}; "
               f"port 0 from the launcher: {cf['both ok']} of {len(fixed_pairs)} pairs both ok", "partly"),
         Claim("time.sleep(60) # Allow time for other processes to report errors", f"{SEED}, Example 2",
-              f"with the sleep: status '{article.status}' at the {article.deadline_s:g} s deadline, {where}: "
-              f"no answer for {sleep_s:g} s; "
-              f"without it: '{taken.status}' in {taken.wall_s:.1f} s with the port named; "
+              f"with the sleep: '{article.status}' [{article.signature}], {where}; no rank made progress for "
+              f"{pic.idle_s} s when ddplab ended it at {article.wall_s:.1f} s; the job itself would say nothing "
+              f"for {sleep_s:g} s, and rank 1 (no init timeout, as in the article) for 30 minutes; "
+              f"without the sleep: '{taken.status}' in {taken.wall_s:.1f} s with the port named; "
               f"fixed-retry (port 0, passed on): '{retry.status}' in {retry.wall_s:.1f} s", "wrong"),
         Claim("subprocess.run(['netstat', '-tulnp', '| grep 12355'], ..., check=True): 'Port check successful'",
               f"{SEED}, Example 3",
@@ -311,7 +340,7 @@ def check_error_answer(answer, taken) -> Check:
     """Exercise 2: the errno name in PyTorch's error when the port is taken (from the real run)."""
     if answer is None:
         return Check(False, "set `answer` to the error name PyTorch printed (a word in capitals)")
-    err = diagnose(taken).error or ""
+    err = taken.cause.message if taken.cause is not None else (diagnose(taken).error or "")
     if str(answer).strip().upper() in err and str(answer).strip().isupper():
         return Check(True, f"'{answer}' is in rank 0's real error: {err[:120]}")
     return Check(False, "not in rank 0's error message; read the Evidence line of the port-taken run")
