@@ -40,6 +40,10 @@ CPU_WINDOW_S = 1.0
 CPU_PROGRESS_CORES = 0.03     # CPU use over the window above this is progress (a blocked rank: ~0.003)
 TIMEOUT_PATIENCE_S = 30.0     # wait for PyTorch's own timeout when it fires within this
 TIMEOUT_GRACE_S = 3.0         # ... plus this, for the error to be raised and the rank to exit
+# A TCPStore client that cannot connect retries once after its timeout (torch 2.13: "retrying (try=0,
+# timeout=..., delay=...)"), so it raises after about 2-2.5x the timeout it was given (measured: 3 s ->
+# 5.7-7.2 s, 8 s -> 19.5 s). A rendezvous timeout is expected to fire within this multiple of it.
+RDZV_TIMEOUT_FACTOR = 2.5
 GRACE_S = 1.5                 # SIGTERM to SIGKILL
 
 
@@ -253,7 +257,7 @@ class Supervisor:
                 if now - w.rdzv_t >= 1.0:
                     w.rdzv_t, w.rdzv = now, probe.rendezvous_target(w.sock, timeout_s=1.0)
                 if w.rdzv and w.rdzv.get("timeout_s"):
-                    ends.append(w.last_progress + float(w.rdzv["timeout_s"]))
+                    ends.append(w.last_progress + RDZV_TIMEOUT_FACTOR * float(w.rdzv["timeout_s"]))
             for end in ends:
                 if end - now <= TIMEOUT_PATIENCE_S and (soonest is None or end < soonest):
                     soonest = end
