@@ -14,9 +14,6 @@ from ddplab.notebook import Check, Claim, ClaimCheck
 
 LAB_ID = "02"
 DEFAULT_MEM_LIMIT_MB = 48.0
-# A hung variant always runs to its deadline: long enough for 2 ranks to import torch and reach
-# the hang on a busy 2-core machine, short enough for a notebook.
-DEADLINES = {"skip-batch": 15.0}
 
 
 def spec() -> dict:
@@ -51,13 +48,14 @@ def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = Non
 
 
 def run(variant: str, mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0,
-        deadline_s: float | None = None, **kw) -> "ddplab.RunResult":
-    """Validate the lab's knobs, then one real 2-rank run of lab 02 (extra keywords go to ddplab.run)."""
+        **kw) -> "ddplab.RunResult":
+    """Validate the lab's knobs, then one real 2-rank run of lab 02 (extra keywords go to ddplab.run).
+    A hang (skip-batch) is ended by ddplab's stall rule: no rank made progress for the stall window."""
     validate(mem_limit_mb, batch, accum)
     args = ["--mem-limit-mb", f"{float(mem_limit_mb):g}", "--accum", str(accum)]
     if batch is not None:
         args += ["--batch", str(batch)]
-    return ddplab.run(LAB_ID, variant=variant, deadline_s=deadline_s or DEADLINES.get(variant), args=args, **kw)
+    return ddplab.run(LAB_ID, variant=variant, args=args, **kw)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,7 +90,7 @@ def memory_figures(r) -> dict:
 
 
 def time_to_failure(r) -> float:
-    """Wall seconds from start until ddplab knew the outcome (a failure, or the deadline of a hang)."""
+    """Wall seconds from start until ddplab knew the outcome (a failure, or the stall verdict of a hang)."""
     return r.wall_s
 
 
@@ -171,15 +169,18 @@ def plot_full_vs_accumulate(r):
 def claim_check(r_oom, r_skip, r_acc, r_coord) -> ClaimCheck:
     m = memory_figures(r_acc)
     waits = "; ".join(f"rank {x.rank}: {x.waits_in or x.state}" for x in r_skip.ranks)
+    judged = (f"judged hung once no rank made progress for {r_skip.stall.window_s:g} s, {r_skip.wall_s:.1f} s after launch"
+              if r_skip.stall else f"after {r_skip.wall_s:.1f} s")
     return ClaimCheck([
         Claim("A batch size too large for memory \"will cause an out-of-memory error, which may manifest as an apparent hang\"",
               "000, Example 1 commentary",
               f"plain OOM: {r_oom.status} [{r_oom.signature}] after {r_oom.wall_s:.1f} s, the error text in the failing rank's log; "
-              f"catching it on one rank only: {r_skip.status} [{r_skip.signature}] until the {r_skip.deadline_s:g} s deadline ({waits})",
+              f"catching it on one rank only: {r_skip.status} [{r_skip.signature}], {judged} ({waits})",
               "partly" if r_oom.status == "failed" and r_skip.status == "hung" else "wrong"),
         Claim("Out of memory \"can cause processes to hang, often without clear error messages\"",
               "000, 1. Clear Explanation, Resource Exhaustion",
-              f"{r_oom.signature}: " + (r_oom.excerpt or "").split("RuntimeError: ")[-1].split("] ")[-1][:120],
+              f"{r_oom.signature}: " + (f"{r_oom.cause.type} on rank {r_oom.first_failure}: "
+                                        f"{r_oom.cause.message.split('] ')[-1][:120]}" if r_oom.cause else "no exception recorded"),
               "wrong" if r_oom.signature in ("cpu-oom", "cuda-oom") else "holds"),
         Claim("\"The solution involves reducing the batch size or increasing the GPU memory available\"",
               "000, Example 1 commentary",
@@ -190,13 +191,14 @@ def claim_check(r_oom, r_skip, r_acc, r_coord) -> ClaimCheck:
 
 
 def check_waiting_rank(answer, r_skip) -> Check:
-    """Exercise 1: in skip-batch, which rank waits in DDP's all-reduce at the deadline?"""
-    waiting = [x.rank for x in r_skip.ranks if x.waits_in and "all_reduce" in x.waits_in]
+    """Exercise 1: in skip-batch, which rank waits in DDP's all-reduce when the job is judged hung?"""
+    waiting = [x.rank for x in r_skip.ranks
+               if x.state == "hung" and x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
     if answer is None:
         return Check(False, "set `answer` to a rank number, then run the cell again")
     if waiting and answer == waiting[0]:
         return Check(True, f"rank {answer} waits in {r_skip.rank(answer).waits_in} at {r_skip.rank(answer).user_frame}")
-    return Check(False, f"rank {answer} is not the one in the all-reduce; read r_skip.ranks[n].waits_in for each rank")
+    return Check(False, f"rank {answer} is not the one in the all-reduce; read r_skip.rank(n).where.op for each rank")
 
 
 def check_accum(answer, mem_limit_mb: float = 24.0, **kw) -> Check:
