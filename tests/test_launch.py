@@ -1,4 +1,8 @@
-"""The launcher, for real: torchrun jobs of a script that knows nothing of ddplab."""
+"""The launcher, for real: torchrun jobs (gloo, 2 ranks) of scripts that know nothing of ddplab.
+
+Every assertion is on a result's fields (status, signature, first_failure, cause, divergence, each
+rank's where / error / given / dialling), never on its prose, and none on how long anything took.
+"""
 import json
 import os
 import signal
@@ -12,73 +16,215 @@ import pytest
 
 import ddplab
 from ddplab import launch
-from conftest import HANG_DEADLINE_S, assert_nothing_left, requires_pyspy
+from conftest import assert_nothing_left
 
-SCRIPT = Path(__file__).parent / "scripts" / "my_train.py"
+SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPT = SCRIPTS / "my_train.py"
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.timeout(90)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the learner's own script: ok, crash, hang, sleep, busy ---------------------------------------
+
+@pytest.mark.timeout(120)
 def test_own_script_ok(run_lab):
-    r = run_lab(SCRIPT, args=["--mode", "ok"], deadline_s=60)
-    assert r.status == "ok" and r.signature is None
+    r = run_lab(SCRIPT, args=["--mode", "ok"])
+    assert r.status == "ok" and r.signature is None and r.first_failure is None and r.cause is None
     assert [x.exit_code for x in r.ranks] == [0, 0]
+    assert [x.state for x in r.ranks] == ["exited", "exited"]
     assert r.returncode == 0 and r.port and r.port > 0
+    assert r.stall is None and r.divergence is None
     assert "finished 3 steps" in r.rank(0).log_tail
-    saved = ddplab.RunResult.load(r.run_dir)
-    assert saved == r
+    assert ddplab.RunResult.load(r.run_dir) == r
 
 
-@pytest.mark.timeout(90)
-def test_own_script_crash_names_the_rank_and_line(run_lab):
-    r = run_lab(SCRIPT, args=["--mode", "crash"], deadline_s=60)
+@pytest.mark.timeout(120)
+def test_own_script_crash_names_the_rank_its_exception_and_line(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "crash"])
     assert r.status == "failed"
     assert r.first_failure == 1
-    assert r.rank(1).user_frame and "my_train.py" in r.rank(1).user_frame
-    assert "rank 1 failed first" in r.diagnosis
-    assert "corrupt batch" in r.rank(1).log_tail
+    assert r.cause.type == "ValueError" and r.cause.message == "rank 1 found a corrupt batch"
+    assert r.rank(1).frame.file == str(SCRIPT) and r.rank(1).frame.func == "main"
+    assert r.rank(1).exit_code == 1 and r.rank(1).consequence is False
+    # rank 0 waited in its barrier and lost its peer: an error, but only a consequence
+    assert r.rank(0).consequence is True
+    assert ddplab.RunResult.load(r.run_dir).cause == r.cause
 
 
-@requires_pyspy
-@pytest.mark.timeout(90)
-def test_own_script_hang_is_diagnosed_from_stacks(run_lab):
-    r = run_lab(SCRIPT, args=["--mode", "hang"], deadline_s=HANG_DEADLINE_S)
-    assert r.status == "hung"
-    assert r.signature == "hang-different-collectives"
-    assert r.rank(0).waits_in == "barrier"
-    assert "backward" in r.rank(1).waits_in
-    assert {x.stack_source for x in r.ranks} == {"py-spy"}
-    assert all(x.state == "hung" and "my_train.py" in x.user_frame for x in r.ranks)
+@pytest.mark.timeout(120)
+def test_own_script_hang_is_diagnosed_from_the_ledger_and_stacks(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "hang"])
+    assert r.status == "hung" and r.signature == "hang-different-collectives"
+    d = r.divergence
+    assert d.kind == "different-op" and d.ops == {0: "barrier", 1: "all_reduce"}
+    assert r.rank(0).where.seq == r.rank(1).where.seq == d.seq
+    assert r.rank(0).where.kind == r.rank(1).where.kind == "collective"
+    assert r.rank(0).where.op == "barrier"
+    assert r.rank(1).where.op == "all_reduce" and r.rank(1).where.via == "ddp-backward"
+    assert all(x.state == "hung" and x.frame.file == str(SCRIPT) for x in r.ranks)
+    assert r.rank(0).frame.line != r.rank(1).frame.line
+    assert {x.stack_source for x in r.ranks} == {"worker-server"}
+    assert r.stall.window_s == r.stall_s and r.stall.last_seq == d.seq - 1
+    assert r.returncode is None and r.first_failure is None
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_faulthandler_fallback_gives_the_same_diagnosis(run_lab, monkeypatch):
-    # What a learner gets where py-spy may not attach (macOS, ptrace_scope=1): SIGUSR1 to the
-    # faulthandler that the launcher's sitecustomize registered in the unchanged script.
+    # What a learner gets where neither the worker server nor py-spy can be used: SIGUSR1 to the
+    # faulthandler that the rank hook registered in the unchanged script.
     monkeypatch.setenv("DDPLAB_STACKS", "faulthandler")
-    r = run_lab(SCRIPT, args=["--mode", "hang"], deadline_s=HANG_DEADLINE_S)
+    r = run_lab(SCRIPT, args=["--mode", "hang"])
     assert r.status == "hung" and r.signature == "hang-different-collectives"
     assert {x.stack_source for x in r.ranks} == {"faulthandler"}
-    assert r.rank(0).waits_in == "barrier" and "backward" in r.rank(1).waits_in
+    assert r.rank(0).where.op == "barrier"
+    assert r.rank(1).where.via == "ddp-backward"
+    assert r.divergence.kind == "different-op"
 
 
-@pytest.mark.timeout(90)
-def test_job_still_working_at_deadline_is_not_called_a_collective_hang(run_lab):
-    r = run_lab(SCRIPT, args=["--mode", "sleep"], deadline_s=HANG_DEADLINE_S)
-    assert r.status == "hung" and r.signature == "deadline-exceeded"
-    assert all(x.waits_in is None for x in r.ranks)
+@pytest.mark.timeout(120)
+def test_ranks_sleeping_outside_collectives(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "sleep"])
+    assert r.status == "hung" and r.signature == "stalled-outside-collectives"
+    assert [x.where.kind for x in r.ranks] == ["sleep", "sleep"]
+    assert all(x.frame.file == str(SCRIPT) for x in r.ranks)
+    assert r.divergence is None
 
 
-@pytest.mark.timeout(90)
-def test_a_busy_job_gets_more_time_than_its_deadline(run_lab):
-    # ranks computing (using CPU) at the deadline are slow, not stuck: the launcher extends the
-    # deadline (up to twice) and says so; a job blocked in a collective uses no CPU and is ended on time
-    # the ranks compute until 12 s after launch, however long torch takes to import: past the
-    # 8 s deadline, well before twice it
-    r = run_lab(SCRIPT, args=["--mode", "busy"], deadline_s=8, env={"BUSY_UNTIL": str(time.time() + 12)})
-    assert r.status == "ok" and r.wall_s > 8
-    assert any("extended" in n for n in r.notes)
+@pytest.mark.timeout(180)
+def test_a_busy_job_on_a_loaded_machine_is_slow_not_hung(run_lab):
+    # The ranks compute for 8 s, eight times the 1 s stall window, while two CPU burners take the
+    # machine's cores: progress is CPU time, not the clock.
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        r = run_lab(SCRIPT, args=["--mode", "busy"], stall_s=1.0, env={"BUSY_S": "8"})
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert r.status == "ok", r.explain()
+    assert r.stall_s == 1.0 and r.stall is None
 
+
+@pytest.mark.timeout(120)
+def test_the_outer_deadline_ends_a_job_still_computing(run_lab):
+    r = run_lab(SCRIPT, args=["--mode", "busy"], deadline_s=10, env={"BUSY_S": "600"})
+    assert r.status == "deadline" and r.signature == "deadline-exceeded"
+    assert r.deadline_s == 10 and r.stall is None
+    assert all(x.state in ("running", "not-started") for x in r.ranks)
+
+
+# --- the learner cases of issue 14 -----------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_an_error_no_signature_knows_is_named_from_the_rank(run_lab):
+    r = run_lab(SCRIPTS / "no_signature.py", args=["--mode", "keyerror"])
+    assert r.status == "failed" and r.first_failure == 1
+    assert r.cause.type == "KeyError" and r.cause.message == "'warmup_steps'"
+    assert r.rank(1).frame.file == str(SCRIPTS / "no_signature.py")
+    assert r.rank(0).consequence is True
+
+
+@pytest.mark.timeout(120)
+def test_a_usage_error_is_named_from_the_rank(run_lab):
+    r = run_lab(SCRIPTS / "no_signature.py")          # --mode is required: argparse exits 2
+    assert r.status == "failed" and r.first_failure in (0, 1)
+    assert r.cause.type == "SystemExit" and r.cause.message == "2"
+    assert r.rank(r.first_failure).exit_code == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_blocked_in_ddps_buffer_broadcast_inside_forward(run_lab):
+    r = run_lab(SCRIPTS / "buffer_sync.py")
+    assert r.status == "hung" and r.signature == "hang-different-collectives"
+    w1 = r.rank(1).where
+    assert (w1.kind, w1.op, w1.via) == ("collective", "broadcast", "ddp-forward-buffers")
+    assert w1.frame.file == str(SCRIPTS / "buffer_sync.py") and w1.frame.func == "main"
+    assert r.rank(0).where.op == "all_reduce" and r.rank(0).where.via is None
+    assert r.divergence.kind == "different-op" and r.divergence.ops == {0: "all_reduce", 1: "broadcast"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how,kind,op", [("socket", "socket", "accept"), ("pipe", "other", "read from a pipe"),
+                                         ("sleep", "sleep", "sleep")])
+def test_a_rank_outside_any_collective_while_its_peer_waits(run_lab, how, kind, op):
+    r = run_lab(SCRIPTS / "rank_elsewhere.py", args=["--how", how])
+    assert r.status == "hung" and r.signature == "hang-rank-elsewhere"
+    assert (r.rank(1).where.kind, r.rank(1).where.op) == (kind, op)
+    assert r.rank(1).frame.func == "wait_for_input"
+    assert (r.rank(0).where.kind, r.rank(0).where.op) == ("collective", "all_reduce")
+    assert r.divergence.kind == "shorter-ledger" and r.divergence.ops == {0: "all_reduce", 1: None}
+
+
+@pytest.mark.timeout(120)
+def test_init_pointed_at_a_port_nobody_serves_hangs_in_the_rendezvous(run_lab):
+    dead = _free_port()
+    r = run_lab(SCRIPTS / "dead_port.py", args=[str(dead)])
+    assert r.status == "hung" and r.signature == "hang-rendezvous"
+    for x in r.ranks:
+        assert x.where.kind == "rendezvous"
+        assert x.dialling["port"] == dead
+        assert x.given["port"] == r.port != dead
+
+
+@pytest.mark.timeout(120)
+def test_init_pointed_at_a_port_nobody_serves_fails_with_torchs_own_error(run_lab):
+    # A 2 s init timeout: PyTorch's own DistNetworkError comes well within the stall rule's patience.
+    dead = _free_port()
+    r = run_lab(SCRIPTS / "dead_port.py", args=[str(dead), "2"])
+    assert r.status == "failed" and r.signature == "store-unreachable"
+    assert r.cause.type == "DistNetworkError"
+    first = r.rank(r.first_failure)
+    assert first.error.env["MASTER_PORT"] == str(dead)
+    assert first.given["port"] == r.port != dead
+
+
+@pytest.mark.timeout(120)
+def test_the_same_collective_with_different_sizes(run_lab):
+    r = run_lab(SCRIPTS / "size_mismatch.py", args=["--sizes", "1,3"])
+    assert r.status == "hung" and r.signature == "hang-different-sizes"
+    d = r.divergence
+    assert d.kind == "different-sizes" and d.ops == {0: "all_reduce", 1: "all_reduce"}
+    assert d.sizes == {0: ((1,),), 1: ((3,),)}
+    assert r.rank(1).where.op == "all_reduce" and r.rank(1).where.seq == d.seq
+
+
+@pytest.mark.timeout(120)
+def test_different_sizes_that_gloo_aborts_name_the_aborted_rank(run_lab):
+    r = run_lab(SCRIPTS / "size_mismatch.py", args=["--sizes", "7,5"])
+    assert r.status == "failed" and r.signature == "gloo-size-mismatch"
+    assert r.first_failure == 1 and r.rank(1).signal == "SIGABRT"
+    assert r.rank(1).stack_source == "faulthandler (fatal signal)"
+    assert r.rank(0).consequence is True
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_exited_while_its_peer_waits(run_lab):
+    r = run_lab(SCRIPTS / "rank_exits.py", args=["--helper"])
+    assert r.status == "hung" and r.signature == "hang-rank-exited"
+    assert (r.rank(1).state, r.rank(1).exit_code) == ("exited", 0)
+    assert r.rank(1).ledger and r.rank(1).ledger[-1].seq == 3     # its exit record's ledger
+    d = r.divergence
+    assert d.kind == "shorter-ledger" and d.seq == 4 and d.ops == {0: "all_reduce", 1: None}
+    assert d.last == {0: 4, 1: 3}
+    assert r.rank(0).where.op == "all_reduce" and r.rank(0).where.seq == 4
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_exited_makes_its_peer_fail_under_gloo(run_lab):
+    # Without a helper holding its sockets, rank 1's exit closes them and rank 0 fails at once.
+    r = run_lab(SCRIPTS / "rank_exits.py")
+    assert r.status == "failed"
+    assert (r.rank(1).state, r.rank(1).exit_code, r.rank(1).error) == ("exited", 0, None)
+    assert r.rank(0).consequence is True
+    assert r.divergence.kind == "shorter-ledger" and r.divergence.ops == {0: "all_reduce", 1: None}
+
+
+# --- input, command, Ctrl-C ----------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
 def test_taken_port_is_refused_before_starting(tmp_path):
@@ -98,8 +244,11 @@ def test_taken_port_is_refused_before_starting(tmp_path):
     (dict(target="01", variant="nope"), "no variant 'nope'"),
     (dict(target="01", nproc=0), "too few"),
     (dict(target="01", nproc=10_000), "more ranks than this machine"),
-    (dict(target="01", deadline_s=0), "more than 0 seconds"),
-    (dict(target="01", deadline_s=-1), "more than 0 seconds"),
+    (dict(target="01", deadline_s=0), "--deadline must be more than 0 seconds"),
+    (dict(target="01", deadline_s=-1), "--deadline must be more than 0 seconds"),
+    (dict(target="01", stall_s=0), "--stall must be more than 0 seconds"),
+    (dict(target="01", stall_s=-2), "--stall must be more than 0 seconds"),
+    (dict(target="01", stall_s="soon"), "--stall must be a number of seconds"),
     (dict(target="no/such/train.py"), "no such script"),
     (dict(target=str(SCRIPT), variant="broken"), "--variant is for labs"),
 ])
@@ -109,31 +258,36 @@ def test_bad_input_is_one_clear_error(kw, words, tmp_path):
         ddplab.run(target, run_root=tmp_path, **kw)
     assert words in str(e.value)
     assert e.value.hint
+    assert not any(tmp_path.iterdir())
 
 
 def test_launch_command_is_built_in_one_place(tmp_path):
     job = launch.resolve("01", "broken", None, None, run_root=tmp_path)
+    assert job.deadline_s is None and job.stall_s > 0           # a lab: no outer limit by default
     cmd = launch.build_launch_command(job)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert cmd[1:3] == ["-m", "ddplab._torchrun"]
     assert "127.0.0.1:0" in cmd and cmd[-2:] == ["--variant", "broken"]
     env = launch.launch_environment(job)
     assert env["DDPLAB_RUN_DIR"] == str(job.run_dir)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(launch.HOOK_DIR)
+    assert int(env["TORCH_FR_BUFFER_SIZE"]) > 0                 # the collective ledger
     assert "DDPLAB_RUN_DIR" not in os.environ  # the caller's environment is untouched
+    script = launch.resolve(SCRIPT, None, None, None, run_root=tmp_path)
+    assert script.deadline_s == launch.DEFAULT_SCRIPT_DEADLINE_S and script.stall_s == launch.DEFAULT_STALL_S
 
 
 @pytest.mark.timeout(120)
 def test_sigint_to_ddplab_run_ends_everything(tmp_path):
-    env = {**os.environ, "DDPLAB_RUNS_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "ddplab.cli", "run", str(SCRIPT), "--deadline", "100",
-                             "--quiet", "--", "--mode", "hang"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A job that keeps computing (never stalls), so only Ctrl-C ends it.
+    env = {**os.environ, "DDPLAB_RUNS_DIR": str(tmp_path), "BUSY_S": "600"}
+    proc = subprocess.Popen([sys.executable, "-m", "ddplab.cli", "run", str(SCRIPT), "--quiet", "--", "--mode", "busy"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Wait until both ranks are up and stuck (their pid files exist), then Ctrl-C.
+        # Wait until both ranks are up (their records exist), then Ctrl-C.
         end = time.monotonic() + 60
-        while time.monotonic() < end and len(list(tmp_path.glob("*/*/ranks/rank*.json"))) < 2:
+        while time.monotonic() < end and len(list(tmp_path.glob("*/*/ranks/rank?.json"))) < 2:
             time.sleep(0.2)
-        assert len(list(tmp_path.glob("*/*/ranks/rank*.json"))) == 2, "ranks never started"
+        assert len(list(tmp_path.glob("*/*/ranks/rank?.json"))) == 2, "ranks never started"
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
         try:
@@ -183,22 +337,3 @@ def _stacks_of_tree(pid: int) -> str:
                 dump = "(py-spy timed out)"
         out.append(head + "\n" + dump)
     return "\n".join(out)
-
-
-def test_first_failure_is_the_rank_with_the_error_not_torchruns_root_cause(tmp_path):
-    """Captured from a real lab 02 `oom` run in CI: rank 1 ran out of memory, rank 0 lost its
-    connection in the all-reduce and died of SIGABRT before rank 1 had finished exiting, so
-    torchrun's summary named rank 0 as the root cause. The result must name rank 1."""
-    import shutil
-    run_dir = tmp_path / "run"
-    shutil.copytree(Path(__file__).parent / "data" / "run_lab02_oom_root_cause_is_the_peer", run_dir)
-    job = launch.Job(target="02_oom", script=Path("labs/02_oom.py"), lab=None, variant="oom", nproc=2,
-                     deadline_s=60.0, port=0, host="127.0.0.1", args=(), run_dir=run_dir)
-    assert "rank      : 0" in (run_dir / "torchrun.log").read_text().split("Root Cause")[1]
-    r = launch.collect(job, [], returncode=1, ended_by=None, wall_s=9.0, stacks_by_rank={}, alive_at_end=(),
-                       leftover=(), notes=[])
-    assert (r.status, r.signature, r.first_failure) == ("failed", "cpu-oom", 1)
-    assert r.rank(0).signal == "SIGABRT" and r.rank(1).signal == "SIGTERM"
-    assert r.rank(1).user_frame and "02_oom.py" in r.rank(1).user_frame
-    assert r.diagnosis.startswith("rank 1 failed first") and "root cause" in r.diagnosis
-    assert launch.RunResult.load(run_dir).first_failure == 1

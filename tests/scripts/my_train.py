@@ -23,8 +23,9 @@ def main(mode: str) -> None:
         raise ValueError("rank 1 found a corrupt batch")
     if mode == "sleep":
         time.sleep(60)
-    if mode == "busy":             # slow, not stuck: computes until $BUSY_UNTIL (a time.time())
-        while time.time() < float(os.environ["BUSY_UNTIL"]):
+    if mode == "busy":             # slow, not stuck: computes for $BUSY_S seconds (default 8)
+        until = time.time() + float(os.environ.get("BUSY_S", 8))
+        while time.time() < until:
             torch.randn(128, 128) @ torch.randn(128, 128)
     dist.barrier()
     print(f"rank {rank} finished {steps} steps", flush=True)
