@@ -118,22 +118,19 @@ def leftover_namespaces(pid: int | None = None) -> list[str]:
 # Runs
 # ----------------------------------------------------------------------------------------------
 
-STARTUP_S = 60.0   # torchrun + `import torch` on every rank: ~3 s idle, 30+ s on a busy shared machine
+def run(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
+    """One real run of a lab 06 variant (a torchrun job through ddplab.run). A hang is found by the
+    stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
+    return ddplab.run(LAB, variant=variant, args=tuple(args), **kw)
 
 
-def run(variant: str, args: Sequence[str] = (), deadline_s: float | None = None, **kw) -> "ddplab.RunResult":
-    """One real run of a lab 06 variant (a torchrun job through ddplab.run)."""
-    return ddplab.run(LAB, variant=variant, args=tuple(args), deadline_s=deadline_s, **kw)
-
-
-def start(variant: str, args: Sequence[str] = (), deadline_s: float | None = None, **kw) -> "Future":
+def start(variant: str, args: Sequence[str] = (), **kw) -> "Future":
     """Start a run of a lab 06 variant in a background thread and return at once; ``.result()``
-    waits for its RunResult. For the article's pattern, which waits until its deadline whatever
-    happens: the notebook starts it first and reads it after the other runs."""
+    waits for its RunResult."""
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lab06-{variant}")
-    job = pool.submit(run, variant, args, deadline_s, **kw)
+    job = pool.submit(run, variant, args, **kw)
     pool.shutdown(wait=False)
     return job
 
@@ -141,8 +138,7 @@ def start(variant: str, args: Sequence[str] = (), deadline_s: float | None = Non
 def run_unreachable(timeout_s: float = 3.0, prefer: str = "netns", **kw) -> tuple["ddplab.RunResult", SilentMaster]:
     """unreachable-master against a silent master made for this run (and removed right after)."""
     with silent_master(prefer) as m:
-        r = run("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)],
-                deadline_s=STARTUP_S + 3 * timeout_s + 10, **kw)
+        r = run("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)], **kw)
     return r, m
 
 
@@ -200,9 +196,13 @@ def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[f
     """late-rank for each (timeout, delay) pair, in one torchrun job: every trial is a real
     init_process_group with that timeout, and rank 1 joining ``delay`` seconds late."""
     validate_sweep(list(timeouts), list(delays))
-    budget = sum(min(t, d) + 1.0 for t in timeouts for d in delays)
+    # Rank 1 idles `delay` s on purpose in each trial while rank 0 waits in init_process_group. ddplab
+    # waits for PyTorch's own timeout only when it fires within 30 s, so for a longer timeout the stall
+    # window must cover the delay, or a deliberate wait would be judged a hang.
+    if max(timeouts) > 25 and max(delays) > 2:
+        kw.setdefault("stall_s", max(delays) + 3.0)
     r = run("late-rank", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
-            deadline_s=STARTUP_S + 2 * budget, **kw)
+            **kw)
     points = tuple(sorted(({k: p[k] for k in ("timeout_s", "delay_s", "outcome", "seconds", "error")}
                            for p in r.records_of("trial") if p["rank"] == 0),
                           key=lambda p: (p["delay_s"], p["timeout_s"])))
@@ -240,9 +240,17 @@ def plot_sweep(sweep: Sweep, title: str = "When does a late rank make init_proce
 
 
 def waited_without_answer(article) -> float | None:
-    """Longest time a rank of the article-sleep run had waited in init_process_group, no answer yet."""
+    """Longest time a rank of the article-sleep run had waited in init_process_group, no answer yet:
+    the ranks' own heartbeat (every 2 s), or at least how long no rank had made progress at the verdict."""
     got = [rec["seconds"] for rec in article.records_of("waiting")]
+    if article.stall is not None:
+        got.append(article.stall.idle_s)
     return max(got) if got else None
+
+
+def waiting_at_rendezvous(article) -> tuple[int, ...]:
+    """Ranks that were blocked in init_process_group's rendezvous when the run was judged hung."""
+    return tuple(k.rank for k in article.ranks if k.where is not None and k.where.kind == "rendezvous")
 
 
 def time_to_answer(explicit, article, explicit_timeout_s: float):
@@ -277,8 +285,10 @@ def claims(missing, sweep: Sweep, unreachable, master: SilentMaster, article) ->
               f"the unreachable master: {unreachable.signature}",
               "partly"),
         Claim("The time.sleep allows all processes to report errors before exiting.", "003, Example 2",
-              f"with the default timeout nothing failed at all: {article.status} at the {article.deadline_s:g} s deadline "
-              f"({article.signature}); the sleep only adds 60 s after a 30-minute wait",
+              f"with the default timeout nothing failed at all: {article.status} ({article.signature}), ranks "
+              f"{list(waiting_at_rendezvous(article))} waiting at the rendezvous, no rank made progress for "
+              f"{article.stall.idle_s if article.stall else float('nan'):g} s when ddplab ended it at "
+              f"{article.wall_s:.1f} s; no rank ever reached the sleep, which only adds 60 s after a 30-minute wait",
               "wrong" if article.status == "hung" else "partly"),
         Claim("Firewalls might be blocking the necessary ports.", "003, section 1",
               f"{master.note}: rank 1 gave up after {gave_up if gave_up is not None else float('nan'):.1f} s "
