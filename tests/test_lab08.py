@@ -37,7 +37,7 @@ def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(run_lab):
-    r = run_lab("08", variant="accumulate-article", deadline_s=60)
+    r = run_lab("08", variant="accumulate-article")
     assert (r.status, r.signature) == ("ok", None)
     for amp in ("fp32", "bf16"):
         rows = lab08.accumulation(r, amp)
@@ -53,7 +53,7 @@ def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(run_lab
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(run_lab):
-    r = run_lab("08", variant="accumulate-fixed", deadline_s=60)
+    r = run_lab("08", variant="accumulate-fixed")
     assert (r.status, r.signature) == ("ok", None)
     for a in lab08.accumulation(r, "fp32"):
         assert a["diff_full"] <= lab08.TOL
@@ -65,7 +65,7 @@ def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_sampler_without_set_epoch_repeats_the_order_every_epoch(run_lab):
-    r = run_lab("08", variant="sampler-no-set-epoch", deadline_s=60)
+    r = run_lab("08", variant="sampler-no-set-epoch")
     assert (r.status, r.signature) == ("ok", None)
     o = lab08.orders(r)
     assert sorted(o) == [0, 1] and all(len(v) == lab08.sizes()["epochs"] for v in o.values())
@@ -76,7 +76,7 @@ def test_sampler_without_set_epoch_repeats_the_order_every_epoch(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_sampler_with_set_epoch_changes_the_order(run_lab):
-    r = run_lab("08", variant="sampler-set-epoch", deadline_s=60)
+    r = run_lab("08", variant="sampler-set-epoch")
     assert (r.status, r.signature) == ("ok", None)
     assert not lab08.order_repeats(r) and lab08.shards_cover_dataset(r)
     for o in lab08.orders(r).values():
@@ -86,8 +86,11 @@ def test_sampler_with_set_epoch_changes_the_order(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_init_without_master_env_fails_with_pytorchs_error(run_lab):
-    r = run_lab("08", variant="no-master-env", deadline_s=60)
+    r = run_lab("08", variant="no-master-env")
     assert (r.status, r.signature) == ("failed", "missing-master-env")
+    assert r.first_failure is not None and r.cause.type == "ValueError"
+    assert r.cause.env["MASTER_ADDR"] is None and r.cause.env["MASTER_PORT"] is None   # what the rank had
+    assert r.cause.frame.file.endswith("labs/08_article_code.py") and r.stall is None
     assert all(x.exit_code == 1 for x in r.ranks if x.state == "exited" and x.exit_code)
     assert not r.records_of("joined")
     assert [s["master_addr"] for s in r.records_of("start")] == [None] * len(r.records_of("start"))
