@@ -36,7 +36,7 @@ def main() -> int:
 
     by_world = {}
     for w in worlds:
-        r = L.run_grid(widths, batches, nproc=w, steps=steps, rounds=rounds, deadline_s=600)
+        r = L.run_grid(widths, batches, nproc=w, steps=steps, rounds=rounds)
         if not r.ok:
             print(r.explain())
             return 1
@@ -44,7 +44,7 @@ def main() -> int:
         show(L.step_table(by_world[w], title=f"Plain DDP, {w} rank(s){' (OVERSUBSCRIBED: more ranks than cores)' if L.oversubscribed(w) else ''}, measured"))
 
     fw, fb = (1024, 8)
-    fx = L.run_fixes(fw, fb, nproc=2, steps=steps, rounds=rounds, deadline_s=600)
+    fx = L.run_fixes(fw, fb, nproc=2, steps=steps, rounds=rounds)
     if not fx.ok:
         print(fx.explain())
         return 1
@@ -65,7 +65,7 @@ def main() -> int:
                  "Scaling with world size (measured; ideal = world x 1-rank rate, one core per rank)"))
 
     sizes = [4 ** k for k in range(5, 13 if q else 14)]
-    lk = L.run_link(sizes, nproc=2, reps=3 if q else 10, deadline_s=600)
+    lk = L.run_link(sizes, nproc=2, reps=3 if q else 10)
     lrows, copy_bw = L.link_rows(lk)
     show(L.Table(["bytes", "median us", "algbw GB/s", "busbw GB/s", "% of copy bw"],
                  [[x["bytes"], 1e6 * x["median_s"], x["algbw"] / 1e9, x["busbw"] / 1e9, 100 * x["busbw"] / copy_bw]
@@ -73,7 +73,7 @@ def main() -> int:
                                    f"{copy_bw / 1e9:.2f} GB/s"))
 
     if L.gpu_count() >= 1:
-        show(L.dp_measured(L.run_dataparallel(fw, 64, steps=steps, deadline_s=300)))
+        show(L.dp_measured(L.run_dataparallel(fw, 64, steps=steps)))
     one = next(r for r in by_world[1] if r["config"] == cfgs[0])
     show(L.dp_table(L.dp_model(one["params"], one["batch"], one["width"], copy_bw, one["compute_s"] / one["batch"])))
     print(f"total {time.monotonic() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")

@@ -13,7 +13,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_broken_grid_decomposes_each_step(run_lab):
-    r = run_lab("07", variant="broken", deadline_s=120, env=ONE_THREAD,
+    r = run_lab("07", variant="broken", env=ONE_THREAD,
                 args=["--width", "64,768", "--batch", "4,512", "--steps", "3", "--warmup", "1"])
     assert (r.status, r.signature) == ("ok", None)
     steps = r.records_of("step")
@@ -32,7 +32,7 @@ def test_broken_grid_decomposes_each_step(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_fixed_variant_bytes_and_loss(run_lab):
-    r = run_lab("07", variant="fixed", deadline_s=120, env=ONE_THREAD,
+    r = run_lab("07", variant="fixed", env=ONE_THREAD,
                 args=["--width", "256", "--batch", "8", "--steps", "4", "--warmup", "1", "--accum-k", "4"])
     assert (r.status, r.signature) == ("ok", None)
     rows = {x["fix"]: x for x in L.fix_rows(L.summarize(r))}
@@ -48,7 +48,7 @@ def test_fixed_variant_bytes_and_loss(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_link_bandwidth_below_copy_bandwidth(run_lab):
-    r = run_lab("07", variant="link", deadline_s=100, env=ONE_THREAD,
+    r = run_lab("07", variant="link", env=ONE_THREAD,
                 args=["--sizes", "1024,65536,4194304", "--reps", "3"])
     assert (r.status, r.signature) == ("ok", None)
     rows, copy_bw = L.link_rows(r)
@@ -61,7 +61,7 @@ def test_link_bandwidth_below_copy_bandwidth(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_dataparallel_variant_one_rank(run_lab):
-    r = run_lab("07", variant="dataparallel", nproc=1, deadline_s=100,
+    r = run_lab("07", variant="dataparallel", nproc=1,
                 args=["--width", "256", "--batch", "16", "--steps", "2"])
     assert (r.status, r.signature) == ("ok", None)
     kinds = {s["kind"] for s in r.records_of("dp_step")}
@@ -73,9 +73,9 @@ def test_dataparallel_variant_one_rank(run_lab):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_nccl_grid_and_real_dataparallel(run_lab):
-    r = run_lab("07", variant="broken", nproc=2, deadline_s=120, args=["--width", "1024", "--batch", "8,256"])
+    r = run_lab("07", variant="broken", nproc=2, args=["--width", "1024", "--batch", "8,256"])
     assert r.ok and {x["backend"] for x in r.records_of("start")} == {"nccl"}
-    dp = run_lab("07", variant="dataparallel", nproc=1, deadline_s=100)
+    dp = run_lab("07", variant="dataparallel", nproc=1)
     assert dp.ok and "dataparallel" in {s["kind"] for s in dp.records_of("dp_step")}
 
 

@@ -72,39 +72,40 @@ def _csv(xs) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# runs
+# runs (no deadline: a run that computes is slow, not stuck, however long it takes on a busy machine;
+# a real hang is found by ddplab's stall rule; extra keywords, deadline_s included, go to ddplab.run)
 # ----------------------------------------------------------------------------------------------
 
 def run_grid(widths=(256, 1024), batches=(8, 256), nproc: int = 2, steps: int = 4, warmup: int = 1,
-             profile: bool = False, rounds: int = 1, deadline_s: float = 120, **kw) -> ddplab.RunResult:
+             profile: bool = False, rounds: int = 1, **kw) -> ddplab.RunResult:
     """Plain DDP ('broken') over every width x per-rank batch, one torchrun job."""
     check_knobs(widths, batches, nproc, steps)
     args = ["--width", _csv(widths), "--batch", _csv(batches), "--steps", str(steps), "--warmup", str(warmup),
             "--rounds", str(rounds)]
-    return ddplab.run(LAB, variant="broken", nproc=nproc, deadline_s=deadline_s,
+    return ddplab.run(LAB, variant="broken", nproc=nproc,
                       args=args + (["--profile"] if profile else []), **_env(kw))
 
 
 def run_fixes(width: int = 1024, batch: int = 8, fixes=FIXES, nproc: int = 2, steps: int = 4, accum_k: int = 4,
-              bucket_cap_mb: float = 100.0, rounds: int = 1, warmup: int = 1, deadline_s: float = 120, **kw) -> ddplab.RunResult:
+              bucket_cap_mb: float = 100.0, rounds: int = 1, warmup: int = 1, **kw) -> ddplab.RunResult:
     """The baseline, then each fix, one after another in one job (ratios within one run)."""
     check_knobs((width,), (batch,), nproc, steps, fixes)
     args = ["--width", str(width), "--batch", str(batch), "--steps", str(steps), "--fix", _csv(fixes),
             "--accum-k", str(accum_k), "--bucket-cap-mb", str(bucket_cap_mb), "--rounds", str(rounds),
             "--warmup", str(warmup)]
-    return ddplab.run(LAB, variant="fixed", nproc=nproc, deadline_s=deadline_s, args=args, **_env(kw))
+    return ddplab.run(LAB, variant="fixed", nproc=nproc, args=args, **_env(kw))
 
 
-def run_link(sizes=None, nproc: int = 2, reps: int = 5, deadline_s: float = 90, **kw) -> ddplab.RunResult:
+def run_link(sizes=None, nproc: int = 2, reps: int = 5, **kw) -> ddplab.RunResult:
     sizes = sizes or [4 ** k for k in range(5, 13)]       # 1 KiB .. 16 MiB
     check_knobs(nproc=nproc)
-    return ddplab.run(LAB, variant="link", nproc=nproc, deadline_s=deadline_s,
+    return ddplab.run(LAB, variant="link", nproc=nproc,
                       args=["--sizes", _csv(sizes), "--reps", str(reps)], **_env(kw))
 
 
-def run_dataparallel(width: int = 1024, batch: int = 64, steps: int = 4, deadline_s: float = 90, **kw):
+def run_dataparallel(width: int = 1024, batch: int = 64, steps: int = 4, **kw):
     check_knobs((width,), (batch,), 1, steps)
-    return ddplab.run(LAB, variant="dataparallel", nproc=1, deadline_s=deadline_s,
+    return ddplab.run(LAB, variant="dataparallel", nproc=1,
                       args=["--width", str(width), "--batch", str(batch), "--steps", str(steps)], **kw)
 
 
