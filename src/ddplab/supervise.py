@@ -68,6 +68,16 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
+    """CPU use over the last CPU_WINDOW_S (over all the samples there are, when they span less and
+    at least SAMPLE_S: a stall window shorter than CPU_WINDOW_S must still see a starting job's CPU)
+    above CPU_PROGRESS_CORES."""
+    before = next(((t, c) for t, c in reversed(samples) if now - t >= CPU_WINDOW_S), None)
+    if before is None and samples and now - samples[0][0] >= SAMPLE_S:
+        before = samples[0]
+    return before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0])
+
+
 @dataclass
 class RankWatch:
     """What the loop knows about one rank as it runs."""
@@ -122,7 +132,7 @@ class Supervisor:
         self.ranks: dict[int, RankWatch] = {}
         self.last_sample = 0.0
         self.job_progress = t0          # last progress of the job as a whole
-        self.agent_cpu: deque = deque(maxlen=64)
+        self.agent_cpu: deque = deque([(t0, 0.0)], maxlen=64)   # torchrun has used no CPU at its launch
         self.waited_for_timeout_s: float | None = None
         self.wall_offset = time.time() - time.monotonic()
 
@@ -185,8 +195,7 @@ class Supervisor:
         cpu = self._tree_cpu(w.proc)
         w.cpu_s = max(w.cpu_s, cpu)
         w.cpu.append((now, cpu))
-        before = next(((t, c) for t, c in reversed(w.cpu) if now - t >= CPU_WINDOW_S), None)
-        if before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0]):
+        if _cpu_moved(w.cpu, now, cpu):
             w.last_progress, w.progress_by = now, "cpu"
             return
         if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
@@ -220,8 +229,7 @@ class Supervisor:
             return
         cpu = self._tree_cpu(root)
         self.agent_cpu.append((now, cpu))
-        before = next(((t, c) for t, c in reversed(self.agent_cpu) if now - t >= CPU_WINDOW_S), None)
-        if before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0]):
+        if _cpu_moved(self.agent_cpu, now, cpu):
             self.job_progress = now
 
     # --- the stall rule ----------------------------------------------------------------------------
