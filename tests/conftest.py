@@ -12,10 +12,9 @@ import pytest
 import ddplab
 
 
-# Deadline for runs that must hang: long enough for torch to import and the ranks to reach the hang
-# (about 7 s when idle; ranks still starting use CPU, so the launcher extends the deadline for them
-# on a busy machine), short enough to keep the suite quick.
-HANG_DEADLINE_S = float(os.environ.get("DDPLAB_TEST_HANG_DEADLINE", 12))
+# Gone with the deadline-judged engine (a hang is judged by progress now); kept defined, as None,
+# until no test module imports it any more.
+HANG_DEADLINE_S = None
 
 
 def requires_gpus(n: int):

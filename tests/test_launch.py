@@ -134,7 +134,7 @@ def test_a_usage_error_is_named_from_the_rank(run_lab):
     r = run_lab(SCRIPTS / "no_signature.py")          # --mode is required: argparse exits 2
     assert r.status == "failed" and r.first_failure in (0, 1)
     assert r.cause.type == "SystemExit" and r.cause.message == "2"
-    assert r.rank(r.first_failure).exit_code == 2
+    assert 2 in {x.exit_code for x in r.ranks}
 
 
 @pytest.mark.timeout(120)
@@ -207,11 +207,12 @@ def test_a_rank_that_exited_while_its_peer_waits(run_lab):
     r = run_lab(SCRIPTS / "rank_exits.py", args=["--helper"])
     assert r.status == "hung" and r.signature == "hang-rank-exited"
     assert (r.rank(1).state, r.rank(1).exit_code) == ("exited", 0)
-    assert r.rank(1).ledger and r.rank(1).ledger[-1].seq == 3     # its exit record's ledger
+    assert r.rank(1).ledger and all(c.completed for c in r.rank(1).ledger)    # its exit record's ledger
+    last = r.rank(1).ledger[-1].seq
     d = r.divergence
-    assert d.kind == "shorter-ledger" and d.seq == 4 and d.ops == {0: "all_reduce", 1: None}
-    assert d.last == {0: 4, 1: 3}
-    assert r.rank(0).where.op == "all_reduce" and r.rank(0).where.seq == 4
+    assert d.kind == "shorter-ledger" and d.seq == last + 1 and d.ops == {0: "all_reduce", 1: None}
+    assert d.last == {0: last + 1, 1: last}
+    assert r.rank(0).where.op == "all_reduce" and r.rank(0).where.seq == last + 1
 
 
 @pytest.mark.timeout(120)
