@@ -1,0 +1,147 @@
+"""Classification (ddplab.classify) on evidence captured from real runs: pure, no processes.
+
+tests/data/run_<case>/ is a run directory as the ranks and torchrun left it (tests/data/capture_runs.py).
+For a hang, the live evidence at the verdict is rebuilt from what was captured then: each hung rank's
+main-thread stack (kept in result.json) and its flight-recorder dump (ranks/rankN.fr_trace.json).
+"""
+import json
+from pathlib import Path
+
+from ddplab import classify, evidence, ledger
+from ddplab.result import RankResult
+from ddplab.stacks import Frame, Where
+
+DATA = Path(__file__).parent / "data"
+
+
+def run_dir(case: str) -> Path:
+    return DATA / f"run_{case}"
+
+
+def failed(case: str):
+    ev = evidence.read_run(run_dir(case))
+    return ev, classify.verdict(2, None, ev.torchrun["returncode"], ev, {}, dict(ev.final_ledgers), {}, {})
+
+
+def hung(case: str):
+    """The verdict at the stall, from the live evidence captured then."""
+    d = run_dir(case)
+    ev = evidence.read_run(d)
+    saved = json.loads((d / "result.json").read_text())
+    live = {}
+    for r in saved["ranks"]:
+        if r["state"] != "hung":
+            continue
+        fr = d / "ranks" / f"rank{r['rank']}.fr_trace.json"
+        live[r["rank"]] = evidence.LiveRank(
+            r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
+            ledger=ledger.parse(json.loads(fr.read_text())) if fr.exists() else ())
+    return ev, classify.verdict(2, "stall", None, ev, live, dict(ev.final_ledgers), {}, {})
+
+
+# --- failed runs --------------------------------------------------------------------------------------
+
+def test_the_first_failure_is_the_rank_with_the_error_not_torchruns_root_cause():
+    # Rank 1 ran out of memory and closed its group; rank 0 lost its peer and exited first, so
+    # torchrun's root cause is rank 0. The verdict names rank 1 and its own exception.
+    ev, v = failed("oom_root_cause_is_the_peer")
+    assert ev.torchrun["torchrun_root_cause"] == 0
+    assert (v.status, v.signature, v.first_failure) == ("failed", "cpu-oom", 1)
+    assert classify.first_failure(ev, v.ranks) == 1
+    r0, r1 = v.ranks
+    assert r1.error.type == "RuntimeError" and "can't allocate memory" in r1.error.message
+    assert r1.error.frame.file.endswith("tests/scripts/oom_then_linger.py") and r1.consequence is False
+    assert r0.consequence is True and r0.exit_code == 1
+    assert r1.signal == "SIGTERM" and r1.exit_code is None      # torchrun ended it while it lingered
+    # here rank 0's record is even the earlier one (rank 1's excepthook ran after its `finally`):
+    # a lost peer is a consequence whatever its time
+    assert ev.errors[0].time < ev.errors[1].time
+
+
+def test_a_rank_aborted_by_gloo_is_the_first_failure_over_its_peers_consequence():
+    ev, v = failed("failed_size_abort")
+    assert 1 not in ev.errors and 1 in ev.fatal                  # no exception record: a fatal signal
+    assert (v.status, v.signature, v.first_failure) == ("failed", "gloo-size-mismatch", 1)
+    assert v.ranks[1].signal == "SIGABRT" and v.ranks[1].stack_source == "faulthandler (fatal signal)"
+    assert v.ranks[0].consequence is True
+
+
+def test_a_rank_that_exited_cleanly_leaves_its_ledger_for_the_comparison():
+    ev, v = failed("failed_rank_exited")
+    assert 1 in ev.clean_exit and 1 in ev.final_ledgers and 1 not in ev.errors
+    assert v.status == "failed" and v.ranks[1].exit_code == 0 and v.ranks[0].consequence is True
+    assert v.divergence.kind == "shorter-ledger" and v.divergence.ops == {0: "all_reduce", 1: None}
+
+
+# --- hangs ----------------------------------------------------------------------------------------------
+
+def test_different_collectives():
+    _, v = hung("hang_different_op")
+    assert (v.status, v.signature) == ("hung", "hang-different-collectives")
+    r0, r1 = v.ranks
+    assert (r0.where.op, r0.where.seq) == ("barrier", v.divergence.seq)
+    assert (r1.where.op, r1.where.via, r1.where.seq) == ("all_reduce", "ddp-backward", v.divergence.seq)
+    assert r0.where.frame.func == r1.where.frame.func == "main" and r0.where.frame.line != r1.where.frame.line
+
+
+def test_ddps_buffer_broadcast_inside_forward():
+    _, v = hung("hang_buffer_sync")
+    assert v.signature == "hang-different-collectives"
+    assert (v.ranks[1].where.op, v.ranks[1].where.via) == ("broadcast", "ddp-forward-buffers")
+    assert v.ranks[0].where.via is None
+
+
+def test_different_sizes():
+    _, v = hung("hang_different_sizes")
+    assert v.signature == "hang-different-sizes"
+    assert v.divergence.kind == "different-sizes" and v.divergence.sizes == {0: ((1,),), 1: ((3,),)}
+
+
+def test_a_rank_that_exited_while_its_peer_waits():
+    ev, v = hung("hang_rank_exited")
+    assert v.signature == "hang-rank-exited"
+    assert (v.ranks[1].state, v.ranks[1].exit_code) == ("exited", 0)
+    assert v.ranks[1].ledger == ev.final_ledgers[1]
+    assert v.divergence.kind == "shorter-ledger" and v.divergence.ops == {0: "all_reduce", 1: None}
+
+
+def test_an_interrupt_with_live_ranks_gets_a_hang_signature_and_status_interrupted():
+    d = run_dir("hang_different_op")
+    ev = evidence.read_run(d)
+    _, at_stall = hung("hang_different_op")
+    live = {r.rank: evidence.LiveRank(r.rank, r.pid, frames=list(r.stack), ledger=r.ledger) for r in at_stall.ranks}
+    v = classify.verdict(2, "interrupt", None, ev, live, {}, {}, {})
+    assert (v.status, v.signature) == ("interrupted", "hang-different-collectives")
+    assert {r.state for r in v.ranks} == {"running"}
+    v = classify.verdict(2, "deadline", None, ev, live, {}, {}, {})
+    assert (v.status, v.signature) == ("deadline", "deadline-exceeded")
+
+
+# --- hang_signature on its own --------------------------------------------------------------------------
+
+def _rank(n, state="hung", kind=None, op=None, seq=None, ledger_=()):
+    return RankResult(rank=n, pid=100 + n, state=state, exit_code=0 if state == "exited" else None, signal=None,
+                      where=Where(kind, op, seq=seq) if kind else None, ledger=ledger_)
+
+
+def test_hang_signature_rules():
+    entry = ledger.parse(json.loads((run_dir("hang_different_op") / "ranks" / "rank0.fr_trace.json").read_text()))
+    hs = classify.hang_signature
+    assert hs((_rank(0, "not-started"), _rank(1, "not-started")), None) == "no-rank-started"
+    assert hs((_rank(0, kind="rendezvous", op="init_process_group"),
+               _rank(1, kind="rendezvous", op="init_process_group")), None) == "hang-rendezvous"
+    assert hs((_rank(0, kind="collective", op="barrier", seq=3, ledger_=entry),
+               _rank(1, kind="collective", op="barrier", seq=3, ledger_=entry)), None) == "hang-same-collective"
+    assert hs((_rank(0, kind="collective", op="barrier", seq=3, ledger_=entry),
+               _rank(1, kind="collective", op="all_reduce", seq=3, ledger_=entry)), None) == "hang-different-collectives"
+    assert hs((_rank(0, kind="collective", op="all_reduce", seq=2, ledger_=entry),
+               _rank(1, kind="sleep", op="sleep", ledger_=entry)), None) == "hang-rank-elsewhere"
+    assert hs((_rank(0, kind="collective", op="all_reduce", seq=2, ledger_=entry),
+               _rank(1, "exited")), None) == "hang-rank-exited"
+    assert hs((_rank(0, kind="sleep", op="sleep"), _rank(1, kind="compute")), None) == "stalled-outside-collectives"
+
+
+def test_stall_facts_name_the_last_collective_every_rank_finished():
+    _, v = hung("hang_different_op")
+    s = classify.stall_facts(3.0, 3.04, 8.26, v.ranks, None)
+    assert (s.window_s, s.idle_s, s.since_s, s.last_seq) == (3.0, 3.0, 8.3, v.divergence.seq - 1)
