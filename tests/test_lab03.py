@@ -47,6 +47,7 @@ def test_gather_ragged_aborts_in_gloo(run_lab):
     rep = lab03.gloo_report(r)
     # Rank 1 (6 rows) receives rank 0's 7 rows into a 6-row slot: gloo's size check aborts it, always.
     assert rep and rep["received_bytes"] > rep["expected_bytes"] and rep["aborted_ranks"] == [1]
+    assert r.first_failure == 1 and r.rank(1).signal == "SIGABRT" and r.stall is None
     assert not [x for x in r.records_of("done") + r.records_of("compare") if x["rank"] == 1]
     # Rank 0 receives 6 rows into a 7-row slot: no error. Whether it reaches the comparison before
     # torchrun stops it is a race; when it does, its gathered predictions are silently wrong.
@@ -69,6 +70,9 @@ def test_model_mismatch_refused_by_ddp(run_lab):
     r = run_lab("03", variant="model-mismatch")
     assert (r.status, r.signature) == expected("model-mismatch") == ("failed", "ddp-model-mismatch")
     assert sorted(x["weight_shape"][0] for x in r.records_of("built")) == [4, 5]
+    # DDP compares every rank's parameter shapes with rank 0's: rank 1 raises, rank 0 only loses its peer.
+    assert r.first_failure == 1 and r.cause.type == "RuntimeError"
+    assert r.cause.frame.file.endswith("labs/03_shapes.py")
 
 
 @pytest.mark.multiprocess
@@ -97,7 +101,8 @@ def test_fixed_guard_names_shapes_pads_and_costs_little(run_lab):
 def test_fixed_guard_raise_fails_with_a_clear_message(run_lab):
     r = run_lab("03", variant="fixed-guard", args=["--on-mismatch", "raise"])
     assert (r.status, r.signature) == ("failed", "tensor-size-mismatch")
-    assert "rank 0 has [7, 4], rank 1 has [6, 4]" in r.excerpt
+    assert r.first_failure in (0, 1) and r.cause.type == "ShapeMismatchError"   # every rank's guard raises
+    assert "rank 0 has [7, 4], rank 1 has [6, 4]" in r.cause.message
     assert lab03.guard_caught(r)["ms"] < 5000
 
 

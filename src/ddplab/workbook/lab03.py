@@ -39,14 +39,14 @@ def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", 
 
 
 def run_variant(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
-                nproc: int | None = None, deadline_s: float | None = None, **kw) -> ddplab.RunResult:
+                nproc: int | None = None, **kw) -> ddplab.RunResult:
     """One real run of lab 03; ``detail=True`` adds TORCH_DISTRIBUTED_DEBUG=DETAIL (and C++ INFO logs)."""
     check_request(variant, detail, on_mismatch, steps)
     args = []
     if variant == "fixed-guard":
         args = ["--on-mismatch", on_mismatch, "--steps", str(steps)]
     env = {**kw.pop("env", {}), **(DETAIL_ENV if detail else {})}
-    return ddplab.run(LAB, variant=variant, nproc=nproc, deadline_s=deadline_s, args=args, env=env, **kw)
+    return ddplab.run(LAB, variant=variant, nproc=nproc, args=args, env=env, **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,14 +206,14 @@ def check_failing(answer, results: dict) -> Check:
     return Check(False, f"the runs in this notebook say otherwise: {len(got ^ truth)} variant(s) classified differently")
 
 
-def check_three_ranks(answer, deadline_s: float | None = None, **kw) -> Check:
+def check_three_ranks(answer, **kw) -> Check:
     """Exercise 2: with 3 ranks the 45 evaluation rows split 15/15/15. What does gather-ragged end with?
     The checker runs it for real (about 8 s)."""
     if answer is None:
         return Check(False, "set answer to 'ok', 'failed' or 'hung', then run this cell again")
     if answer not in ("ok", "failed", "hung"):
         return Check(False, f"answer must be 'ok', 'failed' or 'hung', not {answer!r}")
-    r = run_variant("gather-ragged", nproc=3, deadline_s=deadline_s, **kw)
+    r = run_variant("gather-ragged", nproc=3, **kw)
     detail = (f"ranks had {[x['rows'] for x in sorted(r.records_of('start'), key=lambda x: x['rank'])]} rows; "
               f"the run ended {r.status}" + (f" [{r.signature}]" if r.signature else ""))
     if answer == r.status:
