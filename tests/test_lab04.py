@@ -24,7 +24,7 @@ def run04(run_lab, variant, **kw):
         args = ["--dp", kw.pop("dp", "emulation")]
     elif variant == "bucketing":
         args = ["--n-seqs", "256", "--reps", "1"]
-    return run_lab("04", variant=variant, deadline_s=kw.pop("deadline_s", 90), args=args, **kw)
+    return run_lab("04", variant=variant, args=args, **kw)
 
 
 @pytest.mark.parametrize("name, sig_id", [
@@ -46,7 +46,9 @@ def test_dp_broken_emulation_fails_at_the_first_step_whose_chunks_differ(run_lab
     assert s["steps_done"] == 1 and s["failed_at_step"] == 1       # it starts, trains a step, then crashes
     st = s["steps"][1]
     assert st["chunk_max_lengths"] == [12, 7] and st["replica_out_lengths"] == [12, 7]
-    assert r.ranks[0].user_frame and "data_parallel" in r.ranks[0].user_frame
+    # DataParallel is one process: rank 0 fails in the emulation's gather; rank 1 only loses its peer.
+    assert r.first_failure == 0 and r.cause.type == "RuntimeError"
+    assert r.cause.frame.file.endswith("labs/04_padding.py") and r.cause.frame.func == "data_parallel"
 
 
 @pytest.mark.multiprocess
@@ -70,6 +72,7 @@ def test_pinned_layer_emulation_fails_only_for_the_pinned_tensor(run_lab):
     p = lab04.pinned_summary(r)
     assert p["devices"] == ["cpu", "meta"]
     assert p["article_layer_ok"] and p["follow_ok"] and not p["pinned_ok"]
+    assert r.first_failure == 0 and r.cause.type == "RuntimeError" and r.cause.frame.func == "forward"
 
 
 @pytest.mark.multiprocess
@@ -79,6 +82,8 @@ def test_ddp_broken_all_gather_of_own_lengths_aborts(run_lab):
     assert (r.status, r.signature) == expected("ddp-broken") == ("failed", "gloo-size-mismatch")
     assert lab04.ddp_summary(r)["own_max_len"] == [12, 17]
     assert not r.records_of("done")
+    # Rank 0 (longest 12) receives rank 1's longer rows into a smaller slot: gloo aborts it.
+    assert r.first_failure == 0 and r.rank(0).signal == "SIGABRT" and r.cause is None
 
 
 @pytest.mark.multiprocess
