@@ -85,20 +85,27 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
 
 def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
     """The rank whose own error started the failure: the earliest exception that is not a
-    consequence (a lost peer); else the earliest recorded exception; else the earliest failed exit
-    torchrun saw; else torchrun's root cause."""
+    consequence (a lost peer); else a rank that died on a fatal signal; else the earliest recorded
+    exception; else the earliest failed exit torchrun saw (SIGTERMs, sent to the others, last);
+    else torchrun's root cause."""
     recorded = sorted((e.time, r) for r, e in ev.errors.items())
     causes = [r for _, r in recorded if not _is_consequence(ev, r)]
     if causes:
         return causes[0]
+    if ev.fatal:  # a rank that died on a fatal signal (gloo's SIGABRT) before a peer's "connection closed"
+        return min(ev.fatal)
     if recorded:
         return recorded[0][1]
-    failed = sorted((f.get("timestamp") or 0, r) for r, f in ev.exits.items() if f.get("exitcode") != 0)
-    real = [r for _, r in failed if not _is_consequence(ev, r)]
+    # A SIGTERM is what torchrun (or ddplab) sends the others once one rank failed; torchrun's
+    # timestamps are whole seconds, so a rank that aborted (SIGABRT) often ties with the peers it
+    # took down: those come after it.
+    failed = sorted((f.get("signal") == "SIGTERM", f.get("timestamp") or 0, r)
+                    for r, f in ev.exits.items() if f.get("exitcode") != 0)
+    real = [r for _, _, r in failed if not _is_consequence(ev, r)]
     if real:
         return real[0]
     if failed:
-        return failed[0][1]
+        return failed[0][2]
     root = (ev.torchrun or {}).get("torchrun_root_cause")
     return int(root) if root is not None else None
 
