@@ -1,4 +1,5 @@
 """The catalog's patterns against messages captured from real runs (tests/data/real_*.txt)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -57,13 +58,19 @@ def test_catalog_entries_are_complete():
     assert required <= set(ids)
 
 
-def test_stack_signatures():
-    diff = signatures.match_stacks([(0, "hung", "barrier", "collective"),
-                                    (1, "hung", "all_reduce (DDP gradients, inside backward)", "backward")])
-    assert diff[0].id == "hang-different-collectives"
-    gone = signatures.match_stacks([(0, "exited", None, "other"), (1, "hung", "barrier", "collective")])
-    assert gone[0].id == "hang-rank-exited"
-    same = signatures.match_stacks([(0, "hung", "barrier", "collective"), (1, "hung", "barrier", "collective")])
-    assert same[0].id == "hang-same-collective"
-    busy = signatures.match_stacks([(0, "hung", None, "other"), (1, "hung", None, "other")])
-    assert busy[0].id == "deadline-exceeded"
+def test_every_signature_classify_gives_is_in_the_catalog():
+    import inspect
+    from ddplab import classify
+
+    ids = {s.id for s in signatures.STACK_CATALOG}
+    given = set(re.findall(r'"((?:hang|stalled|no|deadline)-[a-z-]+)"', inspect.getsource(classify)))
+    assert given and given <= ids
+    assert ids - given == set()           # and the catalog holds none that nothing gives
+    assert all(not s.patterns for s in signatures.STACK_CATALOG)
+
+
+def test_the_python_exceptions_of_the_learner_cases_match_no_specific_signature():
+    # A KeyError or argparse's exit: the result names the rank's own exception (RunResult.cause)
+    for text in ("KeyError: 'warmup_steps'", "SystemExit: 2"):
+        found = signatures.match_text(text)
+        assert found is None or found[0].id in signatures.GENERIC
