@@ -219,7 +219,7 @@ def test_a_rank_that_exited_while_its_peer_waits(run_lab):
 def test_a_rank_that_exited_makes_its_peer_fail_under_gloo(run_lab):
     # Without a helper holding its sockets, rank 1's exit closes them and rank 0 fails at once.
     r = run_lab(SCRIPTS / "rank_exits.py")
-    assert r.status == "failed"
+    assert r.status == "failed" and r.signature == "rank-exited-early"
     assert (r.rank(1).state, r.rank(1).exit_code, r.rank(1).error) == ("exited", 0, None)
     assert r.rank(0).consequence is True
     assert r.divergence.kind == "shorter-ledger" and r.divergence.ops == {0: "all_reduce", 1: None}

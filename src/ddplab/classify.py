@@ -179,11 +179,22 @@ def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvi
     if status == "failed":
         first = first_failure(ev, ranks)
         signature, excerpt = failed_signature(ev, first)
+        if signature in CONSEQUENCES and left_early(ranks, div, ev):
+            # Nothing failed on its own: a rank finished (a clean exit, fewer collectives) while
+            # its peer still waited in a collective, and gloo closed the peer's connection.
+            signature = "rank-exited-early"
     elif status == "hung" or (status == "interrupted" and live):
         signature = hang_signature(ranks, div)
     elif status == "deadline":
         signature = "deadline-exceeded"
     return Verdict(status, signature, excerpt, ranks, first, div)
+
+
+def left_early(ranks: tuple[RankResult, ...], div: ledger_mod.Divergence | None, ev: RunEvidence) -> list[int]:
+    """Ranks that exited cleanly without issuing the collective at which the ledgers diverge."""
+    if div is None or div.kind != "shorter-ledger":
+        return []
+    return [r.rank for r in ranks if div.ops.get(r.rank) is None and r.rank in ev.clean_exit and r.error is None]
 
 
 def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[RankResult, ...],

@@ -169,6 +169,12 @@ def _failed(result: "RunResult") -> str:
         tail = _first_line("\n".join(reversed([l for l in r.log_tail.splitlines() if l.strip()][-1:])))
         what = f"exit code {r.exit_code}" + (f": {tail}" if tail else "")
     out = [f"Rank {first} failed first: {what}{_at(r)}."]
+    d = result.divergence
+    if result.signature == "rank-exited-early" and d is not None:
+        gone = [k for k, op in sorted(d.ops.items()) if op is None]
+        waiting = [f"rank {k} in {op} #{d.seq}" for k, op in sorted(d.ops.items()) if op is not None]
+        out.append(f"That is a consequence: {', '.join(f'rank {k}' for k in gone)} had exited cleanly after "
+                   f"collective #{min(d.last[k] for k in gone)} while {', '.join(waiting)} still waited for it.")
     if r.error is not None and r.error.env:
         given = r.given or {}
         used = (r.error.env.get("MASTER_ADDR"), r.error.env.get("MASTER_PORT"))

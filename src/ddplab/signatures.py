@@ -153,6 +153,12 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01"),
     Signature(
+        "rank-exited-early", "A rank finished while another still waited in a collective",
+        (),
+        "One rank left the loop early and exited cleanly; its peer was still in a collective, and gloo ended it with 'Connection closed by peer'.\n"
+        "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
+        "01"),
+    Signature(
         "hang-different-collectives", "Ranks wait in different collectives",
         (),
         "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"

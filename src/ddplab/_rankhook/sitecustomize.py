@@ -129,11 +129,45 @@ def _start_worker_server(sock):
             os.unlink(sock)
         except OSError:
             pass
-        _DDPLAB_WORKER_SERVER = c10d._WorkerServer(sock)
+        # torch logs "Server listening ..." (and "shutting down"/"exited") as C++ warnings on fd 2:
+        # evidence-keeping must not add lines to the learner's own log, so fd 2 is muted for them.
+        with _quiet_stderr():
+            _DDPLAB_WORKER_SERVER = c10d._WorkerServer(sock)
         if hasattr(c10d, "_register_handler"):
             c10d._register_handler("ddplab_rendezvous", _rendezvous_handler)
+        import atexit
+
+        def stop():
+            with _quiet_stderr():
+                _DDPLAB_WORKER_SERVER.shutdown()
+            try:
+                os.unlink(sock)
+            except OSError:
+                pass
+
+        atexit.register(stop)
     except Exception as e:  # an older torch: the launcher falls back to py-spy and faulthandler
         print(f"[ddplab] no worker server in this rank ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+class _quiet_stderr:
+    """fd 2 to /dev/null for a moment (C++ log lines go there, below Python's sys.stderr)."""
+
+    def __enter__(self):
+        try:
+            sys.stderr.flush()
+            self.saved = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+        except OSError:
+            self.saved = None
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            os.dup2(self.saved, 2)
+            os.close(self.saved)
+        return False
 
 
 def _rendezvous_handler(req, resp):
