@@ -63,7 +63,7 @@ def test_every_signature_classify_gives_is_in_the_catalog():
     from ddplab import classify
 
     ids = {s.id for s in signatures.STACK_CATALOG}
-    given = set(re.findall(r'"((?:hang|stalled|no|deadline)-[a-z-]+)"', inspect.getsource(classify)))
+    given = set(re.findall(r'"((?:hang|stalled|no|deadline|rank)-[a-z-]+)"', inspect.getsource(classify)))
     assert given and given <= ids
     assert ids - given == set()           # and the catalog holds none that nothing gives
     assert all(not s.patterns for s in signatures.STACK_CATALOG)
