@@ -13,7 +13,6 @@ What can be read from outside a job that was not started by ddplab:
 """
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import signal
 import tempfile
@@ -25,7 +24,7 @@ import psutil
 
 from . import classify, evidence, stacks
 from .errors import DdplabError
-from .job import DEFAULT_STALL_S, runs_root
+from .job import DEFAULT_STALL_S, new_run_dir, runs_root, seconds
 from .result import RunResult
 from .supervise import GRACE_S, POLL_S, RankWatch, Supervisor, _alive
 
@@ -140,8 +139,7 @@ class _AttachedSupervisor(Supervisor):
         for rank, proc in found.ranks.items():
             env = _env(proc)
             self.known[proc.pid] = proc
-            self.ranks[rank] = RankWatch(rank, proc.pid, _socket_of(env), proc, t0, t0)
-        self.sockets = {r: w.sock for r, w in self.ranks.items()}
+            self.ranks[rank] = RankWatch(rank, proc.pid, _socket_of(env), proc, t0)
 
     def _discover(self, now: float) -> None:  # the ranks are known; only their children change
         for p in list(self.known.values()):
@@ -197,16 +195,9 @@ def attach(pid: int, stall_s: float | None = None, watch_s: float = DEFAULT_WATC
            progress=None) -> RunResult:
     """Watch the job for up to ``watch_s`` seconds: "hung" once every rank made no progress for
     ``stall_s``; "running" if it kept making progress; evidence read either way."""
-    stall_s = DEFAULT_STALL_S if stall_s is None else stall_s
-    try:
-        stall_s = float(stall_s)
-    except (TypeError, ValueError):
-        raise DdplabError(f"--stall must be a number of seconds, not {stall_s!r}", hint="for example --stall 3") from None
-    if not stall_s > 0:
-        raise DdplabError(f"--stall must be more than 0 seconds (got {stall_s:g})", hint="for example --stall 3")
+    stall_s = seconds(DEFAULT_STALL_S if stall_s is None else stall_s, "--stall", "for example --stall 3")
     found = find_job(pid)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    run_dir = runs_root() / "attach" / f"{stamp}-pid{pid}"
+    run_dir = new_run_dir(runs_root() / "attach", f"pid{pid}")
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     sup = _AttachedSupervisor(found, stall_s, t0, run_dir)
@@ -237,9 +228,7 @@ def attach(pid: int, stall_s: float | None = None, watch_s: float = DEFAULT_WATC
 
 def _finish(pid: int, found: Found, sup: _AttachedSupervisor, ended_by: str | None, t0: float, stop: bool,
             run_dir: Path) -> RunResult:
-    sup.poll(force=True)
-    infos = {w.rank: {"pid": w.pid, "socket": w.sock} for w in sup.live()}
-    live = evidence.capture_live(Path(tempfile.gettempdir()), infos, {r: w.ledger for r, w in sup.ranks.items()})
+    live = sup.capture(Path(tempfile.gettempdir()))
     notes = []
     if not any(w.sock for w in sup.ranks.values()):
         notes.append("the ranks run no worker server, so their collective ledgers cannot be read from outside "
@@ -256,17 +245,13 @@ def _finish(pid: int, found: Found, sup: _AttachedSupervisor, ended_by: str | No
         notes.append("the job was left running (pass --stop to end it)")
     ev = evidence.RunEvidence(infos={r: {"pid": w.pid} for r, w in sup.ranks.items()}, errors={}, exits={},
                               torchrun=None, logs={}, fatal={}, console="")
-    ledgers = {r: w.ledger for r, w in sup.ranks.items() if w.ledger}
-    ledgers.update({r: lv.ledger for r, lv in live.items() if lv.ledger})
+    ledgers = sup.ledgers(live)
     verdict_by = {"stall": "stall", "interrupt": "interrupt"}.get(ended_by or "", "watched")
     nranks = max(found.ranks) + 1
     v = classify.verdict(nranks, verdict_by, None, ev, live, ledgers, {r: w.cpu_s for r, w in sup.ranks.items()}, {})
     ranks = tuple(r if stop else replace(r, signal=None) for r in v.ranks if r.rank in found.ranks)
-    stall = None
     now = time.monotonic()
-    if ended_by == "stall":
-        stall = classify.stall_facts(sup.stall_s, now - sup.job_progress, sup.job_progress - t0, ranks,
-                                     sup.waited_for_timeout_s)
+    stall = sup.stall_facts(now, ranks) if ended_by == "stall" else None
     status = {"stall": "hung", "interrupt": "interrupted", "exited": "exited"}.get(ended_by or "", "running")
     cmd = ()
     try:

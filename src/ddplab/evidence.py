@@ -26,7 +26,20 @@ import psutil
 from . import ledger as ledger_mod
 from . import probe, stacks
 from .result import RankError
-from .supervise import rank_infos
+
+
+def rank_infos(run_dir: Path) -> dict[int, dict]:
+    """What each rank's hook wrote at start (pid, socket, the address torchrun gave it)."""
+    out = {}
+    for p in (run_dir / "ranks").glob("rank*.json"):
+        if p.name.count(".") != 1:
+            continue  # rankN.error.json, rankN.exit.json
+        try:
+            d = json.loads(p.read_text())
+            out[int(d["rank"])] = d
+        except (ValueError, KeyError, OSError):
+            continue
+    return out
 
 
 @dataclass

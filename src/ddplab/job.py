@@ -104,9 +104,9 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
     if nproc > max_nproc():
         raise DdplabError(f"--nproc {nproc} is more ranks than this machine can run sensibly ({os.cpu_count()} CPU cores)",
                           hint=f"use --nproc {min(2, max_nproc())} (at most {max_nproc()} here)")
-    stall_s = _seconds(stall_s, "--stall", "for example --stall 3")
+    stall_s = seconds(stall_s, "--stall", "for example --stall 3")
     if deadline_s is not None:
-        deadline_s = _seconds(deadline_s, "--deadline", "for example --deadline 600, or leave it out")
+        deadline_s = seconds(deadline_s, "--deadline", "for example --deadline 600, or leave it out")
     port = 0 if port is None else int(port)
     if not 0 <= port <= 65535:
         raise DdplabError(f"--port {port} is not a TCP port", hint="use 0 to pick a free one, or 1024-65535")
@@ -114,12 +114,18 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
         st = ports.check_port(port, host)
         if not st.free:
             raise DdplabError(st.describe(), hint="pass --port 0 to pick a free one")
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    run_dir = Path(run_root or runs_root()) / name / f"{stamp}-{variant or 'run'}"
+    run_dir = new_run_dir(Path(run_root or runs_root()) / name, variant or "run")
     return Job(name, script, lab, variant, nproc, stall_s, deadline_s, port, host, script_args, run_dir, dict(env or {}))
 
 
-def _seconds(value: object, flag: str, hint: str) -> float:
+def new_run_dir(folder: Path, suffix: str) -> Path:
+    """A run's own folder under ``folder``, named by the time it started (to the millisecond)."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
+    return folder / f"{stamp}-{suffix}"
+
+
+def seconds(value: object, flag: str, hint: str) -> float:
+    """A user's number of seconds, more than 0, or a DdplabError naming the flag and an example."""
     try:
         out = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

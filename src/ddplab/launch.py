@@ -192,25 +192,18 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
     live: dict = {}
     now = time.monotonic()
     if ended_by is not None:
-        sup.poll(force=True)
-        infos = {w.rank: {"pid": w.pid, "socket": w.sock} for w in sup.live()}
-        live = evidence.capture_live(job.run_dir, infos, {r: w.ledger for r, w in sup.ranks.items()})
+        live = sup.capture(job.run_dir)
         notes += [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and lv.source != "py-spy"]
     leftover = sup.terminate(grace_s) if (ended_by is not None or sup.alive_processes()) else ()
     if leftover:
         notes.append(f"processes still alive after cleanup: {list(leftover)}")
     returncode = proc.returncode if ended_by is None else None
     ev = evidence.read_run(job.run_dir)
-    ledgers = {r: w.ledger for r, w in sup.ranks.items() if w.ledger}
-    ledgers.update(ev.final_ledgers)                       # an exited rank's own last word
-    ledgers.update({r: lv.ledger for r, lv in live.items() if lv.ledger})
+    ledgers = sup.ledgers(live, ev.final_ledgers)
     cpu = {r: round(w.cpu_s, 3) for r, w in sup.ranks.items()}
     records = {r: evidence.records(job.run_dir, r) for r in range(job.nproc)}
     v = classify.verdict(job.nproc, ended_by, returncode, ev, live, ledgers, cpu, records)
-    stall = None
-    if ended_by == "stall":
-        idle = now - sup.job_progress
-        stall = classify.stall_facts(job.stall_s, idle, sup.job_progress - t0, v.ranks, sup.waited_for_timeout_s)
+    stall = sup.stall_facts(now, v.ranks) if ended_by == "stall" else None
     master = next((i for i in ev.infos.values() if i.get("master_port")), None)
     result = RunResult(
         target=job.target, variant=job.variant, nproc=job.nproc, status=v.status, signature=v.signature,

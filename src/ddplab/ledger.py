@@ -16,6 +16,11 @@ import math
 from dataclasses import asdict, dataclass
 
 
+def numel(sizes) -> int:
+    """Elements in a collective's input tensors (shapes as the flight recorder lists them)."""
+    return sum(math.prod(s) for s in sizes or ())
+
+
 @dataclass(frozen=True)
 class Collective:
     seq: int                      # collective_seq_id: the n-th collective of its process group
@@ -30,7 +35,7 @@ class Collective:
 
     @property
     def numel(self) -> int:
-        return sum(math.prod(s) for s in self.sizes)
+        return numel(self.sizes)
 
     def to_dict(self) -> dict:
         d = asdict(self)

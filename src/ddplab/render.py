@@ -8,6 +8,8 @@ from __future__ import annotations
 import html as _html
 from typing import TYPE_CHECKING
 
+from .ledger import numel
+
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
     from .stacks import Where
@@ -49,11 +51,6 @@ def wait_phrase(w: "Where | None") -> str | None:
     return None
 
 
-def _numel(sizes) -> int:
-    import math
-    return sum(math.prod(s) for s in sizes or ())
-
-
 def _at(r: "RankResult") -> str:
     return f" at {r.frame.short()}" if r.frame else ""
 
@@ -65,7 +62,7 @@ def rank_phrase(r: "RankResult", result: "RunResult | None" = None) -> str:
         if w.kind == "collective":
             seq = f" #{w.seq}" if w.seq is not None else ""
             pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
-            size = f" of {_numel(pend.sizes)} elements" if pend is not None and pend.sizes else ""
+            size = f" of {pend.numel} elements" if pend is not None and pend.sizes else ""
             via = f" ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else ""
             return f"rank {r.rank} waits in {w.op}{seq}{size}{via}{_at(r)}"
         if w.kind == "rendezvous" or w.kind == "store":
@@ -112,7 +109,7 @@ def _divergence(result: "RunResult") -> str:
             gone = " and had exited" if r is not None and r.state == "exited" else ""
             parts.append(f"rank {rank} never reached it (its last was #{last}){gone}")
             continue
-        size = f" of {_numel(d.sizes.get(rank))} elements" if d.sizes.get(rank) else ""
+        size = f" of {numel(d.sizes.get(rank))} elements" if d.sizes.get(rank) else ""
         shape = f" {[list(s) for s in d.sizes[rank]]}" if d.kind == "different-sizes" and d.sizes.get(rank) else ""
         at = ""
         if r is not None and r.where is not None and r.where.seq == d.seq and r.frame is not None:
@@ -196,6 +193,13 @@ def headline(result: "RunResult") -> str:
     return f"{result.target}{v}: {result.status}{sig} in {result.wall_s:.1f} s ({result.nproc} ranks)"
 
 
+def _waits(r: "RankResult") -> str:
+    """What a rank waits in, with the collective's number when the ledger knows it."""
+    if not r.waits_in:
+        return ""
+    return r.waits_in + (f" #{r.where.seq}" if r.where is not None and r.where.seq is not None else "")
+
+
 def _rank_line(r: "RankResult") -> str:
     if r.state in ("hung", "running"):
         how = "no progress" if r.state == "hung" else "still running"
@@ -204,11 +208,10 @@ def _rank_line(r: "RankResult") -> str:
         how = "never started"
     else:
         how = f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?")
-    waits = f", waiting in {r.waits_in}" if r.waits_in else ""
-    seq = f" #{r.where.seq}" if r.where is not None and r.where.seq is not None and r.waits_in else ""
+    waits = f", waiting in {_waits(r)}" if r.waits_in else ""
     err = f", {r.error.type}: {_first_line(r.error.message, 120)}" if r.error is not None else ""
     at = f" at {r.user_frame}" if r.user_frame else ""
-    return f"  rank {r.rank}: {how}{waits}{seq}{err}{at}"
+    return f"  rank {r.rank}: {how}{waits}{err}{at}"
 
 
 def explain(result: "RunResult") -> str:
@@ -243,7 +246,7 @@ def html(result: "RunResult") -> str:
     rows = "".join(
         f"<tr><td>{r.rank}</td><td>{e(r.state)}</td>"
         f"<td>{e(str(r.exit_code) if r.exit_code is not None else (r.signal or ''))}</td>"
-        f"<td>{e((r.waits_in or '') + (f' #{r.where.seq}' if r.waits_in and r.where and r.where.seq is not None else ''))}</td>"
+        f"<td>{e(_waits(r))}</td>"
         f"<td>{e(r.error.type + ': ' + _first_line(r.error.message, 120) if r.error else '')}</td>"
         f"<td><code>{e(r.user_frame or '')}</code></td></tr>"
         for r in result.ranks)

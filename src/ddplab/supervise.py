@@ -18,7 +18,6 @@ ended on any way out.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import psutil
 
+from . import classify, evidence, probe, stacks
 from . import ledger as ledger_mod
-from . import probe, stacks
+from .result import RankResult, Stall
 
 POLL_S = 0.05                 # how often torchrun's exit is checked
 SAMPLE_S = 0.25               # how often the ranks are sampled (CPU)
@@ -45,20 +45,6 @@ TIMEOUT_GRACE_S = 3.0         # ... plus this, for the error to be raised and th
 # 5.7-7.2 s, 8 s -> 19.5 s). A rendezvous timeout is expected to fire within this multiple of it.
 RDZV_TIMEOUT_FACTOR = 2.5
 GRACE_S = 1.5                 # SIGTERM to SIGKILL
-
-
-def rank_infos(run_dir: Path) -> dict[int, dict]:
-    """What each rank's hook wrote at start (pid, socket, the address torchrun gave it)."""
-    out = {}
-    for p in (run_dir / "ranks").glob("rank*.json"):
-        if p.name.count(".") != 1:
-            continue  # rankN.error.json
-        try:
-            d = json.loads(p.read_text())
-            out[int(d["rank"])] = d
-        except (ValueError, KeyError, OSError):
-            continue
-    return out
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -85,9 +71,7 @@ class RankWatch:
     pid: int
     sock: str | None
     proc: psutil.Process | None
-    started: float                               # monotonic, when first seen
-    last_progress: float
-    progress_by: str = "start"                   # "cpu", "ledger", "stack", "start", "exit"
+    last_progress: float                         # monotonic; first seen counts as progress
     cpu: deque = field(default_factory=lambda: deque(maxlen=64))   # (t, cpu seconds)
     cpu_s: float = 0.0
     ledger: tuple = ()
@@ -160,7 +144,7 @@ class Supervisor:
             except psutil.Error:
                 pass
         if len(self.ranks) < self.nproc:
-            for rank, info in rank_infos(self.run_dir).items():
+            for rank, info in evidence.rank_infos(self.run_dir).items():
                 if rank in self.ranks:
                     continue
                 pid = int(info["pid"])
@@ -171,7 +155,7 @@ class Supervisor:
                         self.known[pid] = proc
                     except psutil.Error:
                         proc = None
-                self.ranks[rank] = RankWatch(rank, pid, info.get("socket"), proc, now, now)
+                self.ranks[rank] = RankWatch(rank, pid, info.get("socket"), proc, now)
 
     def _tree_cpu(self, p: psutil.Process) -> float:
         total = 0.0
@@ -190,13 +174,13 @@ class Supervisor:
     def _sample_rank(self, w: RankWatch, now: float) -> None:
         if w.proc is None or not _alive(w.proc):
             w.exited_at = now
-            w.last_progress, w.progress_by = now, "exit"      # a rank leaving changes the job's state
+            w.last_progress = now      # a rank leaving changes the job's state
             return
         cpu = self._tree_cpu(w.proc)
         w.cpu_s = max(w.cpu_s, cpu)
         w.cpu.append((now, cpu))
         if _cpu_moved(w.cpu, now, cpu):
-            w.last_progress, w.progress_by = now, "cpu"
+            w.last_progress = now
             return
         if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
             w.ledger_t = now
@@ -204,7 +188,7 @@ class Supervisor:
             if dump is not None:
                 new = ledger_mod.parse(dump)
                 if ledger_mod.position(new) != ledger_mod.position(w.ledger):
-                    w.last_progress, w.progress_by = now, "ledger"
+                    w.last_progress = now
                 w.ledger = new
         if w.idle_s(now) >= STACK_EVERY_S and now - w.stack_t >= STACK_EVERY_S:
             w.stack_t = now
@@ -212,7 +196,7 @@ class Supervisor:
             if frames is not None:
                 fp = tuple((f.file, f.line, f.func) for f in frames)
                 if w.stack_fp is not None and fp != w.stack_fp:
-                    w.last_progress, w.progress_by = now, "stack"
+                    w.last_progress = now
                 w.stack_fp = fp
 
     def _stack(self, w: RankWatch):
@@ -291,6 +275,26 @@ class Supervisor:
         idle = self.idle_s(now)
         return Snapshot(round(now - self.t0, 1), self.nproc, tuple(rows), round(idle, 1) if idle >= 1.0 else 0.0,
                         self.stall_s)
+
+    # --- the verdict -------------------------------------------------------------------------------
+    def capture(self, run_dir: Path) -> dict[int, "evidence.LiveRank"]:
+        """Everything readable from each rank still alive, now (before the job is ended)."""
+        self.poll(force=True)
+        infos = {w.rank: {"pid": w.pid, "socket": w.sock} for w in self.live()}
+        return evidence.capture_live(run_dir, infos, {r: w.ledger for r, w in self.ranks.items()})
+
+    def ledgers(self, live: dict, final: dict | None = None) -> dict[int, tuple]:
+        """Each rank's newest ledger: the last one sampled, an exited rank's own last word from its
+        exit record, a live rank's read at the verdict."""
+        out = {r: w.ledger for r, w in self.ranks.items() if w.ledger}
+        out.update(final or {})
+        out.update({r: lv.ledger for r, lv in live.items() if lv.ledger})
+        return out
+
+    def stall_facts(self, now: float, ranks: tuple[RankResult, ...]) -> Stall:
+        """Why the job was judged hung: the window, how long nothing moved, since when (after t0)."""
+        return classify.stall_facts(self.stall_s, now - self.job_progress, self.job_progress - self.t0, ranks,
+                                    self.waited_for_timeout_s)
 
     # --- the end -----------------------------------------------------------------------------------
     def alive_processes(self) -> list[psutil.Process]:
