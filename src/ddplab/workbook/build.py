@@ -1,28 +1,178 @@
-"""`make workbook`: run every lab's variants, execute every notebook headless, write a summary.
+"""`make workbook`: execute every notebook once, headless, and build the summary from their runs.
 
-    python -m ddplab.workbook.build --out build [--labs 01 02] [--no-notebooks]
+    python -m ddplab.workbook.build --out build [--labs 01 02] [-p quick True] [--store]
 
-Prints one line per run as it finishes, then a table (lab, variant, expected, status, signature,
-wall seconds) that is also written to build/summary.md; results go to build/results/*.json and the
-executed notebooks to build/notebooks/. Exits 1 if any variant did not show its expected outcome or
-any notebook failed.
+Each notebook (notebooks/NN_*.ipynb, found by glob) runs once under papermill with its runs in a
+folder of its own (build/runs/NN_name/, given to the kernel as DDPLAB_RUNS_DIR); its seconds are
+printed as it finishes, and the cells marked NBVAL_CHECK_OUTPUT are compared with the stored
+notebook. The summary table (lab, variant, expected, status, signature, where it was run) is then
+built from the result.json files those runs saved. A catalog variant that no notebook ran, or
+that no notebook ran with the outcome the catalog expects (a notebook may turn a knob on purpose),
+is run once more here with the lab's defaults (build/runs/_build/), so every variant is in the
+table and judged. The executed notebooks go to build/notebooks/ with `metadata.ddplab` (commit,
+executed_at, torch, cores, seconds); `--store` copies them into notebooks/ when everything passed.
+Exits 1 if a notebook failed or a variant did not show its expected outcome.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import importlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import catalog
 from ..launch import run
 from ..result import RunResult
 
+NOTEBOOK_DIR = catalog.REPO_DIR / "notebooks"
+CHECK_MARK = "NBVAL_CHECK_OUTPUT"
+
+
+# --- the notebooks ----------------------------------------------------------------------------
+def notebooks(numbers: list[str] | None = None) -> list[Path]:
+    """notebooks/NN_*.ipynb in order (00 always, the others filtered by lab number)."""
+    found = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    return [nb for nb in found if not numbers or nb.name[:2] in numbers or nb.name[:2] == "00"]
+
+
+@contextmanager
+def _runs_dir(path: Path | None):
+    """DDPLAB_RUNS_DIR for the kernel papermill starts (it inherits this process's environment).
+    This is the build's own process, never a notebook kernel, and the value is restored after."""
+    if path is None:
+        yield
+        return
+    old = os.environ.get("DDPLAB_RUNS_DIR")
+    os.environ["DDPLAB_RUNS_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DDPLAB_RUNS_DIR", None)
+        else:
+            os.environ["DDPLAB_RUNS_DIR"] = old
+
+
+def declared_parameters(nb: Path) -> set[str]:
+    """The names the notebook's `parameters` cell assigns (papermill's own reading of it)."""
+    import papermill as pm
+    return set(pm.inspect_notebook(str(nb)))
+
+
+def execute_notebook(nb: Path, out: Path, parameters: dict | None = None, runs_dir: Path | None = None) -> None:
+    """Execute one notebook headless with papermill, in its own folder; raises papermill's error
+    with the failing cell's output. ``parameters`` the notebook does not declare are left out (papermill
+    would only warn); ``runs_dir`` is where its runs go (DDPLAB_RUNS_DIR)."""
+    import papermill as pm
+
+    params = dict(parameters or {})
+    if params:
+        known = declared_parameters(nb)
+        params = {k: v for k, v in params.items() if k in known}
+    with _runs_dir(runs_dir):
+        pm.execute_notebook(str(nb), str(out), parameters=params or None, cwd=str(nb.parent),
+                            progress_bar=False, kernel_name="python3",
+                            # the kernel's own startup warning (TCP without encryption, on localhost)
+                            # printed once per notebook would bury the table
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+
+
+# --- the marked cells: compared with the stored notebook ----------------------------------------
+def _checked_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and CHECK_MARK in "".join(c["source"])
+            and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+
+
+def _text(x) -> str:
+    return "".join(x) if isinstance(x, list) else str(x)
+
+
+def comparable_outputs(cell: dict) -> list[tuple[str, str]]:
+    """What nbval compares, minus what it cannot compare usefully: stream text by stream name,
+    text/plain of results and displays, the error's name; trailing spaces ignored. Images and HTML are
+    left out (a plot's bytes and a widget's id differ on every run)."""
+    out = []
+    for o in cell.get("outputs", []):
+        kind = o.get("output_type")
+        if kind == "stream":
+            out.append((o.get("name", "stdout"), _text(o.get("text", ""))))
+        elif kind in ("execute_result", "display_data") and "text/plain" in o.get("data", {}):
+            out.append(("text/plain", _text(o["data"]["text/plain"])))
+        elif kind == "error":
+            out.append(("error", o.get("ename", "")))
+    # streams arrive in pieces; join consecutive ones of the same stream
+    merged: list[tuple[str, str]] = []
+    for name, text in out:
+        if merged and merged[-1][0] == name and name in ("stdout", "stderr"):
+            merged[-1] = (name, merged[-1][1] + text)
+        else:
+            merged.append((name, text))
+    return [(n, "\n".join(line.rstrip() for line in t.rstrip().splitlines())) for n, t in merged]
+
 
 @dataclass(frozen=True)
+class Mismatch:
+    index: int          # the marked cell's position among the marked cells
+    source: str         # its first line that is not the marker
+    stored: list
+    executed: list
+
+    def __str__(self) -> str:
+        return f"checked cell {self.index + 1} ({self.source!r}): stored {self.stored!r}, now {self.executed!r}"
+
+
+def compare_checked(stored: dict, executed: dict) -> list[Mismatch]:
+    """The marked cells whose outputs differ between the stored notebook and this execution."""
+    a, b = _checked_cells(stored), _checked_cells(executed)
+    if len(a) != len(b):
+        return [Mismatch(-1, f"{len(a)} marked cells stored, {len(b)} executed", [], [])]
+    bad = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        ox, oy = comparable_outputs(x), comparable_outputs(y)
+        if ox != oy:
+            first = next((l for l in _text(x["source"]).splitlines() if CHECK_MARK not in l and l.strip()), "")
+            bad.append(Mismatch(i, first[:80], ox, oy))
+    return bad
+
+
+# --- provenance: the commit the outputs come from -----------------------------------------------
+def _git(*args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(catalog.REPO_DIR), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def provenance() -> dict:
+    """metadata.ddplab of an executed notebook: the commit, the uncommitted changes that could change
+    outputs (labs/, src/ddplab/, notebooks/), when, torch's version and the cores."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", "labs", "src/ddplab", "notebooks")
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": [line[3:] for line in (status or "").splitlines()],
+        "executed_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch_version,
+        "cores": os.cpu_count(),
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
+
+
+# --- the runs the notebooks made -------------------------------------------------------------
+@dataclass
 class Row:
     lab: str
     variant: str
@@ -31,28 +181,41 @@ class Row:
     signature: str | None
     wall_s: float
     as_expected: bool
+    source: str                      # the notebook whose run is shown, or "build" (run here)
+    notebook_runs: list = field(default_factory=list)   # every notebook run of it: (notebook, status, signature)
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
 
 
-def run_labs(numbers: list[str] | None, out: Path) -> list[Row]:
-    rows = []
-    (out / "results").mkdir(parents=True, exist_ok=True)
-    for lab in catalog.labs():
-        if numbers and lab.number not in numbers:
+@dataclass
+class NotebookRun:
+    name: str
+    status: str                      # "ok" or "failed: ..." or "checked output differs: ..."
+    seconds: float
+    runs: int                        # result.json files its runs left
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+def read_results(folder: Path) -> list[dict]:
+    """Every result.json under ``folder`` (a notebook's runs), as saved (facts, never re-rendered)."""
+    found = []
+    for p in sorted(folder.rglob("result.json")):
+        try:
+            found.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
             continue
-        runner = _runner(lab.number)
-        for v in lab.variants:
-            r: RunResult = runner(v.name)
-            ok = r.status == v.expect and (v.signature is None or r.signature == v.signature)
-            row = Row(lab.number, v.name, f"{v.expect}" + (f" [{v.signature}]" if v.signature else ""),
-                      r.status, r.signature, r.wall_s, ok)
-            rows.append(row)
-            r.save(out / "results" / f"{lab.id}-{v.name}.json")
-            print(f"{'  ' if ok else '!!'} {lab.number} {v.name:<24} {r.status:<7} {r.signature or '':<28} "
-                  f"{r.wall_s:6.1f} s", flush=True)
-    return rows
+    return found
+
+
+def _matches(v: catalog.Variant, status: str, signature: str | None) -> bool:
+    return status == v.expect and (v.signature is None or signature == v.signature)
+
+
+def _expected(v: catalog.Variant) -> str:
+    return v.expect + (f" [{v.signature}]" if v.signature else "")
 
 
 def _runner(number: str):
@@ -66,65 +229,132 @@ def _runner(number: str):
     return fn if fn is not None else (lambda variant: run(number, variant=variant, progress=None))
 
 
-def execute_notebook(nb: Path, out: Path) -> None:
-    """Execute one notebook headless with papermill, in its own folder (as `make workbook` and the
-    tests do); raises papermill's error with the failing cell's output."""
-    import papermill as pm
-
-    pm.execute_notebook(str(nb), str(out), cwd=str(nb.parent), progress_bar=False, kernel_name="python3",
-                        # the kernel's own startup warning (TCP without encryption, on localhost)
-                        # printed once per notebook would bury the table
-                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
-
-
-def run_notebooks(numbers: list[str] | None, out: Path) -> list[tuple[str, str, float]]:
-    folder = catalog.REPO_DIR / "notebooks"
-    (out / "notebooks").mkdir(parents=True, exist_ok=True)
-    done = []
-    for nb in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
-        if numbers and nb.name[:2] not in numbers and nb.name[:2] != "00":
+def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]], out: Path) -> list[Row]:
+    """One row per catalog variant: a notebook's run that showed the expected outcome, else a run
+    made here with the lab's defaults (printed as it finishes)."""
+    rows = []
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for lab in catalog.labs():
+        if numbers and lab.number not in numbers:
             continue
+        for v in lab.variants:
+            seen = [(nb, d) for nb, results in by_notebook.items() for d in results
+                    if d.get("target") == lab.id and d.get("variant") == v.name]
+            listed = [(nb, d["status"], d.get("signature")) for nb, d in seen]
+            good = next(((nb, d) for nb, d in seen if _matches(v, d["status"], d.get("signature"))), None)
+            if good is not None:
+                nb, d = good
+                row = Row(lab.number, v.name, _expected(v), d["status"], d.get("signature"),
+                          float(d.get("wall_s") or 0.0), True, nb, listed)
+            else:
+                with _runs_dir(out / "runs" / "_build"):
+                    r: RunResult = _runner(lab.number)(v.name)
+                r.save(out / "results" / f"{lab.id}-{v.name}.json")
+                row = Row(lab.number, v.name, _expected(v), r.status, r.signature, r.wall_s,
+                          _matches(v, r.status, r.signature), "build", listed)
+                print(f"{'  ' if row.as_expected else '!!'} {lab.number} {v.name:<24} {r.status:<7} "
+                      f"{r.signature or '':<28} {r.wall_s:6.1f} s (no notebook run showed it: run here)", flush=True)
+            rows.append(row)
+    return rows
+
+
+def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None = None
+                  ) -> tuple[list[NotebookRun], dict[str, list[dict]]]:
+    """Execute each notebook once into out/notebooks/ with its runs under out/runs/<notebook>/."""
+    import nbformat
+
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    done, results = [], {}
+    for nb in notebooks(numbers):
+        runs_dir = out / "runs" / nb.stem
+        shutil.rmtree(runs_dir, ignore_errors=True)     # only this execution's runs are read back
+        runs_dir.mkdir(parents=True)
+        target = out / "notebooks" / nb.name
+        meta = provenance()
         t0 = time.monotonic()
         try:
-            execute_notebook(nb, out / "notebooks" / nb.name)
+            execute_notebook(nb, target, parameters, runs_dir)
             status = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
-            status = f"failed: {str(e).strip().splitlines()[-1][:120] if str(e).strip() else type(e).__name__}"
-        done.append((nb.name, status, time.monotonic() - t0))
-        print(f"{'  ' if status == 'ok' else '!!'} notebook {nb.name:<28} {status} {done[-1][2]:6.1f} s", flush=True)
-    return done
+            text = str(e).strip()
+            status = f"failed: {text.splitlines()[-1][:120] if text else type(e).__name__}"
+        seconds = time.monotonic() - t0
+        if target.exists():
+            executed = json.loads(target.read_text())
+            if status == "ok":
+                bad = compare_checked(json.loads(nb.read_text()), executed)
+                if bad:
+                    status = f"checked output differs: {bad[0]}"[:300]
+            executed["metadata"]["ddplab"] = {**meta, "seconds": round(seconds, 1),
+                                              "parameters": executed["metadata"].get("papermill", {}).get("parameters", {})}
+            nbformat.write(nbformat.from_dict(executed), str(target))
+        results[nb.stem] = read_results(runs_dir)
+        done.append(NotebookRun(nb.name, status, seconds, len(results[nb.stem])))
+        print(f"{'  ' if status == 'ok' else '!!'} notebook {nb.name:<28} {seconds:6.1f} s  "
+              f"{len(results[nb.stem]):3d} runs  {status}", flush=True)
+    return done, results
 
 
-def summary(rows: list[Row], notebooks: list[tuple[str, str, float]]) -> str:
-    lines = ["| lab | variant | expected | status | failure signature | wall s | as expected |",
-             "|---|---|---|---|---|---:|---|"]
+def store(out: Path, names: list[str]) -> list[Path]:
+    """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab)."""
+    copied = []
+    for name in names:
+        src = out / "notebooks" / name
+        shutil.copyfile(src, NOTEBOOK_DIR / name)
+        copied.append(NOTEBOOK_DIR / name)
+    return copied
+
+
+def summary(rows: list[Row], nbs: list[NotebookRun]) -> str:
+    lines = ["| lab | variant | expected | status | failure signature | wall s | as expected | run by |",
+             "|---|---|---|---|---|---:|---|---|"]
     for r in rows:
         lines.append(f"| {r.lab} | {r.variant} | {r.expected} | {r.status} | {r.signature or ''} | "
-                     f"{r.wall_s:.1f} | {'yes' if r.as_expected else 'NO'} |")
-    if notebooks:
-        lines += ["", "| notebook | status | seconds |", "|---|---|---:|"]
-        lines += [f"| {n} | {s} | {t:.1f} |" for n, s, t in notebooks]
+                     f"{r.wall_s:.1f} | {'yes' if r.as_expected else 'NO'} | {r.source} |")
+    if nbs:
+        lines += ["", "| notebook | seconds | runs | status |", "|---|---:|---:|---|"]
+        lines += [f"| {n.name} | {n.seconds:.1f} | {n.runs} | {n.status} |" for n in nbs]
     return "\n".join(lines) + "\n"
+
+
+def _param(text: str):
+    """A -p value as papermill's CLI reads it (YAML: True, 3, 0.5, [1, 2], text)."""
+    import yaml
+    return yaml.safe_load(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="build", help="output folder (default: build)")
     p.add_argument("--labs", nargs="*", help="only these lab numbers (default: all)")
-    p.add_argument("--no-notebooks", action="store_true", help="run the variants only")
+    p.add_argument("--no-notebooks", action="store_true", help="run the variants only (no notebook)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="a papermill parameter for every notebook that declares it (e.g. -p quick True)")
+    p.add_argument("--store", action="store_true",
+                   help="copy the executed notebooks into notebooks/ when every notebook and variant passed")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    print(f"ddplab workbook: running every lab variant ({len(catalog.labs())} labs), then the notebooks", flush=True)
-    rows = run_labs(a.labs, out)
-    notebooks = [] if a.no_notebooks else run_notebooks(a.labs, out)
-    text = summary(rows, notebooks)
+    params = {k: _param(v) for k, v in a.parameter}
+    chosen = [] if a.no_notebooks else notebooks(a.labs)
+    print(f"ddplab workbook: {len(chosen)} notebooks, once each; then any variant no notebook showed "
+          f"({len(catalog.labs())} labs)", flush=True)
+    nbs, results = run_notebooks(a.labs, out, params) if chosen else ([], {})
+    rows = summarise_runs(a.labs, results, out)
+    text = summary(rows, nbs)
     (out / "summary.md").write_text(text)
     (out / "summary.json").write_text(json.dumps({"runs": [r.to_dict() for r in rows],
-                                                  "notebooks": notebooks}, indent=2))
-    print("\n" + text + f"\nwritten to {out / 'summary.md'} in {time.monotonic() - t0:.0f} s")
-    bad = [r for r in rows if not r.as_expected] + [n for n in notebooks if n[1] != "ok"]
+                                                  "notebooks": [n.to_dict() for n in nbs],
+                                                  "provenance": provenance()}, indent=2))
+    print("\n" + text + f"\nwritten to {out / 'summary.md'} in {time.monotonic() - t0:.0f} s", flush=True)
+    bad = [r for r in rows if not r.as_expected] + [n for n in nbs if n.status != "ok"]
+    if a.store:
+        if bad:
+            print("not stored in notebooks/: something above did not pass", flush=True)
+        else:
+            for path in store(out, [n.name for n in nbs]):
+                print(f"stored {path.relative_to(catalog.REPO_DIR)}", flush=True)
     return 1 if bad else 0
 
 

@@ -1,0 +1,184 @@
+"""What a learner's browser shows: JupyterLab, driven by a real chromium through Python Playwright,
+opens notebook 00, runs all cells, the widget panel renders, Run starts a real job, the live status
+line shows each rank while it runs, and the result then has one line per rank. A screenshot goes to
+build/browser-00_start_here.png.
+
+Playwright's own browser download does not work everywhere (not here), so the test uses Debian's
+chromium (`apt-get install chromium`; `.ci/run` installs it) and skips with one line where there is
+none. JupyterLab and every job it started are ended afterwards, and checked gone.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "00_start_here.ipynb"
+SHOT = ROOT / "build" / "browser-00_start_here.png"
+CHROMIUM = os.environ.get("DDPLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# Upper limits for waiting on a selector (ms): the page answers as soon as the selector is there;
+# these only end a test whose page never shows it. Cells start real jobs on a loaded 2-core machine.
+PAGE_MS = 120_000
+CELLS_MS = 300_000
+
+playwright = pytest.importorskip("playwright.sync_api", reason="Python playwright is not installed (pip install -e '.[test]')")
+pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (pip install -e '.[test]')")
+pytestmark = [
+    pytest.mark.browser, pytest.mark.multiprocess, pytest.mark.timeout(600),
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End JupyterLab and everything it started (its own session: the kernel, the kernel's jobs)."""
+    try:
+        tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = [proc]
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    _, alive = psutil.wait_procs([p for p in tree if not isinstance(p, subprocess.Popen)], timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        alive.append(proc)
+    for p in alive:
+        try:
+            p.kill()
+        except (psutil.Error, ProcessLookupError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """JupyterLab on a free port with a token, no browser of its own, in a folder holding a copy of
+    notebook 00; its runs go to the session's runs folder (DDPLAB_RUNS_DIR, set by conftest)."""
+    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
+    # JupyterLab 4 renders only the cells in view (windowing); a test that looks for the panel
+    # below them needs them all. No news pop-up over the page either.
+    settings = tmp_path / "lab-settings" / "@jupyterlab"
+    (settings / "notebook-extension").mkdir(parents=True)
+    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+    (settings / "apputils-extension").mkdir(parents=True)
+    (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp_path / "jupyterlab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--allow-root"],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+             "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_server(proc, f"{base}/api/status?token={token}", tmp_path / "jupyterlab.log")
+        yield base, token
+    finally:
+        _end(proc)
+        log.close()
+
+
+def _wait_for_server(proc, url, logfile) -> None:
+    """Poll the server's status API until it answers (it is ready) or the process has exited."""
+    import time
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"JupyterLab exited with {proc.returncode}: {logfile.read_text()[-800:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+
+
+def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
+    base, token = jupyterlab
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+            # the kernel is connected when the status bar names it idle (the toolbar's indicator says
+            # idle before the kernel is there, and Run All then does nothing)
+            page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+            # the widget panel renders: its title, the variant picker and the Run button
+            run_button = page.locator(".jp-OutputArea button.jupyter-button", has_text="Run")
+            run_button.first.wait_for(state="visible", timeout=CELLS_MS)
+            page.locator(".jp-OutputArea .widget-html", has_text="Lab 01").first.wait_for(timeout=PAGE_MS)
+            assert page.locator(".jp-OutputArea .widget-dropdown select").count() >= 1
+            # every cell ran (each prompt has its number), none with an error
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+                        .every(p => /\\[\\d+\\]/.test(p.textContent))""", timeout=CELLS_MS)
+            assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                                has_text="Traceback").count() == 0
+
+            run_button.first.click()
+            # the live status line, seen while the job runs: the button says running... and the line
+            # names both ranks at the same moment
+            page.wait_for_function(
+                """() => {
+                    const busy = [...document.querySelectorAll('.jp-OutputArea button.jupyter-button')]
+                        .some(b => b.textContent.includes('running'));
+                    const line = [...document.querySelectorAll('.jp-OutputArea .widget-html code')]
+                        .map(c => c.textContent).find(t => / s \\| rank 0: /.test(t) && /rank 1: /.test(t));
+                    return busy && line !== undefined;
+                }""", timeout=PAGE_MS)
+            live = page.locator(".jp-OutputArea .widget-html code", has_text="rank 0:").first.inner_text()
+            # then the result: the button is back, and the result table has one line per rank
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('.jp-OutputArea button.jupyter-button')]
+                        .some(b => b.textContent.trim() === 'Run' && !b.disabled)""", timeout=CELLS_MS)
+            table = page.locator(".jp-OutputArea .widget-output table").last
+            table.wait_for(timeout=PAGE_MS)
+            ranks = [row.locator("td").first.inner_text().strip() for row in table.locator("tr").all()[1:]]
+            verdict = page.locator(".jp-OutputArea .widget-output b").first.inner_text()
+            SHOT.parent.mkdir(parents=True, exist_ok=True)
+            table.scroll_into_view_if_needed()
+            page.screenshot(path=str(SHOT), full_page=False)
+        except Exception:
+            # what the page showed when a wait gave up, for whoever reads the failure
+            SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOT.with_name(SHOT.stem + "-failed.png")), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+    assert " s | rank 0:" in live and "rank 1:" in live, live
+    assert ranks == ["0", "1"], ranks
+    # the panel starts on lab 01's first variant: the learner sees the verdict the catalog expects of it
+    from ddplab import catalog
+    assert verdict == catalog.find_lab("01").variants[0].expect.upper(), verdict
+    assert SHOT.stat().st_size > 10_000
+    from conftest import assert_nothing_left
+    assert_nothing_left(str(session_runs_dir))
