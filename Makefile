@@ -1,13 +1,17 @@
 # ddplab: two commands do all the set-up.
-#   make workbook   venv + pinned install, every lab variant, every notebook -> build/, summary table
+#   make workbook   venv + pinned install, every notebook executed once -> build/, summary table
 #   make test       the whole test suite (what CI runs)
 #   make lab        JupyterLab on notebooks/
+#   make notebooks  maintainers: make workbook, then store the executed notebooks in notebooks/
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
+# papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
+WORKBOOK_ARGS ?=
+PYTEST_ARGS ?=
 
-.PHONY: workbook test lab install clean benchmark
+.PHONY: workbook notebooks test lab install clean benchmark classroom
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +22,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Each notebook executes once (papermill); the summary is built from the runs the notebooks made,
+# plus one run of any variant no notebook showed.
 workbook: $(STAMP)
-	$(BIN)/python -m ddplab.workbook.build --out build
+	$(BIN)/python -m ddplab.workbook.build --out build $(WORKBOOK_ARGS)
 
-# Two workers (pytest-xdist, one file or notebook each at a time): most of a multi-process test is
-# waiting (torch imports, hangs until their deadline), so this halves CI time on 2 cores.
+notebooks: $(STAMP)
+	$(BIN)/python -m ddplab.workbook.build --out build --store $(WORKBOOK_ARGS)
+
+# Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
+# (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in
+# tests/test_notebooks.py, which also checks their NBVAL_CHECK_OUTPUT cells.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --nbval-lax -p no:cacheprovider tests notebooks
+	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
 
 lab: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab]"
@@ -33,6 +43,10 @@ lab: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/launch_overhead.py
 	$(BIN)/python benchmarks/verdict_latency.py
+
+classroom: $(STAMP)
+	$(BIN)/ddplab classroom check --learners $${LEARNERS:-20}
+	$(BIN)/python benchmarks/classroom.py
 
 clean:
 	rm -rf build runs

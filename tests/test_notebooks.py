@@ -1,10 +1,14 @@
-"""Every notebook executes headless under papermill with its CI-sized parameters (into
-build/test-notebooks/). nbval, run by `make test` over notebooks/ with --nbval-lax, re-checks the
-cells marked NBVAL_CHECK_OUTPUT against their committed outputs."""
+"""Every notebook executes once, headless, under papermill with its CI-sized parameters (into
+build/test-notebooks/); on that one execution the cells marked NBVAL_CHECK_OUTPUT are compared with
+the outputs stored in notebooks/ (ddplab.workbook.build.compare_checked). The stored outputs must
+come from one commit that is not older than the notebook's lab script or workbook module."""
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+
+from ddplab.workbook import build
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -24,8 +28,8 @@ def test_notebook_structure(path):
     assert "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
     src = "\n".join("".join(c["source"]) for c in code)
     assert "multiprocessing" not in src and "mp.spawn" not in src and "subprocess" not in src
-    checked = [c for c in code if "NBVAL_CHECK_OUTPUT" in "".join(c["source"])]
-    assert checked, "at least one deterministic cell is checked by nbval"
+    checked = [c for c in code if build.CHECK_MARK in "".join(c["source"])]
+    assert checked, "at least one deterministic cell is checked against its stored output"
     assert all(c.get("outputs") for c in checked), "checked cells are committed with their outputs"
 
 
@@ -33,17 +37,102 @@ def test_notebook_structure(path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_under_papermill(path, session_runs_dir):
-    from ddplab.workbook.build import execute_notebook
-
+def test_notebook_executes_once_and_its_checked_cells_match(path, session_runs_dir):
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / path.name
-    execute_notebook(path, out)
+    build.execute_notebook(path, out, runs_dir=session_runs_dir / path.stem)
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     if path.name[:2] != "00":
         images = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
         assert images, "a lab notebook plots its measured difference"
+    differ = build.compare_checked(json.loads(path.read_text()), nb)
+    assert not differ, "\n".join(map(str, differ))
     from conftest import assert_nothing_left
     assert_nothing_left(str(session_runs_dir))
+
+
+# --- the checker of marked cells, on made-up notebooks ------------------------------------------
+def _nb(*cells):
+    return {"cells": [{"cell_type": "code", "source": src, "metadata": {}, "outputs": outs} for src, outs in cells]}
+
+
+def _out(text, name="stdout"):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def test_compare_checked_finds_a_changed_value_and_ignores_unmarked_cells():
+    stored = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 0]\n")]), ("print(t)", [_out("3.1 s\n")]))
+    same = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok ", ), _out("[0, 0]  \n")]), ("print(t)", [_out("9.9 s\n")]))
+    other = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 1]\n")]), ("print(t)", [_out("3.1 s\n")]))
+    assert build.compare_checked(stored, same) == []          # streams joined, trailing spaces ignored
+    (bad,) = build.compare_checked(stored, other)
+    assert bad.index == 0 and bad.source == "print(x)"
+
+
+@pytest.mark.parametrize("executed", [
+    [],                                                             # no output at all
+    [_out("")],                                                     # empty
+    [_out("ok [0, 0]", name="stderr")],                             # the right text on the wrong stream
+    [_out("ok [0,")],                                               # a prefix of it
+    [{"output_type": "error", "ename": "ValueError", "evalue": "", "traceback": []}],
+])
+def test_compare_checked_rejects_near_misses(executed):
+    stored = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 0]\n")]))
+    assert build.compare_checked(stored, _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", executed)))
+
+
+def test_compare_checked_counts_the_marked_cells():
+    stored = _nb(("# NBVAL_CHECK_OUTPUT\n1", [_out("1")]))
+    assert build.compare_checked(stored, _nb(("2", [_out("1")])))
+
+
+# --- one commit --------------------------------------------------------------------------------
+def _git(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def _need_git():
+    if _git("rev-parse", "--git-dir").returncode != 0:
+        pytest.skip("not a git checkout: the commit the outputs come from cannot be checked")
+
+
+def _recorded(path: Path) -> dict:
+    meta = json.loads(path.read_text())["metadata"].get("ddplab")
+    assert meta and meta.get("commit"), (f"{path.name} has no metadata.ddplab.commit: execute it with "
+                                         "`make notebooks` (make workbook, then store the outputs)")
+    return meta
+
+
+def _sources_of(path: Path) -> list[str]:
+    """What a notebook's outputs depend on besides itself: its lab script and workbook module (00:
+    every lab script, since it lists them all)."""
+    n = path.name[:2]
+    if n == "00":
+        return ["labs"]
+    return [f":(glob)labs/{n}_*.py", f"src/ddplab/workbook/lab{n}.py"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_stored_outputs_are_not_older_than_the_lab(path):
+    _need_git()
+    meta = _recorded(path)
+    commit = meta["commit"]
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+            pytest.skip(f"a shallow clone does not hold commit {commit[:10]} (clone with full history)")
+        pytest.fail(f"{path.name} was executed at commit {commit[:10]}, which this repository does not have")
+    assert not meta.get("dirty"), f"{path.name} was executed with uncommitted changes in {meta['dirty']}"
+    last = _git("log", "-1", "--format=%H", "--", *_sources_of(path)).stdout.strip()
+    if not last:
+        pytest.skip(f"no commit touches {_sources_of(path)} yet")
+    older = _git("merge-base", "--is-ancestor", last, commit).returncode != 0
+    assert not older, (f"{path.name}'s outputs come from {commit[:10]}, older than {last[:10]} which changed "
+                       f"{' or '.join(_sources_of(path))}: re-execute it (make notebooks)")
+
+
+def test_every_notebook_was_executed_at_one_commit():
+    _need_git()
+    commits = {p.name: (json.loads(p.read_text())["metadata"].get("ddplab") or {}).get("commit") for p in NOTEBOOKS}
+    assert len(set(commits.values())) == 1 and None not in commits.values(), commits
