@@ -141,6 +141,8 @@ def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Diverge
     alive = [r for r in ranks if r.state in ("hung", "running")]
     if not alive:
         return "no-rank-started"
+    if blocked_connections(alive):
+        return "hang-data-port-blocked"
     gone = [r for r in ranks if r.state == "exited"]
     kinds = [r.where.kind if r.where else "other" for r in alive]
     in_coll = [r for r in alive if r.where is not None and r.where.kind == "collective"]
@@ -160,6 +162,13 @@ def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Diverge
     if any(k in ("rendezvous", "store") for k in kinds):
         return "hang-rendezvous"
     return "stalled-outside-collectives"
+
+
+def blocked_connections(ranks) -> list[tuple[int, str]]:
+    """(rank, address) of each connection a rank is still opening (SYN_SENT: no answer at all, the
+    mark of a firewall that drops) to an address other than its own loopback."""
+    return [(r.rank, c["raddr"]) for r in ranks for c in (r.connections or ())
+            if c.get("status") == "SYN_SENT" and c.get("raddr") and not c["raddr"].startswith("127.")]
 
 
 def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,

@@ -94,7 +94,62 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
     return out
 
 
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+               "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def _other_netns(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
+def _hex_addr(text: str) -> str:
+    import ipaddress
+    host, port = text.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        ip = str(ipaddress.IPv4Address(raw[::-1]))
+    else:
+        v6 = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        ip = str(v6.ipv4_mapped or v6)
+    return f"{ip}:{int(port, 16)}"
+
+
+def netns_tcp_connections(pid: int) -> tuple[dict, ...]:
+    """A process's TCP sockets as its own network namespace sees them (/proc/PID/net/tcp, matched to
+    its file descriptors): psutil reads /proc/net, the caller's namespace, and finds nothing for a
+    rank on a ddplab.cluster node."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return ()
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            f = ln.split()
+            if len(f) > 9 and f[9] in inodes:
+                remote = _hex_addr(f[2])
+                out.append({"laddr": _hex_addr(f[1]), "raddr": None if remote.endswith(":0") else remote,
+                            "status": _TCP_STATES.get(f[3], f[3])})
+    return tuple(out)
+
+
 def tcp_connections(proc: psutil.Process) -> tuple[dict, ...]:
+    if _other_netns(proc.pid):
+        return netns_tcp_connections(proc.pid)
     try:
         conns = proc.net_connections(kind="tcp")
     except (psutil.Error, AttributeError):

@@ -137,22 +137,57 @@ def seconds(value: object, flag: str, hint: str) -> float:
 
 def build_launch_command(job: Job) -> list[str]:
     """The torchrun command line, built in one place (accelerate's ``get_launch_command``)."""
+    return torchrun_command(job, job.run_dir / "torchrun.json", nnodes=1, endpoint=f"{job.host}:{job.port}",
+                            local_addr=job.host)
+
+
+def torchrun_command(job: Job, result: Path, nnodes: int, endpoint: str, local_addr: str,
+                     rdzv_conf: str | None = None) -> list[str]:
+    """One torchrun agent's command line (all of a single-node job; one node's share of a
+    multi-node job, ``build_cluster_command``)."""
     return [
         # torchrun itself (torch.distributed.run), with its outcome also written as data.
-        sys.executable, "-m", "ddplab._torchrun", str(job.run_dir / "torchrun.json"),
-        "--nnodes", "1",
+        sys.executable, "-m", "ddplab._torchrun", str(result),
+        "--nnodes", str(nnodes),
         "--nproc-per-node", str(job.nproc),
-        # c10d rendezvous on loopback; port 0 lets the store bind a free port itself (no race).
+        # c10d rendezvous on loopback (or node 0's address); port 0 lets the store bind a free port
+        # itself (no race).
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{job.host}:{job.port}",
+        "--rdzv-endpoint", endpoint,
+        *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []),
         "--rdzv-id", job.run_dir.name,
-        "--local-addr", job.host,
+        # The address this agent gives its workers as MASTER_ADDR when it hosts the store.
+        "--local-addr", local_addr,
         "--max-restarts", "0",
         # Each rank's stdout and stderr in its own file under the run directory.
         "--log-dir", str(job.run_dir / "torchrun"),
         "--redirects", "3",
         str(job.script), *job.args,
     ]
+
+
+# The rendezvous port of a multi-node job: fixed, since node 0's agent must be told it before it
+# binds (the other nodes dial it), and each cluster has its own addresses so nothing else holds it.
+CLUSTER_RDZV_PORT = 29400
+
+
+def build_cluster_command(job: Job, cluster) -> tuple[list[str], dict]:
+    """A multi-node job on a ``ddplab.cluster.Cluster``: the parent command (``python -m
+    ddplab.cluster agents SPEC``) and its spec, one torchrun agent per node (``--nnodes N``, c10d
+    rendezvous at node 0's address), each started in its node's namespace with its hostname."""
+    endpoint = f"{cluster.master.address}:{job.port or CLUSTER_RDZV_PORT}"
+    nodes = []
+    for node in cluster.members:
+        result = job.run_dir / f"torchrun.node{node.index}.json"
+        # is_host: node 0 hosts the rendezvous store because we say so, not because its hostname
+        # resolves to the endpoint's address (with Debian's "127.0.1.1 <hostname>" line it would not,
+        # and every agent would wait for a store nobody serves).
+        cmd = node.exec_prefix() + torchrun_command(job, result, len(cluster.members), endpoint, node.address,
+                                                    rdzv_conf=f"is_host={int(node.index == 0)}")
+        nodes.append({"index": node.index, "command": cmd, "result": str(result),
+                      "log": str(job.run_dir / f"torchrun.node{node.index}.log")})
+    spec = {"result": str(job.run_dir / "torchrun.json"), "nodes": nodes, "cluster": cluster.describe()}
+    return [sys.executable, "-m", "ddplab.cluster", "agents", str(job.run_dir / "cluster.json")], spec
 
 
 def launch_environment(job: Job) -> dict[str, str]:

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import classify, evidence, render
-from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_launch_command,  # noqa: F401
+from . import catalog, classify, evidence, render
+from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
+                  build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .result import RunResult
 from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor
@@ -123,7 +124,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto") -> RunResult:
+        progress: Progress | str | None = "auto", cluster=None) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -132,13 +133,34 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     (a KeyboardInterrupt: the job is ended the same way, the result saved, then it propagates).
     ``progress``: "auto" (a status line on a terminal or in Jupyter), None, or a callable that gets
     a ``supervise.Snapshot`` about once a second.
+    ``cluster``: a ``ddplab.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
+    its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
+    gets a cluster of its own, made and removed around the run.
     """
+    lab = None if isinstance(target, os.PathLike) else catalog.find_lab(target)
+    spec = (lab.extra.get("network") or {}).get(variant or lab.default_variant) if lab is not None else None
+    if cluster is None and spec is not None:
+        from . import cluster as cluster_mod
+        with cluster_mod.Cluster.from_spec(spec) as made:
+            return run(target, variant, nproc, deadline_s, args, {**spec.get("env", {}), **dict(env or {})}, port,
+                       stream, run_root, grace_s, stall_s, progress, cluster=made)
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     (job.run_dir / "ranks").mkdir(exist_ok=True)
     socket_dir(job).mkdir(parents=True, exist_ok=True)
-    cmd = build_launch_command(job)
+    world = job.nproc * (len(cluster.members) if cluster is not None else 1)
+    penv = launch_environment(job)
+    if cluster is None:
+        cmd = build_launch_command(job)
+    else:
+        cmd, spec = build_cluster_command(job, cluster)
+        (job.run_dir / "cluster.json").write_text(json.dumps(spec, indent=2))
+        # The host's interface names mean nothing on a node: gloo's interface is the job's choice.
+        penv.pop("GLOO_SOCKET_IFNAME", None)
+        penv.update({k: v for k, v in job.env.items() if k == "GLOO_SOCKET_IFNAME"})
+        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
+            penv["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
     (job.run_dir / "command.json").write_text(json.dumps({"command": cmd, "env": dict(job.env)}, indent=2))
     show = auto_progress() if progress == "auto" else progress
     echo = _Echo(job.run_dir, before_line=getattr(show, "close", None) if isinstance(show, TerminalProgress) else None) \
@@ -148,8 +170,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     with open(job.run_dir / "torchrun.log", "wb") as console:
         # Own session: Ctrl-C in a terminal does not reach torchrun directly; ddplab ends it below.
         proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=launch_environment(job), start_new_session=True)
-    sup = Supervisor(proc, job.run_dir, job.nproc, job.stall_s, t0)
+                                env=penv, start_new_session=True)
+    sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0)
     ended_by: str | None = None
     result: RunResult | None = None
     shown = 0.0
@@ -175,7 +197,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     finally:
         if isinstance(show, TerminalProgress):
             show.close()
-        result = _finish(job, cmd, proc, sup, ended_by, t0, grace_s)
+        result = _finish(job, cmd, proc, sup, ended_by, t0, grace_s, world)
         if echo:
             echo()
         if isinstance(show, NotebookProgress):
@@ -186,7 +208,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
 
 
 def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, ended_by: str | None,
-            t0: float, grace_s: float) -> RunResult:
+            t0: float, grace_s: float, world: int | None = None) -> RunResult:
     """Read the live evidence (if the job was stopped), end every process, classify, save."""
     notes: list[str] = []
     live: dict = {}
@@ -201,12 +223,13 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
     ev = evidence.read_run(job.run_dir)
     ledgers = sup.ledgers(live, ev.final_ledgers)
     cpu = {r: round(w.cpu_s, 3) for r, w in sup.ranks.items()}
-    records = {r: evidence.records(job.run_dir, r) for r in range(job.nproc)}
-    v = classify.verdict(job.nproc, ended_by, returncode, ev, live, ledgers, cpu, records)
+    world = world or job.nproc
+    records = {r: evidence.records(job.run_dir, r) for r in range(world)}
+    v = classify.verdict(world, ended_by, returncode, ev, live, ledgers, cpu, records)
     stall = sup.stall_facts(now, v.ranks) if ended_by == "stall" else None
     master = next((i for i in ev.infos.values() if i.get("master_port")), None)
     result = RunResult(
-        target=job.target, variant=job.variant, nproc=job.nproc, status=v.status, signature=v.signature,
+        target=job.target, variant=job.variant, nproc=world, status=v.status, signature=v.signature,
         excerpt=v.excerpt, ranks=v.ranks, wall_s=round(time.monotonic() - t0, 3), run_dir=str(job.run_dir),
         command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
         port=int(master["master_port"]) if master else (job.port or None), returncode=returncode,

@@ -40,6 +40,12 @@ CATALOG: tuple[Signature, ...] = (
         "Pick a free port (ddplab run --port 0, torchrun --rdzv-endpoint 127.0.0.1:0) or stop the other job.",
         "05"),
     Signature(
+        "gloo-loopback-address", "gloo's peer address is a loopback address (hostname resolves to 127.x)",
+        (r"Gloo connectFullMesh failed with .*remote=\[127\.",),
+        "gloo picked its address from the hostname, which resolves to 127.0.1.1 (Debian's /etc/hosts line), and told\n"
+        "its peers to dial it; a peer on another machine dials its own loopback. Set GLOO_SOCKET_IFNAME to the cluster interface.",
+        "09"),
+    Signature(
         "missing-master-env", "MASTER_ADDR / MASTER_PORT not set",
         (r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected, but not set",),
         "init_process_group(init_method='env://') reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.\n"
@@ -182,6 +188,12 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
         "Check the network (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and that every rank uses the same backend and world size.",
         "07"),
+    Signature(
+        "hang-data-port-blocked", "A rank's connection to another node gets no answer (a firewall drops it)",
+        (),
+        "A rank is stuck connecting (TCP SYN_SENT, no reply) to a port on another node: the store torchrun gives the workers\n"
+        "(MASTER_PORT, a random port) or gloo's data port (also random). Open the cluster's own subnet between the nodes, not one port.",
+        "09"),
     Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),

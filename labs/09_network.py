@@ -1,0 +1,146 @@
+"""Lab 09 - the network, for real: a two-node DDP job on one machine (network namespaces).
+
+Each node is a network namespace with its own address on a bridge (``ddplab.cluster``); torchrun
+runs one agent per node with c10d rendezvous at node 0's address. Run it on two real machines:
+
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint NODE0:29400 \
+        labs/09_network.py --variant slow-link            # on each machine
+    ddplab run 09 --variant firewall      # the same on one machine: 2 nodes made, judged, removed
+
+Notebook: notebooks/09_network.ipynb; workbook module: ddplab.workbook.lab09. The network of each
+variant (link cap, firewall, hosts file) is LAB["network"]: ddplab builds it around the run; this
+script is only the training job, the same on every variant except its gradient hook.
+
+Variants:
+  slow-link        DDP on a 100 Mbit/s link: the gradient all-reduce no longer hides behind backward.
+  fixed-compress   the same link with the fp16 compression hook (--hook powersgd: PowerSGD, rank 2).
+  firewall         the nodes accept the rendezvous port but drop new connections to gloo's data ports
+                   (the ephemeral range): the ranks stall connecting in init_process_group.
+  fixed-firewall   the nodes also accept everything from the cluster's own subnet.
+  wrong-interface  each node's hostname resolves to 127.0.1.1 (Debian's /etc/hosts line): gloo binds
+                   loopback and tells its peer to dial 127.0.1.1, which is the peer's own loopback.
+  fixed-interface  the same hosts files, GLOO_SOCKET_IFNAME=eth0.
+  lossy-link       node 1 drops 5% of the packets it receives: TCP retransmits, the job is slower.
+"""
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddplab import lab
+
+LAB = {
+    "title": "The network, for real: two nodes on one machine",
+    "article": "000_5eac2459042e419e.txt",
+    "nproc": 1,
+    "min_nproc": 1,
+    "variants": {
+        "slow-link": {"expect": "ok", "signature": None,
+                      "about": "DDP over a 100 Mbit/s link: the all-reduce dominates the step"},
+        "fixed-compress": {"expect": "ok", "signature": None,
+                           "about": "the same link with the fp16 compression hook (or --hook powersgd)"},
+        "firewall": {"expect": "hung", "signature": "hang-data-port-blocked",
+                     "about": "rendezvous port open, gloo's data ports dropped on both nodes: stalls connecting in init"},
+        "fixed-firewall": {"expect": "ok", "signature": None,
+                           "about": "the nodes accept everything from the cluster's subnet"},
+        "wrong-interface": {"expect": "failed", "signature": "gloo-loopback-address",
+                            "about": "hostnames resolve to 127.0.1.1: gloo advertises loopback, the peer dials its own loopback and gloo times out"},
+        "fixed-interface": {"expect": "ok", "signature": None,
+                            "about": "the same hosts files with GLOO_SOCKET_IFNAME=eth0"},
+        "lossy-link": {"expect": "ok", "signature": None,
+                       "about": "node 1 drops 5% of its incoming packets: slower, no stall"},
+    },
+    # The network ddplab builds around each variant (ddplab.cluster.Cluster.from_spec).
+    "network": {
+        "slow-link": {"nodes": 2, "rate_mbit": 100},
+        "fixed-compress": {"nodes": 2, "rate_mbit": 100},
+        "firewall": {"nodes": 2, "firewall": {"0": {"allow_ports": [29400], "block_ports": [1024, 65535]}}},
+        "fixed-firewall": {"nodes": 2, "firewall": {"0": {"allow_ports": [29400], "allow_from": "cluster",
+                                                          "block_ports": [1024, 65535]}}},
+        "wrong-interface": {"nodes": 2, "self_hosts": "127.0.1.1"},
+        "fixed-interface": {"nodes": 2, "self_hosts": "127.0.1.1", "env": {"GLOO_SOCKET_IFNAME": "eth0"}},
+        "lossy-link": {"nodes": 2, "firewall": {"1": {"drop_percent": 5}}},
+    },
+}
+
+HOOKS = {"none": (default_hooks.allreduce_hook, 4), "fp16": (default_hooks.fp16_compress_hook, 2),
+         "bf16": (default_hooks.bf16_compress_hook, 2), "powersgd": (None, None)}
+WIDTH, DEPTH, BATCH = 512, 4, 64      # ~1.05 M parameters: 4.2 MB of fp32 gradients a step
+
+
+def build_model() -> nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(DEPTH):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def plain(model: DDP):
+    return "none"                                         # BROKEN on a slow link: 4 bytes a gradient on the wire
+
+
+def compressed(model: DDP, hook: str = "fp16"):
+    if hook == "powersgd":                                # FIX: a rank-2 approximation of each gradient matrix
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
+        return hook
+    fn, _ = HOOKS[hook]
+
+    def wire(state, bucket, fn=fn):                       # FIX: 2 bytes a gradient (gloo all-reduces fp16/bf16)
+        return fn(state, bucket)
+    wire.__name__ = "wire_" + fn.__name__                 # DDP refuses a hook *named* bf16_compress_hook without NCCL
+    model.register_comm_hook(None, wire)
+    return hook
+
+
+VARIANTS = {"slow-link": plain, "fixed-compress": compressed, "firewall": plain, "fixed-firewall": plain,
+            "wrong-interface": plain, "fixed-interface": plain, "lossy-link": plain}
+
+
+def main(variant: str, steps: int = 8, hook: str = "fp16") -> None:
+    t0 = time.perf_counter()
+    ctx = lab.setup()                                     # init_process_group: gloo connects to every peer here
+    lab.record("joined", init_s=time.perf_counter() - t0)
+    model = DDP(build_model())
+    used = VARIANTS[variant](model, hook) if variant == "fixed-compress" else VARIANTS[variant](model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(ctx.rank)
+    x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+    step_s, compute_s = [], []
+    for i in range(steps + 2):                            # 2 warm-up steps (PowerSGD starts at step 2)
+        with lab.StepTimer() as t:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        if i >= 2:
+            step_s.append(t.seconds)
+    with model.no_sync():                                 # the same step without communication: compute only
+        for _ in range(3):
+            with lab.StepTimer() as t:
+                nn.functional.mse_loss(model(x), y).backward()
+            compute_s.append(t.seconds)
+    params = sum(p.numel() for p in model.parameters())
+    lab.record("steps", hook=used, steps=steps, step_ms=statistics.median(step_s) * 1e3,
+               compute_ms=statistics.median(compute_s) * 1e3, grad_mb=params * 4 / 2**20)
+    lab.record("done")
+    lab.teardown()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=list(LAB["variants"]), default="slow-link",
+                   help="which version of the job to run (its network is built by ddplab)")
+    p.add_argument("--steps", type=int, choices=range(1, 201), metavar="1..200", default=8,
+                   help="timed training steps")
+    p.add_argument("--hook", choices=list(HOOKS), default="fp16",
+                   help="fixed-compress: the gradient compression hook")
+    a = p.parse_args()
+    main(a.variant, a.steps, a.hook)
