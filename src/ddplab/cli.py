@@ -137,7 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--master-addr", default="127.0.0.1", help="the MASTER_ADDR the pre-flight dials (default 127.0.0.1)")
     pd.add_argument("--nproc", type=int, default=2, help="ranks the pre-flight starts on this machine (default 2)")
     pd.set_defaults(func=_cmd_doctor)
+
+    pc = sub.add_parser("classroom", help="instructors: does this machine hold N learners at once")
+    csub = pc.add_subparsers(dest="classroom_cmd", required=True, parser_class=_Parser)
+    pcc = csub.add_parser("check", help="memory and cores per learner, threads, ports, run folders, torch's debug server")
+    pcc.add_argument("--learners", type=int, required=True, help="learners sharing this machine at once")
+    pcc.add_argument("--json", action="store_true", help="print the facts as JSON")
+    pcc.set_defaults(func=_cmd_classroom)
     return p
+
+
+def _cmd_classroom(a: argparse.Namespace) -> int:
+    from .classroom import check
+
+    c = check(a.learners)
+    print(json.dumps(c.to_dict(), indent=2) if a.json else c.text())
+    return EXIT_OK if c.holds else EXIT_RUN_FAILED
 
 
 def _raise_interrupt(signum, frame):
