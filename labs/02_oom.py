@@ -3,16 +3,23 @@
 Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/02_oom.py --variant oom --mem-limit-mb 48
+    sudo torchrun --nproc-per-node 2 labs/02_oom.py --variant oom-killer   # needs a writable memory cgroup
     ddplab run 02 --variant skip-batch          # the same, judged by progress, with each rank's stack
 
 Each rank pads its batch of 16 sequences to the longest one in it, and a per-token MLP runs on the
 padded tensor, so activation memory grows with batch x longest length. At step 2 the last rank draws
 one long document (384 tokens instead of 8-32): its padded batch is ~12x bigger and does not fit under
 the memory cap (--mem-limit-mb: model + optimizer + activations, on top of what torch itself uses).
-On CPU the cap is a real rlimit on the rank (see cap_memory), on a GPU the CUDA allocator's limit.
+On CPU the cap is a real rlimit on the rank (Memory.cap), on a GPU the CUDA allocator's limit: both make
+the allocation FAIL with a Python exception. The kernel's OOM killer does something else: it SIGKILLs the
+process, which leaves no Python message at all. `oom-killer` runs that for real: the last rank moves
+itself into a child memory cgroup (v2 memory.max + memory.swap.max=0, or v1 memory.limit_in_bytes) and
+the kernel kills it at the long step. That needs a cgroup the user may write to (root, usually).
+Notebook: notebooks/02_oom.ipynb; workbook module: ddplab.workbook.lab02.
 
 Variants:
   oom                     the allocation fails on the last rank; torchrun ends the others. Fails fast.
+  oom-killer              no rlimit: the last rank runs under a cgroup memory limit; the kernel SIGKILLs it.
   skip-batch              the usual `except OOM: continue` on the failing rank only -> the others wait
                           in DDP's all-reduce for a batch that never comes: a hang.
   fixed-accumulate        the largest micro-batch that fits (measured), gradient accumulation under
@@ -37,6 +44,8 @@ LAB = {
     "variants": {
         "oom": {"expect": "failed", "signature": "cpu-oom",
                 "about": "the last rank's padded batch does not fit; the allocation fails and torchrun ends the others"},
+        "oom-killer": {"expect": "failed", "signature": "peer-lost",
+                       "about": "a cgroup memory limit on the last rank: the kernel's OOM killer SIGKILLs it, no Python error (needs a writable memory cgroup)"},
         "skip-batch": {"expect": "hung", "signature": "hang-different-collectives",
                        "about": "catch the OOM and skip the batch on that rank only: the others wait in DDP's all-reduce"},
         "fixed-accumulate": {"expect": "ok", "signature": None,
@@ -130,6 +139,50 @@ class Memory:
             resource.setrlimit(resource.RLIMIT_DATA, self.rlimit)
 
 
+def enter_memory_cgroup(limit_mb: float) -> dict:
+    """Move this process into a new child memory cgroup of its own cgroup, limited to ``limit_mb`` MiB of
+    new charges with no swap, so that the KERNEL's OOM killer ends it (SIGKILL) when it goes over. The
+    path is recorded (event "cgroup") so the launcher's side can remove the directory once the job is over;
+    empty leftovers of earlier runs are removed here first. Raises SystemExit (one line) where not permitted."""
+    import glob
+    import os
+
+    lines = open("/proc/self/cgroup").read().splitlines()
+    v1 = next((l.split(":", 2)[2] for l in lines if l.split(":")[1] == "memory"), None)
+    if v1 is not None and os.path.isdir("/sys/fs/cgroup/memory"):
+        parent, files = "/sys/fs/cgroup/memory" + v1.rstrip("/"), {"memory.limit_in_bytes": None, "memory.memsw.limit_in_bytes": None}
+    else:
+        v2 = next((l.split(":", 2)[2] for l in lines if l.startswith("0::")), "/")
+        parent = "/sys/fs/cgroup" + v2.rstrip("/")
+        ctl = os.path.join(parent, "cgroup.subtree_control")
+        if not os.path.exists(ctl) or "memory" not in open(ctl).read().split():
+            raise SystemExit(f"[oom-killer] the memory controller is not enabled for children of {parent}: not tested here")
+        files = {"memory.max": None, "memory.swap.max": "0"}
+    for old in glob.glob(os.path.join(parent, "ddplab-oom-*")):
+        try:
+            os.rmdir(old)                                  # an empty leftover of an earlier run
+        except OSError:
+            pass
+    path = os.path.join(parent, f"ddplab-oom-{os.getpid()}")
+    limit = str(int(limit_mb * 2**20))
+    try:
+        os.mkdir(path)
+        for name, value in files.items():
+            if os.path.exists(os.path.join(path, name)):  # memsw exists only with swap accounting
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(value or limit)
+        lab.record("cgroup", path=path, limit_mb=limit_mb, version=1 if "memory.limit_in_bytes" in files else 2)
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))                      # from here on, new memory is charged to the limit
+    except OSError as e:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        raise SystemExit(f"[oom-killer] cannot make a memory cgroup under {parent} ({e.strerror}): not tested here") from None
+    return {"path": path}
+
+
 def seq_loss(model, x, mask, y, total: int):
     """Sum of squared errors / full batch size: micro-batch losses add up to the full-batch mean."""
     return ((model(x, mask) - y) ** 2).sum() / total
@@ -175,7 +228,7 @@ def find_micro_batch(mem: Memory, limit_mb: float, model_mb: float, device, batc
 
 def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int = 0,
          pg_timeout_s: float | None = None) -> None:
-    ctx = lab.setup(timeout_s=pg_timeout_s)
+    ctx = lab.setup(timeout_s=pg_timeout_s, device="cpu" if variant == "oom-killer" else None)  # host memory
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     torch.manual_seed(0)
     model = DDP(TokenMLP().to(device), device_ids=[device.index] if device.type == "cuda" else None)
@@ -185,21 +238,24 @@ def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int 
     seq_loss(model, x, mask, y, 2).backward()
     opt.zero_grad(set_to_none=False)
     mem = Memory(device)
-    if mem_limit_mb > 0:
+    if variant == "oom-killer":
+        if rank == world - 1 and mem_limit_mb > 0:
+            enter_memory_cgroup(mem_limit_mb - model_mb)   # the kernel, not malloc, enforces this one
+    elif mem_limit_mb > 0:
         mem.cap(mem_limit_mb, model_mb)
     micro = batch
     if variant == "fixed-accumulate":
         micro = max(1, batch // accum) if accum else find_micro_batch(mem, mem_limit_mb, model_mb, device, batch)
     lab.record("start", variant=variant, device=str(device), backend=ctx.backend, mem_limit_mb=mem_limit_mb,
-               model_mb=round(model_mb, 2), batch=batch, micro=micro, cap="cuda fraction" if mem.cuda else "RLIMIT_DATA")
+               model_mb=round(model_mb, 2), batch=batch, micro=micro, cap="cgroup memory limit" if variant == "oom-killer" else "cuda fraction" if mem.cuda else "RLIMIT_DATA")
 
     for step in range(M["steps"]):
         x, mask, y = (t.to(device) for t in batch_for(rank, world, step, batch))
         mem.reset_peak()
         failed = torch.zeros(1, device=device)
         # ---- the broken lines and their fixes -----------------------------------------------------
-        if variant == "oom":
-            seq_loss(model, x, mask, y, len(y)).backward()           # BROKEN: raises on the last rank, job ends
+        if variant in ("oom", "oom-killer"):
+            seq_loss(model, x, mask, y, len(y)).backward()           # BROKEN: raises (oom) or is SIGKILLed (oom-killer)
         elif variant == "skip-batch":
             try:
                 seq_loss(model, x, mask, y, len(y)).backward()

@@ -9,10 +9,29 @@ pytestmark = pytest.mark.multiprocess
 LAB = catalog.find_lab("01")
 
 
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """One real run of the broken variant, shared by the diagnosis test and the exercise checkers."""
+    import ddplab
+    from conftest import assert_nothing_left
+
+    root = tmp_path_factory.mktemp("lab01-broken")
+    r = ddplab.run("01", variant="broken", run_root=root)
+    assert r.leftover == ()
+    assert_nothing_left(str(root))
+    return r
+
+
+@pytest.fixture
+def hang_run(request, run_lab, broken):
+    return broken if request.param == "broken" else run_lab("01", variant=request.param)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("variant", ["broken", "rank-conditional"])
-def test_hang_variants_name_each_ranks_collective_line_and_number(run_lab, variant):
-    r = run_lab("01", variant=variant)
+@pytest.mark.parametrize("hang_run", ["broken", "rank-conditional"], indirect=True)
+def test_hang_variants_name_each_ranks_collective_line_and_number(hang_run):
+    r = hang_run
+    variant = r.variant
     expect = LAB.variant(variant)
     assert (r.status, r.signature) == (expect.expect, expect.signature) == ("hung", "hang-different-collectives")
     assert r.deadline_s is None and r.stall is not None and r.stall.window_s == LAB.stall_s
@@ -31,8 +50,6 @@ def test_hang_variants_name_each_ranks_collective_line_and_number(run_lab, varia
     loops = {rec["rank"]: rec["steps"] for rec in r.records_of("loop_done")}
     if variant == "broken":
         assert loops == {0: 4}
-        assert lab01.check_waiting_rank(r, 0, "barrier").passed
-        assert not lab01.check_waiting_rank(r, 1, "barrier").passed
     else:
         assert loops == {}
 
@@ -98,6 +115,56 @@ def test_default_timeout_is_read_from_torch():
     assert lab01.default_pg_timeout_s() == 30 * 60
 
 
-def test_exercise_checkers_without_answers_do_not_run_anything():
-    assert not lab01.check_timeout_answer(None).passed
-    assert not lab01.check_timeout_answer(-1).passed
+@pytest.mark.timeout(120)
+def test_check_waiting_rank_right_answer(broken):
+    for collective in ("all_reduce", "dist.all_reduce()", " ALL_REDUCE "):
+        c = lab01.check_waiting_rank(broken, 0, collective)
+        assert c.passed, c.message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rank, collective", [
+    (None, None), (0, None), (0, ""), (0, "   "),            # empty
+    (1, "all_reduce"),                                     # the other rank
+    (0, "barrier"),                                        # the neighbouring value: rank 0's own collective
+    (0, "all"), (0, "reduce"), (0, "all_red"), (0, "r"),   # substrings
+    ("0", "all_reduce"), (0.0, "all_reduce"), (False, "all_reduce"), ([0], "all_reduce"),  # wrong types
+    (0, ["all_reduce"]), (0, 1),
+    (2, "all_reduce"), (-1, "all_reduce"),                 # not a rank of this job
+    (0, "all_reduce barrier"), (0, "allreduce_coalesced"),
+])
+def test_check_waiting_rank_rejects_wrong_and_adversarial_answers(broken, rank, collective):
+    c = lab01.check_waiting_rank(broken, rank, collective)
+    assert not c.passed, (rank, collective, c.message)
+    # a hint says where to look; it never states the answer
+    assert "rank 0 waits" not in c.message and "other in all_reduce" not in c.message
+
+
+@pytest.mark.parametrize("answer", [None, -1, 0, True, "5", [5], float("nan"), 20, 25, 1800])
+def test_check_timeout_answer_refuses_impossible_values_without_a_run(answer, tmp_path):
+    c = lab01.check_timeout_answer(answer, run_root=tmp_path)
+    assert not c.passed
+    assert not any(tmp_path.iterdir()), "a run was started for an answer that cannot pass"
+
+
+@pytest.mark.timeout(120)
+def test_check_timeout_answer_runs_a_right_value_for_real(tmp_path):
+    from conftest import assert_nothing_left
+
+    c = lab01.check_timeout_answer(4, run_root=tmp_path)
+    assert c.passed, c.message
+    assert "RuntimeError" in c.message
+    assert_nothing_left(str(tmp_path))
+
+
+def test_claims_are_judged_from_the_runs(broken):
+    """The verdicts follow the runs' fields: the same rows judged on runs that finished say otherwise."""
+    from dataclasses import replace
+
+    fixed = [replace(broken, variant="fixed-sampler", status="ok", signature=None, divergence=None, stall=None)]
+    timed = replace(broken, status="failed", signature="collective-timeout")
+    tta = lab01.TimeToAnswer(1800.0, 5.0, timed, broken)
+    v = lab01.claim_check(broken, fixed, tta).verdicts()
+    assert v == {"custom-loop-deadlock": "holds", "indefinite-sync": "partly"}
+    v = lab01.claim_check(broken, [broken], lab01.TimeToAnswer(1800.0, 5.0, broken, broken)).verdicts()
+    assert v == {"custom-loop-deadlock": "partly", "indefinite-sync": "holds"}

@@ -62,10 +62,31 @@ def test_oom_fails_fast_with_the_oom_signature(run_lab):
     assert (1, lab02.spec()["long_step"]) not in steps     # it died in the long step
 
 
+def _module_run(tmp_path_factory, variant, **knobs):
+    from conftest import assert_nothing_left
+
+    root = tmp_path_factory.mktemp(f"lab02-{variant}")
+    r = lab02.run(variant, run_root=root, **knobs)
+    assert r.leftover == ()
+    assert_nothing_left(str(root))
+    return r
+
+
+@pytest.fixture(scope="module")
+def skip(tmp_path_factory):
+    return _module_run(tmp_path_factory, "skip-batch")
+
+
+@pytest.fixture(scope="module")
+def probe24(tmp_path_factory):
+    """fixed-accumulate's probe under the exercise's smaller cap: the run exercise 2 is checked against."""
+    return _module_run(tmp_path_factory, "fixed-accumulate", mem_limit_mb=lab02.EXERCISE_MEM_LIMIT_MB, accum=0)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(run_lab):
-    r = _run(run_lab, "skip-batch")
+def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(skip):
+    r = skip
     assert (r.status, r.signature) == ("hung", "hang-different-collectives")
     assert r.deadline_s is None and r.stall.window_s == r.stall_s
     assert [s["rank"] for s in r.records_of("skipped")] == [1]
@@ -78,7 +99,63 @@ def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(run_lab):
     assert r.divergence.kind == "different-op" and r.divergence.ops == {0: "all_reduce", 1: "barrier"}
     assert r1.where.seq == r.divergence.seq and r0.where.seq >= r.divergence.seq
     assert all(x.stack for x in r.ranks)                   # both ranks' stacks were read
-    assert lab02.check_waiting_rank(0, r).passed and not lab02.check_waiting_rank(1, r).passed
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_check_waiting_rank_right_and_adversarial(skip):
+    assert lab02.check_waiting_rank(0, skip).passed
+    for wrong in (None, 1, "0", "rank 0", 0.0, False, [0], -1, 2, ""):
+        c = lab02.check_waiting_rank(wrong, skip)
+        assert not c.passed, wrong
+        assert "rank 0 waits" not in c.message
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_check_accum_wants_the_fewest_micro_batches_that_fit(probe24):
+    assert probe24.ok
+    best = lab02.smallest_accum(probe24)
+    assert best == 4                                   # 24 MiB: micro-batches of 4 fit, of 8 do not
+    assert lab02.check_accum(best, probe=probe24).passed
+    fits = {p["micro"]: p["fits"] for p in lab02.sweep(probe24) if p["rank"] == 0}
+    assert fits[16 // best] and not fits[2 * 16 // best]
+    # the neighbouring values (one that does not fit, one that fits but is not the fewest), a constant
+    # that always fits (16: micro-batches of 1), wrong types and the empty answer
+    for wrong in (best // 2, best * 2, 16, 1, None, "4", 4.0, True, 3, 0, -4, [4]):
+        c = lab02.check_accum(wrong, probe=probe24)
+        assert not c.passed, wrong
+        assert f"accum={best}" not in c.message
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_oom_killer_sigkills_the_rank_without_a_python_error(tmp_path):
+    """The kernel's OOM killer for real (a child memory cgroup, where this machine permits one): the
+    last rank is SIGKILLed at the long step, leaves no Python error; the peer loses its connection."""
+    from conftest import assert_nothing_left
+
+    reason = lab02.cgroup_reason()
+    if reason:
+        pytest.skip(f"no memory cgroup here: {reason}")
+    r = lab02.run("oom-killer", run_root=tmp_path)
+    assert r.leftover == () and lab02.remove_cgroups(r) == []
+    assert_nothing_left(str(tmp_path))
+    f = lab02.oom_killer_facts(r)
+    assert r.status == "failed" and not f["hung"]
+    # the peer's "Connection closed by peer" is the only message (unless torchrun's SIGTERM reached it first)
+    assert r.signature == "peer-lost" or not any(t for t, _ in f["peers"].values())
+    assert f["killed"] == [1] and f["killed_error"] == [] and not f["log_names_memory"]
+    assert f["killed_after_step"] == lab02.spec()["long_step"] - 1          # died in the long step
+    import os
+    assert not os.path.exists(r.records_of("cgroup")[0]["path"])             # its cgroup was removed
+    row = lab02.CLAIMS[0].judge("m", hang=f["hung"], no_clear_message=True)
+    assert row.verdict == "partly"                                          # torchrun ended the job: no hang
+
+
+def test_claim_without_a_cgroup_is_not_tested_here():
+    spec = lab02.CLAIMS[0]
+    assert spec.judge("not run", imitation="no cgroup").verdict == "not tested here"
 
 
 @pytest.mark.multiprocess

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import ddplab
 from ddplab import stacks
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.render import _first_line
 from ddplab.result import RunResult
 
 LAB = "01"
-ARTICLE = "000_5eac2459042e419e.txt"
 
 
 def run_variant(variant: str, **kw) -> RunResult:
@@ -201,62 +201,138 @@ def who_waits_where(r: RunResult) -> list[str]:
     return out
 
 
-def claim_check(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer) -> ClaimCheck:
-    waits = ", ".join(f"rank {r.rank} in {r.waits_in}" for r in broken.ranks if r.waits_in)
-    fixed_ok = ", ".join(f"{r.variant}: {r.status} in {r.wall_s:.1f} s" for r in fixed)
+CLAIMS = (
+    ClaimSpec(
+        "custom-loop-deadlock", "000",
+        "This is less frequent with PyTorch's higher-level APIs, but can occur in custom implementations of "
+        "training loops interacting with DataParallel or DDP.",
+        "holds if both custom DDP loops (hand-made uneven shards; a barrier under `if rank == 0:`) end hung with "
+        "the ranks waiting in different collectives, and the same loop finishes with the higher-level APIs "
+        "(DistributedSampler, Join); wrong if neither",
+        parts=("custom_loops_deadlock", "higher_level_apis_finish")),
+    ClaimSpec(
+        "indefinite-sync", "000",
+        "The primary reason for indefinite hangs in PyTorch's DataParallel and DistributedDataParallel (DDP) "
+        "implementations stems from improper handling of inter-process communication and synchronization, "
+        "particularly concerning gradient aggregation and model state updates.",
+        "two parts: (1) the hang is a synchronization error at gradient aggregation: a rank waits in DDP's "
+        "gradient all-reduce while its peer is in another collective; (2) it is indefinite: the job does not end "
+        "by itself, i.e. the run with init_process_group(timeout=...) also hangs instead of raising PyTorch's "
+        "timeout error",
+        parts=("sync_at_gradient_aggregation", "indefinite")),
+)
+
+
+def _deadlocked(r: RunResult) -> bool:
+    return r.status == "hung" and r.divergence is not None and r.divergence.kind == "different-op"
+
+
+def claim_check(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer,
+                conditional: RunResult | None = None) -> ClaimCheck:
+    """Each row judged by ClaimSpec.judge from the runs' fields (no verdict is written here)."""
+    custom = [broken] + ([conditional] if conditional is not None else [])
+    c_deadlock, c_sync = CLAIMS
+    hung = "; ".join(f"{r.variant}: {r.status}" + (f", {_parted(r)}" if r.divergence else "") for r in custom)
+    done = ", ".join(f"{r.variant}: {r.status}" for r in fixed)
+    in_grad = [x.rank for x in broken.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
+    others = [f"rank {x.rank} in {x.waits_in}" for x in broken.ranks if x.rank not in in_grad and x.waits_in]
+    timed = tta.with_timeout
     return ClaimCheck([
-        Claim("Hangs come mostly from 'neglecting the intricacies of data movement across processes', "
-              "less frequently from deadlocks caused by improper barrier synchronization.",
-              f"{ARTICLE}, opening paragraph",
-              f"a 2-rank job on loopback (no network at all) hung: {waits}; only the number of batches per rank differed",
-              "partly"),
-        Claim("Deadlocks 'are less frequent with PyTorch's higher-level APIs' and occur in custom training loops.",
-              f"{ARTICLE}, section 1, Deadlocks",
-              f"the hang used only DDP, a DataLoader and one barrier; the fixes (DistributedSampler, Join) are "
-              f"also high-level APIs: {fixed_ok}",
-              "wrong"),
-        Claim("DDP 'hangs indefinitely'.",
-              f"{ARTICLE}, title",
-              f"not indefinitely: the gloo default timeout is {tta.default_timeout_s / 60:g} min; with "
-              f"timeout={tta.pg_timeout_s:g} s PyTorch raised {_short(tta.with_timeout)} after "
-              f"{tta.with_timeout.wall_s:.1f} s; ddplab named the hang after {tta.by_stall.wall_s:.1f} s "
-              f"(no rank made progress for {tta.by_stall.stall_s:g} s)",
-              "partly"),
+        c_deadlock.judge(
+            f"custom loops: {hung}. Higher-level APIs on the same data: {done}",
+            custom_loops_deadlock=all(_deadlocked(r) for r in custom),
+            higher_level_apis_finish=bool(fixed) and all(r.status == "ok" for r in fixed)),
+        c_sync.judge(
+            f"broken: rank(s) {in_grad} in DDP's gradient all-reduce while {', '.join(others) or 'no other rank waits'}; "
+            f"with init_process_group(timeout={tta.pg_timeout_s:g} s) the job ended {timed.status}"
+            + (f" [{timed.signature}] after {timed.wall_s:.1f} s: {_short(timed)}" if timed.status != "hung" else "")
+            + f" (PyTorch's default for gloo is {tta.default_timeout_s / 60:g} min, read from torch, not waited for)",
+            sync_at_gradient_aggregation=_deadlocked(broken) and bool(in_grad) and bool(others),
+            indefinite=timed.status == "hung"),
     ])
 
 
+def _parted(r: RunResult) -> str:
+    d = r.divergence
+    return f"parted at collective #{d.seq}: " + ", ".join(f"rank {k} {v}" for k, v in sorted(d.ops.items()))
+
+
 def _short(r: RunResult, n: int = 90) -> str:
-    """The failing rank's exception, "Type: message" (first line, shortened), from its error record."""
+    """The failing rank's exception, "Type: first line of its message", from its error record."""
     if r.cause is None:
         return f"no exception ({r.status})"
-    text = f"{r.cause.type}: {r.cause.message.strip().splitlines()[0] if r.cause.message.strip() else ''}"
-    return text if len(text) <= n else text[: n - 3] + "..."
+    return _first_line(f"{r.cause.type}: {_first_line(r.cause.message)}", n)
 
 
 # --- exercises ------------------------------------------------------------------------------------
 
-def check_waiting_rank(broken: RunResult, rank: int | None, collective: str | None) -> Check:
-    """Exercise 1: which rank waits in the barrier? Answer with its number and the collective name
-    (as torch.distributed calls it: "barrier", "all_reduce")."""
-    if rank is None or collective is None:
-        return Check(False, "set `rank` and `collective`, then run this cell again")
+COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv")
+
+
+def _rank_answer(rank, nproc: int) -> str | None:
+    """Why ``rank`` is not a rank number (None when it is one)."""
+    if rank is None:
+        return "set `rank` to a rank number, then run this cell again"
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return f"`rank` must be a whole number (0 to {nproc - 1}), not {rank!r}"
+    if not 0 <= rank < nproc:
+        return f"this job has ranks 0 to {nproc - 1}; {rank} is not one of them"
+    return None
+
+
+def _collective_answer(collective) -> str | None | Check:
+    if collective is None or (isinstance(collective, str) and not collective.strip()):
+        return None
+    if not isinstance(collective, str):
+        return Check(False, f"`collective` must be a name like \"all_reduce\", not {collective!r}")
+    name = collective.strip().lower().removeprefix("torch.distributed.").removeprefix("dist.").removesuffix("()")
+    if name not in COLLECTIVES:
+        return Check(False, f"{collective!r} is not a torch.distributed collective; write its full name, one of: "
+                            + ", ".join(COLLECTIVES))
+    return name
+
+
+def check_waiting_rank(broken: RunResult, rank, collective) -> Check:
+    """Exercise 1 (predicted before the run): which rank ends up waiting in the barrier, and in which
+    collective does the OTHER rank wait? ``collective`` is its torch.distributed name ("all_reduce"...)."""
+    why = _rank_answer(rank, broken.nproc)
+    if why:
+        return Check(False, why)
+    name = _collective_answer(collective)
+    if isinstance(name, Check):
+        return name
+    if name is None:
+        return Check(False, "set `collective` to the collective the other rank waits in, then run this cell again")
     truth = {r.rank: r.where.op for r in broken.ranks if r.where is not None and r.where.in_collective}
-    answer = str(collective).strip().lower().removeprefix("dist.").removesuffix("()")
-    if truth.get(rank) == answer == "barrier":
-        return Check(True, f"rank {rank} waits in {broken.rank(rank).waits_in}, as the stacks show")
-    return Check(False, "the stacks say: " + "; ".join(f"rank {k} waits in {v}" for k, v in sorted(truth.items()))
-                 + ". Read the table above again.")
+    barrier = [k for k, v in truth.items() if v == "barrier"]
+    other = [v for k, v in truth.items() if k != rank]
+    if barrier == [rank] and other and all(v == name for v in other):
+        return Check(True, f"rank {rank} waits in {broken.rank(rank).waits_in}; the other in {name}, as the stacks show")
+    if barrier != [rank]:
+        return Check(False, "not that rank: count each rank's batches (rows per rank / batch size); the rank that "
+                            "runs out first leaves the loop. Then read each rank's `where.op` in broken.ranks")
+    return Check(False, f"right rank; the other rank is not in {name}: where is the step it is still running "
+                        "(forward, backward, optimizer)? Read `broken.rank(n).where` for the other rank")
 
 
-def check_timeout_answer(timeout_s: float | None, must_fail_within_s: float = 20) -> Check:
+def check_timeout_answer(timeout_s, must_fail_within_s: float = 20, **run_kw) -> Check:
     """Exercise 2: choose --pg-timeout-s so that PyTorch itself reports the broken job within
-    ``must_fail_within_s`` seconds. The checker runs the job for real with your value."""
+    ``must_fail_within_s`` seconds of launch (start-up included). The checker runs the job for real
+    with your value; impossible values are refused without a run."""
     if timeout_s is None:
         return Check(False, "set `timeout_s` to a number of seconds, then run this cell again")
-    if timeout_s <= 0:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        return Check(False, f"`timeout_s` must be a number of seconds, not {timeout_s!r}")
+    if not timeout_s > 0:
         return Check(False, "a timeout must be more than 0 seconds")
-    r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)])
+    if timeout_s >= must_fail_within_s:
+        return Check(False, f"a timeout of {timeout_s:g} s cannot fire within {must_fail_within_s:g} s of launch: "
+                            "the job also needs a few seconds to start (imports, rendezvous)")
+    r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)], **run_kw)
     if r.status == "failed" and r.signature == "collective-timeout" and r.wall_s <= must_fail_within_s:
         return Check(True, f"PyTorch raised its own timeout error after {r.wall_s:.1f} s: {_short(r)}")
     return Check(False, f"the run ended {r.status} ({r.signature}) after {r.wall_s:.1f} s; "
-                 f"it must fail with collective-timeout within {must_fail_within_s:g} s")
+                 f"it must fail with collective-timeout within {must_fail_within_s:g} s: see the time-to-answer rows above")
+
+
+EXERCISES = {"waiting-rank": check_waiting_rank, "timeout": check_timeout_answer}

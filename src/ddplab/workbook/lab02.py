@@ -10,10 +10,11 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
-LAB_ID = "02"
+LAB = LAB_ID = "02"
 DEFAULT_MEM_LIMIT_MB = 48.0
+EXERCISE_MEM_LIMIT_MB = 24.0
 
 
 def spec() -> dict:
@@ -55,7 +56,58 @@ def run(variant: str, mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | N
     args = ["--mem-limit-mb", f"{float(mem_limit_mb):g}", "--accum", str(accum)]
     if batch is not None:
         args += ["--batch", str(batch)]
-    return ddplab.run(LAB_ID, variant=variant, args=args, **kw)
+    result = ddplab.run(LAB_ID, variant=variant, args=args, **kw)
+    remove_cgroups(result)
+    return result
+
+
+def run_variant(variant: str, **kw) -> "ddplab.RunResult":
+    """The workbook contract's name for ``run``."""
+    return run(variant, **kw)
+
+
+def remove_cgroups(result) -> list[str]:
+    """oom-killer: the kernel killed the rank inside its cgroup, so nothing in the job removed the
+    directory; remove it here (an empty cgroup directory is removed with rmdir). Returns what is left."""
+    import os
+    import time
+
+    left = []
+    for rec in result.records_of("cgroup"):
+        for _ in range(50):                      # the killed process leaves the cgroup a moment after it dies
+            try:
+                os.rmdir(rec["path"])
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            left.append(rec["path"])
+    return left
+
+
+def cgroup_reason() -> str | None:
+    """Why the kernel's OOM killer cannot be run here (one line), or None when a child memory cgroup
+    can be made (cgroup v1 memory controller, or v2 with memory in the parent's subtree_control)."""
+    import os
+
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return "no /proc/self/cgroup: not Linux"
+    v1 = next((l.split(":", 2)[2] for l in lines if l.split(":")[1] == "memory"), None)
+    if v1 is not None and os.path.isdir("/sys/fs/cgroup/memory"):
+        parent = "/sys/fs/cgroup/memory" + v1.rstrip("/")
+    else:
+        v2 = next((l.split(":", 2)[2] for l in lines if l.startswith("0::")), "/")
+        parent = "/sys/fs/cgroup" + v2.rstrip("/")
+        ctl = os.path.join(parent, "cgroup.subtree_control")
+        if not os.path.exists(ctl) or "memory" not in open(ctl).read().split():
+            return f"the memory controller is not enabled for child cgroups of {parent}"
+    if not os.access(parent, os.W_OK):
+        return f"no permission to make a cgroup under {parent} (run as root, or delegate the cgroup to you)"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,51 +218,148 @@ def plot_full_vs_accumulate(r):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-def claim_check(r_oom, r_skip, r_acc, r_coord) -> ClaimCheck:
+CLAIMS = (
+    ClaimSpec(
+        "oom-hangs-silently", "000",
+        "Running out of GPU memory (especially with large batch sizes or models) on one or more devices can "
+        "cause processes to hang, often without clear error messages.",
+        "judged on the oom-killer run (host memory under the kernel's OOM killer: the way running out of memory "
+        "ends a process without a Python error; a CPU run cannot exhaust GPU memory, and the CUDA allocator "
+        "raises torch.OutOfMemoryError instead, as the oom variant's cap does). Two parts: (1) a process hangs: "
+        "the job ends hung (no rank made progress); (2) no clear message: the killed rank leaves no Python error "
+        "and no log line that names memory",
+        parts=("hang", "no_clear_message")),
+    ClaimSpec(
+        "hang-in-gradient-aggregation", "000",
+        "This can manifest indirectly as a hang during gradient aggregation.",
+        "holds if the run in which one rank's allocation fails and that rank carries on (skip-batch) ends hung "
+        "with a peer waiting in DDP's gradient all-reduce (issued by backward); wrong if it finishes or fails. "
+        "A failed allocation raises the same kind of Python exception under an RLIMIT cap as under the CUDA "
+        "allocator's limit, so the collective mismatch that follows is the same on a GPU",
+        parts=("hung", "peer_in_gradient_all_reduce")),
+    ClaimSpec(
+        "smaller-batch-fixes", "000",
+        "The solution involves reducing the batch size or increasing the GPU memory available.",
+        "holds if a smaller (micro-)batch fits under the same cap where the full batch did not (fixed-accumulate "
+        "finishes ok, its peak under the cap, the full batch's over it), and accumulating the micro-batches gives "
+        "the full batch's gradient (max |diff| <= 1e-5), so the smaller batch changes nothing else. More GPU memory "
+        "is not tested here (no GPU; a lifted host cap shows only that the full batch's peak is above the cap)",
+        parts=("smaller_batch_fits", "same_gradient")),
+)
+
+
+def oom_killer_facts(r) -> dict:
+    """The oom-killer run as fields: the killed rank(s), its limit, whether it left a Python error, whether
+    any rank's log names memory, and what the peers got."""
+    killed = [x.rank for x in r.ranks if x.signal == "SIGKILL"]
+    cg = next(iter(r.records_of("cgroup")), {})
+    logs = " ".join(l for x in r.ranks if x.rank in killed for l in (x.log_tail or "").lower().splitlines()
+                    if '{"event": ' not in l)       # the rank's own lines, not the lab's records echoed
+    peers = {x.rank: (x.error.type if x.error else None, _first(x.error.message) if x.error else None)
+             for x in r.ranks if x.rank not in killed}
+    steps = {s["step"] for s in r.records_of("step") if s["rank"] in killed}
+    return {"killed": killed, "limit_mb": cg.get("limit_mb"), "cgroup_version": cg.get("version"),
+            "killed_error": [x.error.type for x in r.ranks if x.rank in killed and x.error],
+            "log_names_memory": any(w in logs for w in ("out of memory", "can't allocate", "memory")),
+            "peers": peers, "killed_after_step": max(steps) if steps else None, "status": r.status,
+            "signature": r.signature, "hung": r.status == "hung", "wall_s": r.wall_s}
+
+
+def _first(text: str | None, n: int = 70) -> str:
+    from ddplab.render import _first_line
+
+    line = _first_line(text or "", 10_000)
+    line = line.split("] ", 1)[-1] if line.startswith("[") else line   # drop gloo's source-file prefix
+    return _first_line(line, n)
+
+
+def claim_check(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> ClaimCheck:
+    """Each row judged by ClaimSpec.judge from the runs' fields. ``r_killer`` is the oom-killer run, or
+    None where the machine cannot make a memory cgroup (that row is then not tested here, with the reason)."""
+    c_silent, c_grad, c_fix = CLAIMS
+    rows = []
+    if r_killer is None:
+        reason = cgroup_reason() or "the oom-killer run was not made in this execution"
+        rows.append(c_silent.judge(f"not run: {reason}", imitation=f"the kernel's OOM killer could not be run here: {reason}"))
+    else:
+        f = oom_killer_facts(r_killer)
+        peers = "; ".join(f"rank {k}: {t}: {m}" if t else f"rank {k}: no error" for k, t in f["peers"].items())
+        rows.append(c_silent.judge(
+            f"rank(s) {f['killed']} under a {f['limit_mb']:.1f} MiB cgroup v{f['cgroup_version']} limit: SIGKILL by the "
+            f"kernel after step {f['killed_after_step']}, Python error: {f['killed_error'] or 'none'}, log names memory: "
+            f"{'yes' if f['log_names_memory'] else 'no'}; the peer: {peers}; the job ended {f['status']} [{f['signature']}] "
+            f"after {f['wall_s']:.1f} s (torchrun ended the other ranks)",
+            hang=f["hung"], no_clear_message=bool(f["killed"]) and not f["killed_error"] and not f["log_names_memory"]))
+    waiting = [x for x in r_skip.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
+    skipped = sorted({s["rank"] for s in r_skip.records_of("skipped")})
+    judged = (f"no rank made progress for {r_skip.stall.window_s:g} s" if r_skip.stall else f"after {r_skip.wall_s:.1f} s")
+    rows.append(c_grad.judge(
+        f"skip-batch: rank(s) {skipped} caught the failed allocation and skipped; the job ended {r_skip.status} "
+        f"[{r_skip.signature}] ({judged}); " + "; ".join(f"rank {x.rank}: {x.waits_in or x.state}" for x in r_skip.ranks),
+        hung=r_skip.status == "hung", peer_in_gradient_all_reduce=bool(waiting)))
     m = memory_figures(r_acc)
-    waits = "; ".join(f"rank {x.rank}: {x.waits_in or x.state}" for x in r_skip.ranks)
-    judged = (f"judged hung once no rank made progress for {r_skip.stall.window_s:g} s, {r_skip.wall_s:.1f} s after launch"
-              if r_skip.stall else f"after {r_skip.wall_s:.1f} s")
-    return ClaimCheck([
-        Claim("A batch size too large for memory \"will cause an out-of-memory error, which may manifest as an apparent hang\"",
-              "000, Example 1 commentary",
-              f"plain OOM: {r_oom.status} [{r_oom.signature}] after {r_oom.wall_s:.1f} s, the error text in the failing rank's log; "
-              f"catching it on one rank only: {r_skip.status} [{r_skip.signature}], {judged} ({waits})",
-              "partly" if r_oom.status == "failed" and r_skip.status == "hung" else "wrong"),
-        Claim("Out of memory \"can cause processes to hang, often without clear error messages\"",
-              "000, 1. Clear Explanation, Resource Exhaustion",
-              f"{r_oom.signature}: " + (f"{r_oom.cause.type} on rank {r_oom.first_failure}: "
-                                        f"{r_oom.cause.message.split('] ')[-1][:120]}" if r_oom.cause else "no exception recorded"),
-              "wrong" if r_oom.signature in ("cpu-oom", "cuda-oom") else "holds"),
-        Claim("\"The solution involves reducing the batch size or increasing the GPU memory available\"",
-              "000, Example 1 commentary",
-              f"micro-batch {m['micro']} x {m['accum']} accumulated under no_sync(): {m['reduction']:.1f}x less peak memory, "
-              f"gradient max |diff| {m['max_abs_diff']:.1e} from the full batch; coordinated skip: {r_coord.status}",
-              "partly" if r_acc.ok and m["max_abs_diff"] <= 1e-5 else "wrong"),
-    ])
+    rows.append(c_fix.judge(
+        f"fixed-accumulate: {r_acc.status}, micro-batch {m['micro']} x {m['accum']} peaked at {m['accum_peak_mb']:.1f} MiB "
+        f"under a {m['activation_cap_mb']:.1f} MiB activation cap; the full batch of {m['batch']} needs {m['full_peak_mb']:.1f} MiB "
+        f"(measured with the cap lifted); gradient max |diff| from the full batch {m['max_abs_diff']:.1e}; "
+        f"coordinated skip: {r_coord.status}",
+        smaller_batch_fits=r_acc.ok and m["micro"] < m["batch"] and m["accum_peak_mb"] < m["activation_cap_mb"] < m["full_peak_mb"],
+        same_gradient=m["max_abs_diff"] <= 1e-5))
+    return ClaimCheck(rows)
 
 
 def check_waiting_rank(answer, r_skip) -> Check:
-    """Exercise 1: in skip-batch, which rank waits in DDP's all-reduce when the job is judged hung?"""
-    waiting = [x.rank for x in r_skip.ranks
-               if x.state == "hung" and x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
+    """Exercise 1 (predicted before the run): in skip-batch, which rank waits in DDP's gradient
+    all-reduce when the job is judged hung?"""
     if answer is None:
         return Check(False, "set `answer` to a rank number, then run the cell again")
-    if waiting and answer == waiting[0]:
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return Check(False, f"`answer` must be a rank number (a whole number), not {answer!r}")
+    if not 0 <= answer < r_skip.nproc:
+        return Check(False, f"this job has ranks 0 to {r_skip.nproc - 1}")
+    waiting = [x.rank for x in r_skip.ranks
+               if x.state == "hung" and x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
+    if answer in waiting:
         return Check(True, f"rank {answer} waits in {r_skip.rank(answer).waits_in} at {r_skip.rank(answer).user_frame}")
-    return Check(False, f"rank {answer} is not the one in the all-reduce; read r_skip.rank(n).where.op for each rank")
+    return Check(False, f"rank {answer} is not in the gradient all-reduce: which rank skipped the batch, and what "
+                        "does the OTHER rank's backward() do? Read r_skip.rank(n).where for each rank")
 
 
-def check_accum(answer, mem_limit_mb: float = 24.0, **kw) -> Check:
-    """Exercise 2: which --accum lets fixed-accumulate fit under a smaller cap? Checked by a real run."""
+ACCUM_CHOICES = (1, 2, 4, 8, 16)
+
+
+def smallest_accum(probe) -> int:
+    """From a fixed-accumulate run with accum=0 (the probe): the fewest micro-batches per step whose
+    micro-batch fits under that run's cap."""
+    st = _start(probe)
+    if probe.variant != "fixed-accumulate" or not probe.records_of("probe"):
+        raise ValueError(f"{probe.variant} ({probe.status}) has no probe: pass a fixed-accumulate run with accum=0")
+    return -(-st["batch"] // st["micro"])
+
+
+def check_accum(answer, probe=None, mem_limit_mb: float = EXERCISE_MEM_LIMIT_MB, **kw) -> Check:
+    """Exercise 2: under a smaller cap (``mem_limit_mb``, 24 MiB), what is the FEWEST micro-batches per
+    step (--accum) with which fixed-accumulate fits? Read it off the memory-vs-batch plot, then check:
+    the checker measures it with a real probe run under that cap (or uses ``probe``, such a run)."""
     if answer is None:
         return Check(False, f"set `answer` to 1, 2, 4, 8 or 16 micro-batches per step for mem_limit_mb={mem_limit_mb:g}")
-    try:
-        r = run("fixed-accumulate", mem_limit_mb=mem_limit_mb, accum=answer, **kw)
-    except DdplabError as e:
-        return Check(False, str(e))
-    if not r.ok:
-        return Check(False, f"accum={answer}: the run {r.status} [{r.signature}]; each micro-batch is still too big")
-    m = memory_figures(r)
-    return Check(True, f"accum={answer}: ok, peak {m['accum_peak_mb']:.1f} MiB under a {m['activation_cap_mb']:.1f} MiB "
-                       f"activation cap, gradient max |diff| {m['max_abs_diff']:.1e}")
+    if isinstance(answer, bool) or not isinstance(answer, int) or answer not in ACCUM_CHOICES:
+        return Check(False, f"`answer` must be one of {', '.join(map(str, ACCUM_CHOICES))} (a whole number), not {answer!r}")
+    if probe is None:
+        probe = run("fixed-accumulate", mem_limit_mb=mem_limit_mb, accum=0, **kw)
+    if not probe.ok:
+        return Check(False, f"the probe run ended {probe.status} [{probe.signature}]; run the cell again")
+    best = smallest_accum(probe)
+    cap = _start(probe)["mem_limit_mb"]
+    if answer == best:
+        fit = max(p["peak_mb"] for p in sweep(probe) if p["micro"] == _start(probe)["micro"])
+        return Check(True, f"accum={answer}: micro-batches of {_start(probe)['micro']} peaked at {fit:.1f} MiB under the "
+                           f"{cap:g} MiB cap (model included); half as many micro-batches did not fit")
+    if answer > best:
+        return Check(False, f"accum={answer} fits under {cap:g} MiB, but so do fewer, larger micro-batches: find the largest "
+                            "micro-batch whose peak on the plot stays under the cap's activation share")
+    return Check(False, f"accum={answer} does not fit under {cap:g} MiB: its micro-batch's peak (on the plot) is above the "
+                        "cap minus the model's share")
+
+
+EXERCISES = {"waiting-rank": check_waiting_rank, "accum": check_accum}
