@@ -192,11 +192,22 @@ def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvi
             # Nothing failed on its own: a rank finished (a clean exit, fewer collectives) while
             # its peer still waited in a collective, and gloo closed the peer's connection.
             signature = "rank-exited-early"
+    elif status == "interrupted" and live and waits_for_data(ranks):
+        signature = "rank-waits-for-data"
     elif status == "hung" or (status == "interrupted" and live):
         signature = hang_signature(ranks, div)
     elif status == "deadline":
         signature = "deadline-exceeded"
     return Verdict(status, signature, excerpt, ranks, first, div)
+
+
+def waits_for_data(ranks: tuple[RankResult, ...]) -> list[int]:
+    """Ranks (of a job stopped before it stalled) fetching a batch from their DataLoader while every
+    other live rank waits in a collective: slow input, not a hang."""
+    alive = [r for r in ranks if r.state == "running" and r.where is not None]
+    data = [r.rank for r in alive if r.where.kind == "dataloader"]
+    others = [r for r in alive if r.rank not in data]
+    return data if data and others and all(r.where.kind == "collective" for r in others) else []
 
 
 def left_early(ranks: tuple[RankResult, ...], div: ledger_mod.Divergence | None, ev: RunEvidence) -> list[int]:

@@ -218,6 +218,12 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "The job was still working (using CPU, moving through collectives) when its outer limit ran out: slow, not stuck.\n"
         "Raise --deadline, or leave it out: a stuck job is found by the stall rule, not by the deadline.",
         "01"),
+    Signature(
+        "rank-waits-for-data", "Stopped while a rank waited for its DataLoader and the others waited for it",
+        (),
+        "When the job was stopped (before ddplab saw it stall), a rank was fetching its next batch and its peers waited for it in a collective: a slow input pipeline looks like a hang.\n"
+        "Measure the time in next(loader) per rank; more num_workers, cheaper decoding or balanced shards fix it (lab 11).",
+        "11"),
 )
 
 BY_ID = {s.id: s for s in CATALOG + STACK_CATALOG}

@@ -1,0 +1,360 @@
+"""Lab 11 (mixed precision and the input pipeline): runs, figures, claim check, exercises.
+
+The notebook calls only these. Every number comes from a real 2-rank run (``ddplab.run``) of this
+execution: per optimizer step each rank records its loss, step time, the bytes autograd saved for
+backward, whether its own (local) gradient held inf/NaN before DDP's all-reduce, whether the
+gradient the scaler saw did, whether the step changed the weights, the scale before and after, and a
+checksum of its weights; the loader variants record the time each rank waited for its DataLoader
+and the time it spent in the rest of the step (forward, backward with DDP's all-reduce, step).
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from pathlib import Path
+
+import ddplab
+from ddplab import catalog
+from ddplab import job as job_mod
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.result import RunResult
+
+LAB = "11"
+LOSS_RTOL = 0.01     # autocast loss within 1 % of float32's at every step
+FASTER = 1.25        # "significantly": at least 1.25x less time per step
+
+
+def sizes() -> dict:
+    return catalog.find_lab(LAB).extra["sizes"]
+
+
+def stall_s() -> float:
+    return catalog.find_lab(LAB).extra.get("stall_s", 3.0)
+
+
+def run_variant(variant: str, **kw) -> RunResult:
+    """One real 2-rank run of lab 11 (keywords go to ddplab.run)."""
+    return ddplab.run(LAB, variant=variant, **kw)
+
+
+def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:
+    """slow-loader, stopped the way a learner would stop it: as soon as one rank has waited
+    ``wait_s`` in a collective (the moment it "looks hung"), a KeyboardInterrupt, as from Ctrl-C or
+    Jupyter's stop button. ddplab ends the job, reads every rank's stack and returns the result."""
+    def progress(snap):
+        if any(row["state"] == "waiting" and row["idle_s"] >= wait_s for row in snap.ranks):
+            raise KeyboardInterrupt
+    root = Path(kw.pop("run_root", None) or job_mod.runs_root())
+    before = set(root.glob("**/result.json"))
+    try:
+        return ddplab.run(LAB, variant="slow-loader", progress=progress, run_root=root, **kw)
+    except KeyboardInterrupt:
+        made = sorted(set(root.glob("**/result.json")) - before, key=os.path.getmtime)
+        if not made:
+            raise
+        return RunResult.load(made[-1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the measurements out of results
+# ------------------------------------------------------------------------------------------------
+
+def steps(r: RunResult, rank: int = 0) -> list[dict]:
+    rows = sorted((s for s in r.records_of("step") if s["rank"] == rank), key=lambda s: s["step"])
+    if not rows:
+        raise ValueError(f"{r.variant} ({r.status}) has no step records: pass a fp32, amp or scaler-* run that finished")
+    return rows
+
+
+def dtype(r: RunResult) -> str:
+    return next(s for s in r.records_of("start") if s["rank"] == 0)["dtype"].replace("torch.", "")
+
+
+def amp_summary(r32: RunResult, ramp: RunResult) -> dict:
+    """float32 against autocast, rank 0 (the first step is a warm-up for the times)."""
+    a, b = steps(r32), steps(ramp)
+    rel = [abs(y["loss"] - x["loss"]) / abs(x["loss"]) for x, y in zip(a, b)]
+    t32, tamp = (statistics.median(s["step_s"] for s in rows[1:]) for rows in (a, b))
+    mem = {v: next(m for m in r.records_of("memory") if m["rank"] == 0) for v, r in (("fp32", r32), ("amp", ramp))}
+    return {"dtype": dtype(ramp), "device": next(s for s in ramp.records_of("start") if s["rank"] == 0)["device"],
+            "scaler": next(s for s in ramp.records_of("start") if s["rank"] == 0)["scaler"],
+            "max_rel_loss_diff": max(rel), "loss_fp32": [s["loss"] for s in a], "loss_amp": [s["loss"] for s in b],
+            "step_ms_fp32": 1e3 * t32, "step_ms_amp": 1e3 * tamp, "speedup": t32 / tamp,
+            "act_mb_fp32": a[0]["act_bytes"] / 2**20, "act_mb_amp": b[0]["act_bytes"] / 2**20,
+            "peak_mb_fp32": mem["fp32"]["peak_mb"], "peak_mb_amp": mem["amp"]["peak_mb"],
+            "peak_kind": mem["amp"]["kind"]}
+
+
+def on_gpu(r: RunResult) -> bool:
+    return any(s["device"].startswith("cuda") for s in r.records_of("start"))
+
+
+def scaler_at_inf(r: RunResult) -> dict[int, dict]:
+    """rank -> its record of the step where rank 1's local gradient held inf/NaN."""
+    k = sizes()["inf_step"]
+    return {rank: next(s for s in steps(r, rank) if s["step"] == k) for rank in (0, 1)}
+
+
+def skipped_ranks(r: RunResult) -> list[int]:
+    return sorted(rank for rank, s in scaler_at_inf(r).items() if not s["stepped"])
+
+
+def weights_agree(r: RunResult) -> list[bool]:
+    """Per step: do the ranks' weight checksums agree after the step?"""
+    return [a["checksum"] == b["checksum"] for a, b in zip(steps(r, 0), steps(r, 1))]
+
+
+def scales(r: RunResult) -> dict[int, list[float]]:
+    return {rank: [s["scale_after"] for s in steps(r, rank)] for rank in (0, 1)}
+
+
+def loader(r: RunResult) -> dict[int, dict]:
+    """rank -> its slow-loader record: seconds waiting for the DataLoader, in the rest of the step."""
+    rows = {x["rank"]: x for x in r.records_of("loader")}
+    if len(rows) < 2:
+        raise ValueError(f"{r.variant} ({r.status}) has no loader records: pass a slow-loader run that finished")
+    return rows
+
+
+def waiting_share(r: RunResult) -> dict[int, float]:
+    """rank -> share of its wall time spent waiting: rank 1 for its DataLoader, rank 0 in the rest of
+    the step, which is its wait in DDP's all-reduce (its own compute is milliseconds)."""
+    rows = loader(r)
+    return {0: rows[0]["compute_s"] / rows[0]["wall_s"], 1: rows[1]["data_wait_s"] / rows[1]["wall_s"]}
+
+
+def sweep(r: RunResult) -> list[dict]:
+    """One row per DataLoader configuration: samples/s and data-wait share, mean of the two ranks."""
+    rows = r.records_of("sweep")
+    if not rows:
+        raise ValueError(f"{r.variant} ({r.status}) has no sweep records: pass a loader-sweep run that finished")
+    out = []
+    for key in dict.fromkeys((x["workers"], x["prefetch"], x["pin_memory"]) for x in rows):
+        both = [x for x in rows if (x["workers"], x["prefetch"], x["pin_memory"]) == key]
+        out.append({"workers": key[0], "prefetch": key[1], "pin_memory": key[2],
+                    "samples_per_s": statistics.mean(x["samples_per_s"] for x in both),
+                    "wait_share": statistics.mean(x["data_wait_s"] / x["wall_s"] for x in both),
+                    "pinned": any(x["pinned"] for x in both),
+                    "warnings": sorted({w for x in both for w in x["warnings"]})})
+    return out
+
+
+def sweep_label(row: dict) -> str:
+    return (f"workers={row['workers']}" + (f", prefetch={row['prefetch']}" if row["prefetch"] else "")
+            + (", pin_memory" if row["pin_memory"] else ""))
+
+
+# ------------------------------------------------------------------------------------------------
+# Figures
+# ------------------------------------------------------------------------------------------------
+
+def plot_amp(r32: RunResult, ramp: RunResult):
+    import matplotlib.pyplot as plt
+
+    s = amp_summary(r32, ramp)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a1.plot(s["loss_fp32"], "-o", label="float32")
+    a1.plot(s["loss_amp"], "--s", label=f"autocast {s['dtype']}")
+    a1.set_xlabel("optimizer step (4 micro-batches each)")
+    a1.set_ylabel("loss (rank 0)")
+    a1.set_title(f"Measured: loss, max relative difference {s['max_rel_loss_diff']:.1e}", fontsize=10)
+    a1.legend(fontsize=8)
+    names = ["step time (ms)", "saved activations\nper micro-batch (MiB)", f"peak memory (MiB)\n{s['peak_kind'][:22]}"]
+    pairs = [(s["step_ms_fp32"], s["step_ms_amp"]), (s["act_mb_fp32"], s["act_mb_amp"]),
+             (s["peak_mb_fp32"], s["peak_mb_amp"])]
+    for i, (x, y) in enumerate(pairs):
+        a2.bar(i - 0.2, 1.0, 0.4, color="#0969da", label="float32 = 1" if i == 0 else None)
+        a2.bar(i + 0.2, y / x, 0.4, color="#bf8700", label=f"autocast {s['dtype']}" if i == 0 else None)
+        a2.text(i - 0.2, 1.0, f"{x:.1f}", ha="center", va="bottom", fontsize=8)
+        a2.text(i + 0.2, y / x, f"{y:.1f}", ha="center", va="bottom", fontsize=8)
+    a2.set_xticks(range(3), names, fontsize=8)
+    a2.set_ylabel("autocast / float32")
+    a2.set_title(f"Measured on {s['device']} (2 gloo ranks), median of steps 2+", fontsize=10)
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaler(r_sync: RunResult, r_unsynced: RunResult):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    k = sizes()["inf_step"]
+    for ax, r, name in ((axes[0], r_sync, "scaler-inf (no_sync, last micro-batch synced)"),
+                        (axes[1], r_unsynced, "scaler-inf-unsynced (never synced)")):
+        for rank, marker in ((0, "-o"), (1, "--^")):
+            ax.plot(scales(r)[rank], marker, label=f"rank {rank} scale after step")
+        for st, ok in enumerate(weights_agree(r)):
+            ax.text(st, 2 ** 17.3, "=" if ok else "≠", ha="center", color="#1a7f37" if ok else "#cf222e")
+        ax.axvline(k, color="#cf222e", alpha=0.3, linewidth=6, label="rank 1's local gradient holds inf/NaN")
+        ax.set_yscale("log", base=2)
+        ax.set_ylim(2 ** 14, 2 ** 18)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(f"Measured: {name}\n= / ≠ : ranks' weights equal after the step", fontsize=9)
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0].set_ylabel("GradScaler scale")
+    fig.tight_layout()
+    return fig
+
+
+def plot_loader(r_slow: RunResult):
+    import matplotlib.pyplot as plt
+
+    rows = loader(r_slow)
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    for rank in (0, 1):
+        x = rows[rank]
+        ax.barh(rank, x["data_wait_s"], color="#bf8700", label="waiting for its DataLoader" if rank == 0 else None)
+        ax.barh(rank, x["compute_s"], left=x["data_wait_s"], color="#0969da",
+                label="forward + backward (DDP all-reduce) + step" if rank == 0 else None)
+    ax.axvline(stall_s(), color="grey", linestyle=":", label=f"ddplab's stall window ({stall_s():.0f} s)")
+    ax.set_yticks([0, 1], [f"rank {r} ({rows[r]['decode_ms']} ms/sample)" for r in (0, 1)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (measured, wall time)")
+    ax.set_title("Measured: where each rank's time went in slow-loader", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep(r_sweep: RunResult):
+    import matplotlib.pyplot as plt
+
+    rows = sweep(r_sweep)
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    ax.bar(range(len(rows)), [x["samples_per_s"] for x in rows], color="#0969da")
+    for i, x in enumerate(rows):
+        ax.text(i, x["samples_per_s"], f"{x['samples_per_s']:.0f}\n{x['wait_share']:.0%} wait", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)), [sweep_label(x).replace(", ", "\n") for x in rows], fontsize=8)
+    ax.set_ylabel("samples/s per rank (measured)")
+    ax.set_ylim(top=max(x["samples_per_s"] for x in rows) * 1.3)
+    ax.set_title("Measured: DataLoader settings, 2 ranks on this machine's cores\n"
+                 "(storage latency is a sleep: an imitation; decoding is real CPU work)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# Claim check and exercises
+# ------------------------------------------------------------------------------------------------
+
+CLAIMS = (
+    ClaimSpec("amp-performance", "001",
+              "The code also demonstrates the use of `apex` for mixed precision training, which can improve "
+              "performance significantly.",
+              f"apex is deprecated; torch.amp is its successor. Holds if the autocast step is at least {FASTER}x "
+              "faster than float32 and saves less activation memory, with the loss within 1 % at every step; "
+              "judged only on a GPU with fp16 (the article's setting): bf16 on a CPU does not test it",
+              parts=("faster", "less_memory", "same_loss")),
+    ClaimSpec("scale-loss", "001",
+              "Note the use of `amp.scale_loss` to handle gradient scaling appropriately in mixed precision.",
+              "torch.amp.GradScaler replaces amp.scale_loss. Holds if, when only rank 1's local gradient holds "
+              "inf/NaN, every rank skips that step, every rank's scale drops the same way and the weights stay "
+              "equal across ranks (the scaler under DDP, as the article's loop uses it)",
+              parts=("skipped_everywhere", "scales_agree", "weights_agree")),
+    ClaimSpec("illusion-of-hang", "000",
+              "If the transfer speed is significantly slower than the computation speed, processes will spend "
+              "most of their time waiting, creating the illusion of a hang.",
+              "data slower than compute (here: decoding in rank 1's DataLoader worker). Holds if both ranks "
+              "spend over half their time waiting, one wait lasts longer than ddplab's stall window (silent "
+              "long enough to look hung), and the run still ends ok (it was not a hang)",
+              parts=("mostly_waiting", "looks_hung", "not_hung")),
+)
+
+
+def claim_check(r32: RunResult, ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimCheck:
+    s = amp_summary(r32, ramp)
+    specs = {c.key: c for c in CLAIMS}
+    amp_measured = (f"{s['device']}, autocast {s['dtype']}, GradScaler {'on' if s['scaler'] else 'off'}: "
+                    f"{s['step_ms_amp']:.0f} ms per step vs {s['step_ms_fp32']:.0f} ms float32 "
+                    f"({s['speedup']:.2f}x); saved activations {s['act_mb_amp']:.2f} vs {s['act_mb_fp32']:.2f} MiB "
+                    f"per micro-batch; loss within {s['max_rel_loss_diff']:.1e} (relative)")
+    gpu = on_gpu(ramp)
+    rows = [specs["amp-performance"].judge(
+        amp_measured,
+        imitation=None if gpu else "torch.amp bf16 on this machine's CPU, not fp16 on a GPU: mixed precision's "
+                                   "speed comes from GPU tensor cores, so a CPU run does not test this claim",
+        **({"faster": s["speedup"] >= FASTER, "less_memory": s["act_mb_amp"] < s["act_mb_fp32"],
+            "same_loss": s["max_rel_loss_diff"] <= LOSS_RTOL} if gpu else {}))]
+    at = scaler_at_inf(r_sync)
+    sc = scales(r_sync)
+    rows.append(specs["scale-loss"].judge(
+        f"step {sizes()['inf_step']}: local gradient non-finite on rank(s) "
+        f"{[k for k, v in at.items() if v['local_nonfinite']]}, after the all-reduce on "
+        f"{[k for k, v in at.items() if v['grads_nonfinite']]}; step skipped on {skipped_ranks(r_sync)}; scale "
+        f"{at[0]['scale_before']:.0f} -> {at[0]['scale_after']:.0f} (rank 0), {at[1]['scale_before']:.0f} -> "
+        f"{at[1]['scale_after']:.0f} (rank 1); weights equal across ranks after every step: {all(weights_agree(r_sync))} "
+        f"(GradScaler on {'GPU' if on_gpu(r_sync) else 'CPU, bf16 autocast: its skip logic is the same code'})",
+        skipped_everywhere=skipped_ranks(r_sync) == [0, 1], scales_agree=sc[0] == sc[1],
+        weights_agree=all(weights_agree(r_sync))))
+    ld, share = loader(r_slow), waiting_share(r_slow)
+    longest = max(ld[0]["max_compute_s"], ld[1]["max_data_wait_s"])
+    rows.append(specs["illusion-of-hang"].judge(
+        f"{r_slow.status}; rank 1 waited {share[1]:.0%} of its time for its DataLoader, rank 0 {share[0]:.0%} in "
+        f"the step (DDP's all-reduce, waiting for rank 1); longest single wait {longest:.1f} s against a "
+        f"{stall_s():.0f} s stall window",
+        mostly_waiting=min(share.values()) > 0.5, looks_hung=longest > stall_s(), not_hung=r_slow.status == "ok"))
+    return ClaimCheck(rows)
+
+
+def _ranks_answer(answer) -> list[int] | None:
+    if isinstance(answer, (list, tuple, set, frozenset)) and all(
+            isinstance(a, int) and not isinstance(a, bool) for a in answer):
+        return sorted(set(answer))
+    return None
+
+
+def check_skipped_ranks(answer, r_sync: RunResult) -> Check:
+    """Exercise 1: at the step where only rank 1's local gradient holds inf/NaN, on which ranks does
+    scaler.step() skip the update? A list of rank numbers, e.g. [0] or [0, 1]."""
+    if answer is None or answer == [] or answer == ():
+        return Check(False, "set `answer` to a list of rank numbers, e.g. [1], then run the cell again")
+    got = _ranks_answer(answer)
+    if got is None:
+        return Check(False, f"{answer!r} is not a list of rank numbers: write it like [0] or [0, 1]")
+    truth = skipped_ranks(r_sync)
+    if got == truth:
+        return Check(True, f"skipped on {truth}: after DDP's all-reduce every rank's gradient held the NaN, so every "
+                           f"rank's scaler found it (steps and scales stayed equal)")
+    return Check(False, f"not {got}: look at the 'after the all-reduce' column: the scaler checks the gradient "
+                        "DDP has averaged, not the rank's own")
+
+
+def check_unsynced_scale(answer, r_unsynced: RunResult) -> Check:
+    """Exercise 2: in scaler-inf-unsynced, what is rank 0's GradScaler scale after the inf step?"""
+    if answer is None:
+        return Check(False, "set `answer` to a number (rank 0's scale after the step), then run the cell again")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        return Check(False, f"{answer!r} is not a number: write it like 1024.0")
+    truth = scaler_at_inf(r_unsynced)[0]["scale_after"]
+    if float(answer) == truth:
+        return Check(True, f"{truth:.0f}: rank 0 never saw rank 1's NaN (no all-reduce ran), so its scaler "
+                           f"stepped and kept its scale while rank 1's dropped")
+    return Check(False, f"not {answer}: which gradient does rank 0's scaler check, and did any all-reduce "
+                        "bring rank 1's NaN into it?")
+
+
+def check_where_rank0_waits(answer, r_stopped: RunResult) -> Check:
+    """Exercise 3: slow-loader stopped while it looked hung: rank 0 is blocked in which collective,
+    and waiting for which rank? A pair: ("collective name", rank)."""
+    if answer is None or answer == ():
+        return Check(False, 'set `answer` to a pair like ("barrier", 0), then run the cell again')
+    if (not isinstance(answer, (tuple, list)) or len(answer) != 2 or not isinstance(answer[0], str)
+            or isinstance(answer[1], bool) or not isinstance(answer[1], int)):
+        return Check(False, f"{answer!r} is not a pair (collective name, rank number), e.g. (\"barrier\", 0)")
+    w0 = r_stopped.rank(0).where
+    slow = [r.rank for r in r_stopped.ranks if r.where is not None and r.where.kind == "dataloader"]
+    if w0 is None or not slow:
+        return Check(False, "this stopped run did not catch rank 0 waiting on a DataLoader: run the stop cell again")
+    op, rank = answer[0].strip(), answer[1]
+    if op == w0.op and rank in slow and rank != 0:
+        return Check(True, f"{w0.op} (DDP's gradients, inside backward), waiting for rank {rank}, whose stack "
+                           "is in its DataLoader: slow, not stuck")
+    return Check(False, f"not {tuple(answer)!r}: read each rank's `where` in the stopped run: what is rank 0 "
+                        "blocked in, and which rank is somewhere else?")
+
+
+EXERCISES = {"skipped-ranks": check_skipped_ranks, "unsynced-scale": check_unsynced_scale,
+             "where-rank0-waits": check_where_rank0_waits}
