@@ -5,7 +5,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_nothing_left
 
+import ddplab
 from ddplab import DdplabError, signatures
 from ddplab.workbook import lab08
 
@@ -28,16 +30,32 @@ def test_captured_no_master_env_message_matches_missing_master_env(name):
 def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
     t0 = time.monotonic()
     with pytest.raises(DdplabError) as e:
-        lab08.run("accumulate-fixed", run_root=tmp_path, **knobs)
+        lab08.run_variant("accumulate-fixed", run_root=tmp_path, **knobs)
     assert words in str(e.value) and "\n" not in str(e.value) and e.value.hint
     assert not any(tmp_path.iterdir()), "a run directory was made: ranks started"
     assert time.monotonic() - t0 < 2
 
 
+VARIANTS = ("accumulate-article", "accumulate-fixed", "sampler-no-set-epoch", "sampler-set-epoch", "no-master-env")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below."""
+    root = tmp_path_factory.mktemp("lab08")
+    out = {}
+    for v in VARIANTS:
+        r = lab08.run_variant(v, run_root=root)
+        assert r.leftover == (), f"{v}: launcher reported leftovers: {r.leftover}"
+        out[v] = r
+    assert_nothing_left(str(root))
+    return out
+
+
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(run_lab):
-    r = run_lab("08", variant="accumulate-article")
+@pytest.mark.timeout(200)
+def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(runs):
+    r = runs["accumulate-article"]
     assert (r.status, r.signature) == ("ok", None)
     for amp in ("fp32", "bf16"):
         rows = lab08.accumulation(r, amp)
@@ -51,9 +69,9 @@ def test_article_accumulation_runs_and_applies_only_the_last_micro_batch(run_lab
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(run_lab):
-    r = run_lab("08", variant="accumulate-fixed")
+@pytest.mark.timeout(200)
+def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(runs):
+    r = runs["accumulate-fixed"]
     assert (r.status, r.signature) == ("ok", None)
     for a in lab08.accumulation(r, "fp32"):
         assert a["diff_full"] <= lab08.TOL
@@ -63,9 +81,9 @@ def test_fixed_accumulation_equals_the_full_batch_with_one_all_reduce(run_lab):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_sampler_without_set_epoch_repeats_the_order_every_epoch(run_lab):
-    r = run_lab("08", variant="sampler-no-set-epoch")
+@pytest.mark.timeout(200)
+def test_sampler_without_set_epoch_repeats_the_order_every_epoch(runs):
+    r = runs["sampler-no-set-epoch"]
     assert (r.status, r.signature) == ("ok", None)
     o = lab08.orders(r)
     assert sorted(o) == [0, 1] and all(len(v) == lab08.sizes()["epochs"] for v in o.values())
@@ -74,9 +92,9 @@ def test_sampler_without_set_epoch_repeats_the_order_every_epoch(run_lab):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_sampler_with_set_epoch_changes_the_order(run_lab):
-    r = run_lab("08", variant="sampler-set-epoch")
+@pytest.mark.timeout(200)
+def test_sampler_with_set_epoch_changes_the_order(runs):
+    r = runs["sampler-set-epoch"]
     assert (r.status, r.signature) == ("ok", None)
     assert not lab08.order_repeats(r) and lab08.shards_cover_dataset(r)
     for o in lab08.orders(r).values():
@@ -84,9 +102,9 @@ def test_sampler_with_set_epoch_changes_the_order(run_lab):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_init_without_master_env_fails_with_pytorchs_error(run_lab):
-    r = run_lab("08", variant="no-master-env")
+@pytest.mark.timeout(200)
+def test_init_without_master_env_fails_with_pytorchs_error(runs):
+    r = runs["no-master-env"]
     assert (r.status, r.signature) == ("failed", "missing-master-env")
     assert r.first_failure is not None and r.cause.type == "ValueError"
     assert r.cause.env["MASTER_ADDR"] is None and r.cause.env["MASTER_PORT"] is None   # what the rank had
@@ -94,3 +112,49 @@ def test_init_without_master_env_fails_with_pytorchs_error(run_lab):
     assert all(x.exit_code == 1 for x in r.ranks if x.state == "exited" and x.exit_code)
     assert not r.records_of("joined")
     assert [s["master_addr"] for s in r.records_of("start")] == [None] * len(r.records_of("start"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_claim_check_is_computed_from_the_runs(runs):
+    cc = lab08.claim_check(*(runs[v] for v in VARIANTS))
+    assert cc.verdicts() == {"accumulation": "wrong", "amp-scale-loss": "not tested here", "sampler-balanced": "holds",
+                             "sampler-reset": "holds", "init-no-env": "wrong"}
+    assert [c.spec for c in cc.claims] == list(lab08.CLAIMS)
+    # the same judge on the fixed loop would say the article's sentence holds: the verdict follows the data
+    fixed = lab08.claim_check(runs["accumulate-fixed"], runs["accumulate-fixed"], runs["sampler-no-set-epoch"],
+                              runs["sampler-set-epoch"], runs["no-master-env"])
+    assert fixed.verdicts()["accumulation"] == "holds"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("answer, passed", [
+    (3, True),
+    (None, False), ("", False), ("3", False), (3.0, False), (True, False),   # empty, wrong types
+    (2, False), (4, False), (1, False), (0, False), (-3, False), (7, False),  # neighbours, k=8's answer, out of range
+])
+def test_check_saved_allreduces(runs, answer, passed):
+    c = lab08.check_saved_allreduces(answer, runs["accumulate-fixed"], k=4)
+    assert c.passed is passed, c
+    if not passed and isinstance(answer, int) and answer >= 0:
+        assert "3" not in c.message.replace("k=4", "")       # a wrong answer gets a hint, not the answer
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("answer, passed", [
+    (4, True),
+    (None, False), ("", False), ("4", False), (4.0, False), (True, False),   # empty, wrong types
+    (3, False), (1, False), (5, False), (0, False), (8, False),              # neighbours, out of range, k=8
+])
+def test_check_applied_micro_batch(runs, answer, passed):
+    c = lab08.check_applied_micro_batch(answer, runs["accumulate-article"], k=4)
+    assert c.passed is passed, c
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_applied_micro_batch_checker_refuses_a_run_that_accumulates(runs):
+    # the fixed loop applies the mean of all micro-batches: no single micro-batch is "the" answer there
+    assert not lab08.check_applied_micro_batch(4, runs["accumulate-fixed"], k=4).passed

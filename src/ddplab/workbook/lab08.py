@@ -10,15 +10,15 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
-LAB_ID = "08"
+LAB = "08"
 TOL = 1e-5          # float32: the accumulated gradient must equal the full batch's to this (max abs)
 
 
 def sizes() -> dict:
     """The sizes the lab script declares in its LAB dict (read without importing torch)."""
-    return catalog.find_lab(LAB_ID).extra["sizes"]
+    return catalog.find_lab(LAB).extra["sizes"]
 
 
 def validate(max_k: int | None = None, epochs: int | None = None) -> None:
@@ -32,7 +32,7 @@ def validate(max_k: int | None = None, epochs: int | None = None) -> None:
                           hint=f"use epochs={sizes()['epochs']}")
 
 
-def run(variant: str, max_k: int | None = None, epochs: int | None = None, **kw) -> "ddplab.RunResult":
+def run_variant(variant: str, max_k: int | None = None, epochs: int | None = None, **kw) -> "ddplab.RunResult":
     """Validate the lab's knobs, then one real 2-rank run of lab 08 (extra keywords go to ddplab.run)."""
     validate(max_k, epochs)
     args = []
@@ -40,7 +40,7 @@ def run(variant: str, max_k: int | None = None, epochs: int | None = None, **kw)
         args += ["--max-k", str(max_k)]
     if epochs is not None:
         args += ["--epochs", str(epochs)]
-    return ddplab.run(LAB_ID, variant=variant, args=args, **kw)
+    return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,58 +161,133 @@ def plot_epoch_orders(r_no, r_yes):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
+CLAIMS = (
+    ClaimSpec(
+        "accumulation", "001",
+        "This example shows how to incorporate gradient accumulation.",
+        "holds if, for every k > 1 micro-batches per step, the gradient the article's loop hands to "
+        "optimizer.step() equals the mean gradient of all k micro-batches (max |diff| <= 1e-5, float32); "
+        "wrong if it does not (for example, if it equals the last micro-batch's alone)",
+        parts=("accumulates",)),
+    ClaimSpec(
+        "amp-scale-loss", "001",
+        "Note the use of `amp.scale_loss` to handle gradient scaling appropriately in mixed precision.",
+        "holds if the article's apex amp.scale_loss loop, run under mixed precision, applies correctly scaled "
+        "gradients; judged only on a run of apex itself",
+        parts=("scales",)),
+    ClaimSpec(
+        "sampler-balanced", "001",
+        "This prevents one worker from receiving significantly more data than others, which can lead to "
+        "imbalanced model updates.",
+        "holds if, every epoch, both ranks get the same number of indices and together visit the dataset "
+        "exactly once (the article's DistributedSampler, with and without set_epoch)",
+        parts=("equal_shares", "covers_once")),
+    ClaimSpec(
+        "sampler-reset", "001",
+        "The sampler should be reset before each epoch.",
+        "holds if, without sampler.set_epoch(epoch), every rank visits its indices in the same order every "
+        "epoch, and with it the order changes: the reset is what makes shuffle=True shuffle again",
+        parts=("repeats_without_reset", "changes_with_reset")),
+    ClaimSpec(
+        "init-no-env", "000",
+        'dist.init_process_group("gloo", rank=rank, world_size=world_size)  # Or "nccl" for NVIDIA GPUs',
+        "holds if this call, in the sample's environment (mp.spawn sets no MASTER_ADDR/MASTER_PORT), joins "
+        "the process group; wrong if it raises",
+        parts=("joins",)),
+)
+
+
+def _shares(r) -> tuple[bool, bool]:
+    """(every epoch both ranks got as many indices, the ranks together visited each index once)."""
+    o = orders(r)
+    equal = all(len({len(o[rank][e]) for rank in o}) == 1 for e in range(len(o[0])))
+    return equal, shards_cover_dataset(r)
+
+
 def claim_check(r_article, r_fixed, r_no, r_yes, r_env) -> ClaimCheck:
+    """Every row judged by ClaimSpec.judge from the five runs' fields; no verdict is written here."""
+    c_acc, c_amp, c_bal, c_reset, c_env = CLAIMS
     s = accumulation_summary(r_article, r_fixed)
+    art = [a for a in accumulation(r_article) if a["k"] > 1]
     kmax = max(s["ks"])
+    eq_no, cover_no = _shares(r_no)
+    eq_yes, cover_yes = _shares(r_yes)
+    env_given = r_env.cause.env if r_env.cause is not None else {}
     return ClaimCheck([
-        Claim("Example 3 \"shows how to incorporate gradient accumulation\": `accumulation_steps` batches "
-              "\"are processed before the optimizer updates the model's weights\"",
-              "001, Example 3 (code + commentary)",
-              f"{r_article.status}, no error; applied gradient = last micro-batch's (max |diff| "
-              f"{s['article_max_diff_last']:.1e}), off the full batch's by >= {s['article_min_rel_err_full']:.0%} "
-              f"(relative, k = {', '.join(str(k) for k in s['ks'] if k > 1)}); {s['article_allreduces'][kmax]} all-reduces "
-              f"per step at k = {kmax}. Fixed loop: max |diff| {s['fixed_max_diff_full']:.1e} from the full batch, "
-              f"{s['fixed_allreduces'][kmax]} all-reduce ({s['fixed_saved'][kmax]} saved)",
-              "wrong" if s["article_equals_last"] and s["article_min_rel_err_full"] > 0.1 else "holds"),
-        Claim("apex `amp.initialize` / `amp.scale_loss` for mixed precision",
-              "001, Example 3",
-              f"replaced by torch.autocast(bfloat16) (apex is deprecated, not installed): fixed loop within "
-              f"{s['fixed_bf16_max_rel_err']:.1e} (relative) of the bf16 full-batch gradient, no loss scaling needed",
-              "partly"),
-        Claim("\"The sampler should be reset before each epoch\" (no code shows how)",
-              "001, Example 2 (commentary)",
-              f"without set_epoch(): the same order every epoch: {order_repeats(r_no)}; with set_epoch(epoch): "
-              f"{order_repeats(r_yes)}; shards cover the dataset once per epoch: "
-              f"{shards_cover_dataset(r_no) and shards_cover_dataset(r_yes)}",
-              "holds" if order_repeats(r_no) and not order_repeats(r_yes) else "wrong"),
-        Claim("`dist.init_process_group(\"gloo\", rank=rank, world_size=world_size)` starts the DDP sample",
-              "000, Examples 2 and 3",
-              f"without MASTER_ADDR/MASTER_PORT: {r_env.status} [{r_env.signature}]: {error_line(r_env)[:140]}",
-              "wrong" if r_env.signature == "missing-master-env" else "holds"),
+        c_acc.judge(
+            f"{r_article.status}, no error; k = {', '.join(str(a['k']) for a in art)}: applied gradient vs the mean of "
+            f"all k micro-batches: max |diff| {max(a['diff_full'] for a in art):.2e} (relative >= "
+            f"{min(a['rel_err_full'] for a in art):.0%}); vs the last micro-batch's alone: max |diff| "
+            f"{max(a['diff_last'] for a in art):.1e}; {s['article_allreduces'][kmax]} all-reduces per step at k = {kmax}. "
+            f"Fixed loop: max |diff| {s['fixed_max_diff_full']:.1e} from the full batch, "
+            f"{s['fixed_allreduces'][kmax]} all-reduce per step",
+            accumulates=all(a["diff_full"] <= TOL for a in art)),
+        c_amp.judge(
+            f"apex is deprecated and not installed: the run uses torch.autocast(bfloat16) with no loss scaling; "
+            f"the fixed loop is within {s['fixed_bf16_max_rel_err']:.1e} (relative) of the bf16 full-batch gradient",
+            imitation="torch.autocast(dtype=torch.bfloat16) in place of apex amp.initialize / amp.scale_loss"),
+        c_bal.judge(
+            f"{sizes()['dataset']} indices, 2 ranks: equal shares every epoch: without set_epoch {eq_no}, with {eq_yes}; "
+            f"each index visited once per epoch: {cover_no}, {cover_yes}",
+            equal_shares=eq_no and eq_yes, covers_once=cover_no and cover_yes),
+        c_reset.judge(
+            f"without set_epoch(): the same order every epoch on every rank: {order_repeats(r_no)}; with "
+            f"set_epoch(epoch): {order_repeats(r_yes)}",
+            repeats_without_reset=order_repeats(r_no), changes_with_reset=not order_repeats(r_yes)),
+        c_env.judge(
+            f"the call with MASTER_ADDR={env_given.get('MASTER_ADDR')!r}, MASTER_PORT={env_given.get('MASTER_PORT')!r} "
+            f"(torchrun started it; the script removed the two variables, as mp.spawn never sets them): "
+            f"{r_env.status}" + (f" [{r_env.signature}]: {error_line(r_env)[:140]}" if r_env.status != "ok" else ""),
+            joins=r_env.status == "ok" and bool(r_env.records_of("joined"))),
     ])
 
 
+def _whole_number(answer, what: str, lo: int, hi: int) -> str | None:
+    """Why ``answer`` is not a whole number in lo..hi (None when it is one)."""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return f"set your answer to {what}, then run this cell again"
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return f"`answer` must be a whole number ({what}), not {answer!r}"
+    if not lo <= answer <= hi:
+        return f"{answer} is not between {lo} and {hi}"
+    return None
+
+
 def check_saved_allreduces(answer, r_fixed, k: int = 4) -> Check:
-    """Exercise 1: how many all-reduces per optimizer step does accumulate-fixed save at this k?"""
-    saved = accumulation_summary(r_fixed, r_fixed)["fixed_saved"].get(k)
-    if saved is None:
-        return Check(False, f"the run has no k={k}; pick one of {accumulation_summary(r_fixed, r_fixed)['ks']}")
-    if answer is None:
-        return Check(False, f"set `answer` to the number of all-reduces saved per step with k={k}, then run the cell again")
-    if answer == saved:
-        return Check(True, f"k={k}: DDP all-reduced {k - saved} time(s) instead of {k}, counted by the comm hook")
-    return Check(False, f"not {answer}: no_sync() skips the all-reduce on every micro-batch but the last")
+    """Exercise "saved-allreduces" (predicted before the fixed run): how many all-reduces per optimizer
+    step does accumulate-fixed save at this k? Checked against the comm hook's count on every rank."""
+    rows = [a for a in r_fixed.records_of("accum") if a["k"] == k and a["amp"] == "fp32"]
+    if not rows:
+        return Check(False, f"the run has no k={k}; run accumulate-fixed with max_k >= {k}")
+    why = _whole_number(answer, f"the number of all-reduces saved per step with k={k}", 0, k)
+    if why:
+        return Check(False, why)
+    saved = {a["allreduces_saved"] for a in rows}
+    if saved == {answer}:
+        return Check(True, f"k={k}: DDP all-reduced {k - answer} time(s) per step instead of {k}, counted by the "
+                           f"comm hook on {len(rows)} ranks")
+    return Check(False, f"not {answer}: count the backward passes that run outside model.no_sync() in one "
+                        "optimizer step; each of those is one all-reduce (the comm hook counts them)")
 
 
 def check_applied_micro_batch(answer, r_article, k: int = 4) -> Check:
-    """Exercise 2: in the article's loop with k micro-batches, the applied gradient is the gradient
-    of which micro-batch (1..k)? Checked against the run's measured differences."""
+    """Exercise "applied-micro-batch" (predicted before the article's run): with k micro-batches, the
+    gradient optimizer.step() applies is the gradient of which micro-batch (1..k)? Only the last one can
+    be told apart from the rest by the run (it records the applied gradient against the last one's)."""
     rows = {a["k"]: a for a in accumulation(r_article)}
-    if answer is None:
-        return Check(False, f"set `answer` to a micro-batch number from 1 to {k}, then run the cell again")
     if k not in rows:
         return Check(False, f"the run has no k={k}")
-    if answer == k and rows[k]["diff_last"] <= TOL:
+    why = _whole_number(answer, f"a micro-batch number from 1 to {k}", 1, k)
+    if why:
+        return Check(False, why)
+    if rows[k]["diff_last"] > TOL:
+        return Check(False, f"in this run the applied gradient is not any single micro-batch's "
+                            f"(max |diff| to the last {rows[k]['diff_last']:.1e}); it is not the article's loop")
+    if answer == k:
         return Check(True, f"micro-batch {k}, the last: max |diff| {rows[k]['diff_last']:.1e}; "
                            f"the {k - 1} before it were zeroed by optimizer.zero_grad()")
-    return Check(False, f"not micro-batch {answer}: look at what optimizer.zero_grad() does at the top of each iteration")
+    return Check(False, f"not micro-batch {answer}: look at what optimizer.zero_grad() does at the top of each "
+                        "iteration, and which backward() ran last before optimizer.step()")
+
+
+EXERCISES = {"saved-allreduces": check_saved_allreduces, "applied-micro-batch": check_applied_micro_batch}
