@@ -10,13 +10,23 @@ STAMP   = $(VENV)/.installed
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
 PYTEST_ARGS ?=
+# Where torch comes from when no local wheel is at hand. Linux: PyTorch's CPU wheel index (PyPI's
+# Linux torch pulls several GB of CUDA packages); macOS: PyPI (its wheels are CPU/MPS). A CUDA
+# build: make workbook TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?= $(if $(filter Linux,$(shell uname -s)),https://download.pytorch.org/whl/cpu,)
 
 .PHONY: workbook notebooks test lab install clean benchmark classroom
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# -c constraints.txt pins torch to the CPU wheel (an unpinned torch pulls GBs of CUDA packages)
+	# torch first, pinned by constraints.txt: a wheel pip can already find (a local wheel or mirror,
+	# as on the CI machine) as it is, else from TORCH_INDEX (only torch's lookup goes there)
+	if $(BIN)/python -m pip install --quiet --dry-run --no-deps --no-index -c constraints.txt torch >/dev/null 2>&1; then \
+	    $(BIN)/python -m pip install --quiet -c constraints.txt torch; \
+	else \
+	    $(BIN)/python -m pip install --quiet -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch; \
+	fi
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 

