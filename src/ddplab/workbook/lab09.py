@@ -1,0 +1,330 @@
+"""Lab 09 (the network, for real: two nodes on one machine): everything the notebook calls.
+
+Every number comes from a real two-node run in this execution: ``ddplab.cluster`` makes the nodes
+(network namespaces on a bridge, a tbf cap, nftables rules, hosts files) and ``ddplab.run`` runs one
+torchrun agent on each. Nothing here imitates the network: the packets cross a real (virtual) link,
+a real firewall drops them, TCP really retransmits.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import ddplab
+from ddplab import catalog, classify
+from ddplab import cluster as cluster_mod
+from ddplab.errors import DdplabError
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+
+LAB = "09"
+RATES_MBIT = (None, 1000, 300, 100)        # None: no cap (the namespace link's own speed)
+HOOKS = ("none", "fp16", "bf16", "powersgd")
+RDZV_PORT = 29400                          # ddplab.job.CLUSTER_RDZV_PORT, the port every variant leaves open
+
+
+def requirement() -> str | None:
+    """None when this machine can make clusters; else the one line that says what lab 09 needs."""
+    return cluster_mod.requirement()
+
+
+def network(variant: str) -> dict:
+    """The network LAB["network"] gives a variant (from the catalog: the lab script is the one place)."""
+    lab = catalog.find_lab(LAB)
+    spec = lab.extra.get("network", {})
+    if variant not in spec:
+        raise DdplabError(f"lab 09 has no variant {variant!r}", hint="choose one of: " + ", ".join(spec))
+    return dict(spec[variant])
+
+
+def _check(rate_mbit, drop_percent, steps, hook) -> None:
+    if rate_mbit is not None and (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float))
+                                  or not 1 <= rate_mbit <= 100_000):
+        raise DdplabError(f"rate_mbit must be a number of Mbit/s from 1 to 100000 (or None), not {rate_mbit!r}",
+                          hint="for example rate_mbit=100")
+    if drop_percent is not None and (isinstance(drop_percent, bool) or not isinstance(drop_percent, int)
+                                     or not 0 <= drop_percent <= 50):
+        raise DdplabError(f"drop_percent must be a whole number from 0 to 50, not {drop_percent!r}",
+                          hint="for example drop_percent=5")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 200:
+        raise DdplabError(f"steps must be a whole number from 1 to 200, not {steps!r}", hint="for example steps=8")
+    if hook not in HOOKS:
+        raise DdplabError(f"hook must be one of {', '.join(HOOKS)}, not {hook!r}", hint="for example hook='fp16'")
+
+
+def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percent: int | None = None,
+                steps: int = 8, hook: str = "fp16", **kw) -> ddplab.RunResult:
+    """One real two-node run of lab 09 on the variant's network (LAB["network"]); ``rate_mbit``
+    (None: no cap) and ``drop_percent`` override the variant's link. Other keywords go to ddplab.run."""
+    spec = network(variant)
+    if rate_mbit != "lab":
+        spec["rate_mbit"] = rate_mbit
+    _check(spec.get("rate_mbit"), drop_percent, steps, hook)
+    if drop_percent is not None:
+        spec["firewall"] = {"1": {"drop_percent": drop_percent}} if drop_percent else {}
+    cluster_mod.require()
+    env = {**spec.get("env", {}), **kw.pop("env", {})}
+    with cluster_mod.Cluster.from_spec(spec) as c:
+        return ddplab.run(LAB, variant=variant, args=["--steps", str(steps), "--hook", hook], env=env, cluster=c,
+                          **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the runs
+# ----------------------------------------------------------------------------------------------
+
+def step_facts(result) -> dict:
+    """The slowest rank's median step, its compute-only step and init_process_group's seconds."""
+    steps = result.records_of("steps")
+    joined = result.records_of("joined")
+    if len(steps) != result.nproc:
+        raise DdplabError(f"this run has no step times ({result.headline()})",
+                          hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
+    return {"step_ms": round(max(s["step_ms"] for s in steps), 2),
+            "compute_ms": round(max(s["compute_ms"] for s in steps), 2),
+            "comm_ms": round(max(s["step_ms"] - s["compute_ms"] for s in steps), 2),
+            "init_s": round(max(j["init_s"] for j in joined), 3) if joined else None,
+            "hook": steps[0]["hook"], "grad_mb": round(steps[0]["grad_mb"], 2)}
+
+
+@dataclass(frozen=True)
+class Point:
+    rate_mbit: float | None
+    hook: str
+    status: str
+    step_ms: float | None
+    compute_ms: float | None
+    init_s: float | None
+
+    @property
+    def label(self) -> str:
+        return "no cap" if self.rate_mbit is None else f"{self.rate_mbit:g} Mbit/s"
+
+
+def sweep(rates=RATES_MBIT, compress_at=(None, "lowest"), hooks=("fp16", "powersgd"), steps: int = 8,
+          **kw) -> list[Point]:
+    """Plain DDP at each link rate, then each compression hook at the rates in ``compress_at``
+    ("lowest": the lowest cap). Every point is its own two-node run."""
+    caps = [r for r in rates if r is not None]
+    where = [min(caps) if r == "lowest" else r for r in compress_at]
+    plan = [(r, "none") for r in rates] + [(r, h) for r in where for h in hooks]
+    out = []
+    for rate, hook in plan:
+        variant = "slow-link" if hook == "none" else "fixed-compress"
+        res = run_variant(variant, rate_mbit=rate, steps=steps, hook=hook if hook != "none" else "fp16", **kw)
+        f = step_facts(res) if res.status == "ok" else {}
+        out.append(Point(rate, hook, res.status, f.get("step_ms"), f.get("compute_ms"), f.get("init_s")))
+    return out
+
+
+def point(points, rate, hook) -> Point | None:
+    return next((p for p in points if p.rate_mbit == rate and p.hook == hook and p.step_ms), None)
+
+
+def gains(points) -> list[dict]:
+    """Each hook's speed-up over plain DDP at the same rate (plain step / hooked step), measured."""
+    out = []
+    for p in points:
+        base = point(points, p.rate_mbit, "none")
+        if p.hook != "none" and p.step_ms and base is not None:
+            out.append({"rate": p.label, "hook": p.hook, "plain_ms": base.step_ms, "hooked_ms": p.step_ms,
+                        "speedup": round(base.step_ms / p.step_ms, 2)})
+    return out
+
+
+def plot_sweep(points):
+    """Step time against link rate: plain DDP, its compute-only part, and each hook where measured."""
+    import matplotlib.pyplot as plt
+
+    plain = [p for p in points if p.hook == "none" and p.step_ms]
+    order = sorted(plain, key=lambda p: -(p.rate_mbit or 1e9))
+    xs = list(range(len(order)))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    ax.plot(xs, [p.step_ms for p in order], "o-", color="#cf222e", label="plain DDP (fp32 all-reduce)")
+    ax.plot(xs, [p.compute_ms for p in order], "s--", color="#8c959f", label="compute only (no_sync)")
+    colours = {"fp16": "#0969da", "bf16": "#8250df", "powersgd": "#1a7f37"}
+    for hook in sorted({p.hook for p in points} - {"none"}):
+        for i, base in enumerate(order):
+            q = point(points, base.rate_mbit, hook)
+            if q is not None:
+                ax.plot(i, q.step_ms, "D", color=colours.get(hook, "k"), label=f"{hook} hook")
+                ax.annotate(f"{base.step_ms / q.step_ms:.1f}x", (i, q.step_ms), textcoords="offset points",
+                            xytext=(8, -4), color=colours.get(hook, "k"))
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax.legend(seen.values(), seen.keys(), loc="upper left")
+    ax.set_xticks(xs, [p.label for p in order])
+    ax.set_yscale("log")
+    ax.set_ylabel("median step, slowest rank (ms, log)")
+    ax.set_xlabel("link rate of each node (tbf cap)")
+    ax.set_title("Two nodes, 4 MB of gradients a step: when the link is the bottleneck, and what compression buys")
+    fig.tight_layout()
+    return fig
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """What the firewall variant's diagnosis is made of (fields of the run)."""
+    status: str
+    signature: str | None
+    blocked: tuple              # (rank, address it could not reach)
+    where: dict                 # rank -> (kind, op)
+    master_port: int | None     # the port torchrun gave the workers' store (not the rendezvous port)
+    rdzv_port: int = RDZV_PORT
+
+
+def firewall_facts(result) -> Blocked:
+    ranks = [r for r in result.ranks if r.state in ("hung", "running")]
+    return Blocked(result.status, result.signature, tuple(classify.blocked_connections(ranks)),
+                   {r.rank: (r.where.kind, r.where.op) if r.where else (r.state, None) for r in result.ranks},
+                   result.port)
+
+
+_REMOTE = re.compile(r"remote=\[([^\]]+)\]:(\d+)")
+
+
+def loopback_facts(result) -> dict:
+    """The wrong-interface run: which rank failed, and the address gloo told it to dial (PyTorch's own
+    message: ``timed out connecting: ... remote=[127.0.1.1]:PORT``)."""
+    first = result.first_failure
+    err = result.rank(first).error if first is not None else None
+    m = _REMOTE.search(err.message) if err is not None else None
+    return {"status": result.status, "signature": result.signature, "rank": first,
+            "error_type": err.type if err is not None else None,
+            "dialled": m.group(1) if m else None, "port": int(m.group(2)) if m else None}
+
+
+def expected(result) -> bool:
+    """The run ended as LAB says its variant must (status and signature)."""
+    v = catalog.find_lab(LAB).variant(result.variant)
+    return result.status == v.expect and result.signature == v.signature
+
+
+# ----------------------------------------------------------------------------------------------
+# Claims
+# ----------------------------------------------------------------------------------------------
+
+CLAIMS = (
+    ClaimSpec(
+        "bandwidth-impedes", "000",
+        "Insufficient network bandwidth or latency between machines in a DDP setup can significantly impede "
+        "communication.",
+        "holds if plain DDP's step at the lowest link cap takes at least twice the uncapped step, with the "
+        "compute-only step unchanged within 1.5x (the difference is communication); wrong if not",
+        parts=("step_2x_slower", "compute_unchanged")),
+    ClaimSpec(
+        "stall-indefinitely", "000",
+        "Packets might be dropped or delayed, causing processes to stall indefinitely while waiting for others.",
+        "with a share of each node's incoming packets dropped: the 'dropped' half holds if the job slows down "
+        "(step over 1.2x the lossless one); the 'stall indefinitely' half holds if the job is judged hung (no rank "
+        "made progress for the stall window); partly if only one holds",
+        parts=("slower", "stalls")),
+    ClaimSpec(
+        "firewall-ports", "003",
+        "Firewalls might be blocking the necessary ports used by the chosen communication backend (e.g., ports "
+        "used by Gloo's TCP communication).",
+        "holds if, with the rendezvous port open and the other ports closed, the job hangs in "
+        "init_process_group with a rank's connection to the other node unanswered (SYN_SENT), and "
+        "opening the cluster's subnet makes the same job finish",
+        parts=("blocked_hangs_in_init", "opening_fixes")),
+    ClaimSpec(
+        "bandwidth-init", "003",
+        "Furthermore, network latency and bandwidth limitations significantly impact initialization time.",
+        "holds if init_process_group takes at least twice as long at the lowest link cap as uncapped "
+        "(median of the ranks' own timing, slowest rank); wrong if not",
+        parts=("init_2x_slower",)),
+)
+
+
+def claim_check(points, lossy, firewall, fixed_firewall) -> ClaimCheck:
+    """The articles' network sentences against this execution's runs; verdicts computed by ClaimSpec.judge."""
+    c_bw, c_stall, c_fw, c_init = CLAIMS
+    caps = [p.rate_mbit for p in points if p.rate_mbit is not None]
+    free, low = point(points, None, "none"), point(points, min(caps), "none") if caps else None
+    if free is None or low is None:
+        raise DdplabError("the sweep has no uncapped or no capped plain-DDP point",
+                          hint="run sweep() with rates that include None and at least one cap")
+    lossy_f = step_facts(lossy) if lossy.status == "ok" else None
+    drop = _drop_percent(lossy)
+    fw = firewall_facts(firewall)
+    return ClaimCheck([
+        c_bw.judge(
+            f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label} "
+            f"({low.step_ms / free.step_ms:.1f}x); compute-only step {free.compute_ms:.0f} -> {low.compute_ms:.0f} ms",
+            step_2x_slower=low.step_ms >= 2 * free.step_ms,
+            compute_unchanged=low.compute_ms <= 1.5 * free.compute_ms),
+        c_stall.judge(
+            f"{drop}% of node 1's incoming packets dropped: job {lossy.status}"
+            + (f", step {lossy_f['step_ms']:.0f} ms against {free.step_ms:.0f} ms lossless "
+               f"({lossy_f['step_ms'] / free.step_ms:.1f}x)" if lossy_f else "")
+            + ("; judged hung: no rank made progress for the stall window" if lossy.status == "hung" else
+               "; every rank kept making progress: TCP retransmitted what was dropped"),
+            slower=bool(lossy_f) and lossy_f["step_ms"] >= 1.2 * free.step_ms or lossy.status == "hung",
+            stalls=lossy.status == "hung"),
+        c_fw.judge(
+            f"node 0 accepts port {fw.rdzv_port} only: job {fw.status} [{fw.signature}]; unanswered connections: "
+            + (", ".join(f"rank {r} -> {a}" for r, a in fw.blocked) or "none")
+            + f" (the workers' store port torchrun picked: {fw.master_port}); ranks in "
+            + ", ".join(f"{r}: {k}/{op}" for r, (k, op) in sorted(fw.where.items()))
+            + f"; subnet opened: job {fixed_firewall.status}",
+            blocked_hangs_in_init=fw.status == "hung" and bool(fw.blocked)
+            and all(k in ("rendezvous", "store") for k, _ in fw.where.values()),
+            opening_fixes=fixed_firewall.status == "ok"),
+        c_init.judge(
+            f"init_process_group {free.init_s:.2f} s uncapped, {low.init_s:.2f} s at {low.label}",
+            init_2x_slower=low.init_s >= 2 * free.init_s),
+    ])
+
+
+def _drop_percent(result) -> int | None:
+    import json
+    from pathlib import Path
+    try:
+        spec = json.loads((Path(result.run_dir) / "cluster.json").read_text())
+        text = "".join(n["firewall"] or "" for n in spec["cluster"]["nodes"])
+    except (OSError, ValueError, KeyError):
+        return None
+    m = re.search(r"numgen random mod 100 < (\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercises
+# ----------------------------------------------------------------------------------------------
+
+def _whole(answer) -> bool:
+    return isinstance(answer, int) and not isinstance(answer, bool)
+
+
+def check_blocked_port(answer, firewall) -> Check:
+    """Which port on node 0 did a rank fail to reach (a whole number)? Not the rendezvous port."""
+    fw = firewall_facts(firewall)
+    ports = {int(a.rsplit(":", 1)[1]) for _, a in fw.blocked}
+    if not ports:
+        raise DdplabError("this run has no unanswered connection", hint="pass the firewall variant's result")
+    if not _whole(answer):
+        return Check(False, f"answer with the port as a whole number (int), not {answer!r}")
+    if answer in ports:
+        return Check(True, f"yes: port {answer}, the store torchrun started for the workers (MASTER_PORT), "
+                           f"a random port, not the rendezvous port {fw.rdzv_port} the firewall leaves open")
+    if answer == fw.rdzv_port:
+        return Check(False, f"{answer} is the rendezvous port: the firewall lets it through, and the agents met")
+    return Check(False, f"{answer} is not it: read the hung ranks' connections in SYN_SENT")
+
+
+def check_dialled_address(answer, wrong_interface) -> Check:
+    """Which address did the failing rank try to reach (a string, e.g. "10.0.0.1")?"""
+    f = loopback_facts(wrong_interface)
+    if f["dialled"] is None:
+        raise DdplabError("this run has no gloo connect error", hint="pass the wrong-interface variant's result")
+    if not isinstance(answer, str):
+        return Check(False, f"answer with the address as a string, not {answer!r}")
+    got = answer.strip()
+    if got == f["dialled"]:
+        return Check(True, f"yes: {got}, the peer's hostname as its own hosts file resolves it; on this node it is "
+                           "this node's own loopback, where nobody listens")
+    if got.startswith("10.213."):
+        return Check(False, f"{got} is a node's real address: that is where gloo should have dialled")
+    return Check(False, f"{got!r} is not it: read rank {f['rank']}'s error message (remote=[...])")
+
+
+EXERCISES = {"blocked-port": check_blocked_port, "dialled-address": check_dialled_address}

@@ -1,0 +1,141 @@
+"""ddplab.cluster for real: namespaces, links, caps, firewall rules made and removed, and nothing left
+after an exception, SIGTERM or SIGKILL (the next Cluster removes a dead owner's objects by name)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddplab import cluster
+from ddplab.cluster import Cluster, Firewall
+
+needs = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
+
+
+def mine(run_id):
+    """Every object of one run, by kind (empty lists when it is gone)."""
+    objs = cluster.owned_objects()
+    return {k: [n for n in v if cluster._run_id(n) == run_id] for k, v in objs.items()}
+
+
+def gone(run_id):
+    return not any(mine(run_id).values())
+
+
+def sh(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+
+def test_firewall_rules_as_nftables_text():
+    fw = Firewall(block_ports=(1024, 65535), allow_ports=(29400,), allow_from="10.213.0.0/24")
+    text = fw.ruleset("ddplababcd")
+    lines = [ln.strip() for ln in text.splitlines()]
+    assert lines.index("ct state established,related accept") < lines.index("ip saddr 10.213.0.0/24 accept") \
+        < lines.index("tcp dport 29400 accept") < lines.index('iifname != "lo" tcp dport 1024-65535 ct state new drop')
+    lossy = Firewall(drop_percent=7).ruleset("t")
+    assert 'numgen random mod 100 < 7 drop' in lossy and "established" not in lossy
+
+
+def test_from_spec_reads_the_labs_network_entries():
+    c = Cluster.from_spec({"nodes": 3, "rate_mbit": 100, "firewall": {"all": {"allow_ports": [29400],
+                                                                             "allow_from": "cluster", "block_ports": [1024, 65535]}}})
+    assert c.nodes == 3 and c.rate_mbit == 100 and set(c.firewall) == {0, 1, 2}
+    assert c.firewall[2].allow_from == str(cluster.SUBNET) and c.firewall[0].block_ports == (1024, 65535)
+
+
+@needs
+def test_two_nodes_made_connected_and_removed():
+    with Cluster(nodes=2, rate_mbit=50, firewall={1: Firewall(drop_percent=3)}, self_hosts="127.0.1.1") as c:
+        objs = mine(c.run_id)
+        assert sorted(objs["netns"]) == [f"ddplab-{c.run_id}-n0", f"ddplab-{c.run_id}-n1"]
+        assert c.bridge in objs["link"] and len(objs["link"]) == 3
+        n0, n1 = c.members
+        assert "tbf" in sh("tc", "-n", n0.netns, "qdisc", "show", "dev", "eth0") and "rate 50Mbit" in \
+            sh("tc", "-n", n0.netns, "qdisc", "show", "dev", "eth0")
+        assert f"ddplab{c.run_id}" in sh("ip", "netns", "exec", n1.netns, "nft", "list", "tables")
+        assert f"ddplab{c.run_id}" not in sh("nft", "list", "tables")          # the table lives in the node
+        # its own hosts file and hostname: node 1 resolves itself to 127.0.1.1 and node 0 to its address
+        out = sh(*n1.exec_prefix(), "sh", "-c", "hostname; getent hosts node1 node0")
+        assert out.split()[:1] == ["node1"] and "127.0.1.1" in out and f"{n0.address}" in out
+        # node 1 reaches node 0 over the bridge
+        server = subprocess.Popen(["ip", "netns", "exec", n0.netns, sys.executable, "-c",
+                                   "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                                   f"s.bind(('{n0.address}',5999));s.listen();print('up',flush=True);c,_=s.accept();c.sendall(b'hi')"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout.readline().strip() == "up"
+            got = sh("ip", "netns", "exec", n1.netns, sys.executable, "-c",
+                     f"import socket;s=socket.create_connection(('{n0.address}',5999),timeout=10);print(s.recv(2))")
+            assert "hi" in got
+        finally:
+            server.kill()
+            server.wait()
+    assert gone(c.run_id)
+    assert f"ddplab-{c.run_id}" not in sh("ip", "netns", "list")
+
+
+@needs
+def test_an_exception_inside_tears_down():
+    with pytest.raises(RuntimeError):
+        with Cluster(nodes=2) as c:
+            assert mine(c.run_id)["netns"]
+            raise RuntimeError("boom")
+    assert gone(c.run_id)
+
+
+CHILD = ("import sys,time\nfrom ddplab.cluster import Cluster, Firewall\n"
+         "with Cluster(nodes=2, rate_mbit=100, firewall={0: Firewall(block_ports=(1024, 65535))}) as c:\n"
+         "    print(c.run_id, flush=True)\n    time.sleep(120)\n")
+
+
+def _child():
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    run_id = p.stdout.readline().strip()
+    assert run_id and mine(run_id)["netns"], "the child did not make its cluster"
+    return p, run_id
+
+
+@needs
+def test_sigterm_tears_down():
+    p, run_id = _child()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert gone(run_id)
+
+
+@needs
+def test_sigkill_leaves_objects_that_the_next_start_removes():
+    p, run_id = _child()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    left = mine(run_id)
+    assert left["netns"] and left["link"] and left["owner"], "SIGKILL cannot tear down: the objects stay"
+    with Cluster(nodes=2) as c:
+        assert gone(run_id), f"the next start left the killed run's objects: {mine(run_id)}"
+        assert mine(c.run_id)["netns"]
+    assert gone(c.run_id)
+    for text in (sh("ip", "netns", "list"), sh("ip", "link"), sh("nft", "list", "tables")):
+        assert f"ddplab-{run_id}" not in text and f"ddplab{run_id}" not in text and f"ddplab{c.run_id}" not in text
+
+
+@needs
+def test_live_owners_objects_are_kept():
+    p, run_id = _child()
+    try:
+        cluster.cleanup()
+        assert mine(run_id)["netns"], "cleanup removed a cluster whose owner is alive"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    assert gone(run_id)
+
+
+def test_requirement_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    why = cluster.requirement()
+    assert why is not None and "root" in why
+    from ddplab.errors import DdplabError
+    with pytest.raises(DdplabError, match="root"):
+        Cluster(nodes=2).__enter__()
