@@ -123,7 +123,9 @@ def main(variant: str, port: int, pg_timeout_s: float | None, steps: int, sleep_
     pg_timeout_s = pg_timeout_s or PG_TIMEOUT_S
     if variant in ("port-taken", "article-retry", "fixed-retry") and int(os.environ["LOCAL_RANK"]) == 0:
         take_port_if_free(port)
-    lab.record("init_start", variant=variant, port=port, job=job_tag())
+    # the init timeout this rank will wait with (None: PyTorch's default, 30 minutes, as in the article's call)
+    init_timeout_s = None if variant == "article-retry" and not explicit_timeout else pg_timeout_s
+    lab.record("init_start", variant=variant, port=port, job=job_tag(), timeout_s=init_timeout_s, sleep_s=sleep_s)
     t0 = time.monotonic()
     used = port
     if variant == "fixed-free-port":

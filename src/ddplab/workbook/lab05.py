@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import ddplab
 from ddplab import ports
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "05"
-SEED = "003_da49d0a504e50001.txt"
+DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo)
 OUTCOMES = ("both ok", "one failed", "both failed", "hang", "cross-joined")
 OUTCOME_COLOURS = {"both ok": "#2da44e", "one failed": "#cf222e", "both failed": "#82071e",
                    "hang": "#bf8700", "cross-joined": "#8250df"}
@@ -259,88 +259,161 @@ def netstat_installed() -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def plot(pairs_by_variant: dict, times: dict):
-    """Left: stacked outcomes of the paired runs per variant. Right: seconds to a clear answer."""
+    """Left: how many pairs of jobs ended each way, per variant (counts, n given). Right: wall seconds
+    until each run ended, measured."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.4]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
     names = list(pairs_by_variant)
+    ticks = [f"{n}\nn = {len(pairs_by_variant[n])} pair{'s' if len(pairs_by_variant[n]) != 1 else ''}" for n in names]
     bottoms = [0] * len(names)
     for o in OUTCOMES:
         vals = [counts(pairs_by_variant[n])[o] for n in names]
         if any(vals):
-            ax1.bar(names, vals, bottom=bottoms, color=OUTCOME_COLOURS[o], label=o)
+            bars = ax1.bar(ticks, vals, bottom=bottoms, color=OUTCOME_COLOURS[o], label=o)
+            ax1.bar_label(bars, labels=[str(v) if v else "" for v in vals], label_type="center", color="white")
             bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax1.set_ylabel("pairs of jobs")
-    ax1.set_title("Two jobs started at once on one port")
+    ax1.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax1.set_ylim(0, max(bottoms) + 0.5)
+    ax1.set_ylabel("pairs of jobs (count, measured)")
+    ax1.set_title("Two jobs started at once on one port:\nhow each pair ended")
     ax1.legend(fontsize=8)
     labels = list(times)
     secs = [times[k][0] for k in labels]
     for i, (k, (s, final)) in enumerate(times.items()):
         ax2.barh(i, s, color="#0969da" if final else "white", edgecolor="#0969da", hatch=None if final else "//")
-        ax2.text(s, i, f"  {s:.1f} s" + ("" if final else " (the job itself still silent: ended by the stall rule)"),
+        ax2.text(s, i, f"  {s:.1f} s" + ("" if final else " (the job itself still silent: ended by ddplab's stall rule)"),
                  va="center", fontsize=8)
     ax2.set_yticks(range(len(labels)), labels, fontsize=8)
     ax2.invert_yaxis()
-    ax2.set_xlim(right=max(secs) * 1.7)
-    ax2.set_xlabel("wall seconds, measured")
+    ax2.set_xlim(right=max(secs) * 1.9)
+    ax2.set_xlabel("wall seconds from launch to the run's end (measured)")
     ax2.set_title("Time to a clear outcome")
     fig.tight_layout()
     return fig
 
 
-def claims(taken, retry, article, fixed_pairs, two_pairs, netstat: NetstatCheck, sleep_s: float = 60.0) -> ClaimCheck:
-    """The article's claims against this execution's runs."""
+CLAIMS = (
+    ClaimSpec(
+        "choose-a-port", "003",
+        "os.environ['MASTER_PORT'] = '12355'  # Choose an available port",
+        "holds if a port chosen by hand (free when chosen) serves every job that chose it: a job alone on it "
+        "joins, and two jobs started at once on it both join; wrong if neither",
+        parts=("alone_joins", "two_at_once_join")),
+    ClaimSpec(
+        "sleep-to-report", "003",
+        "time.sleep(60)  # Allow time for other processes to report errors",
+        "on a taken port (rank 0's init fails at once and it sleeps): holds if the other rank reports its own "
+        "error within the sleep; wrong if it cannot: it was still waiting silently at the rendezvous when no rank "
+        "made progress any more, with an init timeout (as the rank recorded it) longer than the sleep",
+        parts=("peer_reports_within_sleep",)),
+    ClaimSpec(
+        "netstat-check", "003",
+        "This code snippet illustrates a simple check using system commands (in this case, `netstat` on "
+        "Linux/macOS; adapt to your OS) to verify the availability of the specified port.",
+        "holds if the snippet, run as written, tells a taken port from a free one: 'Port check failed' while a "
+        "listener holds the port and 'Port check successful' once it is free; wrong otherwise",
+        parts=("tells_taken_from_free",)),
+)
+
+
+def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCheck,
+                netstat_free: NetstatCheck) -> ClaimCheck:
+    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge."""
+    c_port, c_sleep, c_netstat = CLAIMS
     d = diagnose(taken)
     c2 = counts(two_pairs)
-    cf = counts(fixed_pairs)
-    two = ", ".join(f"{k} {v}" for k, v in c2.items() if v)
+    alone = [r for p in two_pairs for r in p.results if r.status == "ok"]
+    two = ", ".join(f"{k}: {v}" for k, v in c2.items() if v)
     pic = retry_picture(article)
-    if pic.as_article_says:
-        where = (f"rank {', '.join(map(str, pic.sleeping))} in time.sleep (its error came after "
-                 f"{pic.knew_after_s} s), rank {', '.join(map(str, pic.at_rendezvous))} waiting at the rendezvous")
-    else:
-        where = f"sleeping: ranks {list(pic.sleeping)}, at the rendezvous: ranks {list(pic.at_rendezvous)}"
+    start = {rec["rank"]: rec for rec in article.records_of("init_start")}
+    peers = [k for k in article.ranks if k.rank not in pic.sleeping]
+    sleep_s = next((rec.get("sleep_s") for rec in start.values() if rec.get("sleep_s") is not None), 60.0)
+    peer_timeouts = [start.get(k.rank, {}).get("timeout_s") or DEFAULT_PG_TIMEOUT_S for k in peers]
+    peer_errors = [k.rank for k in peers if k.error is not None] + \
+                  [rec["rank"] for rec in article.records_of("init_failed") if rec["rank"] not in pic.sleeping]
+    reports = bool(peer_errors) or (bool(peer_timeouts) and max(peer_timeouts) <= sleep_s)
+    where = ", ".join(f"rank {k.rank}: {k.where.kind if k.where else k.state}" for k in article.ranks)
     return ClaimCheck([
-        Claim("MASTER_PORT = '12355'  # Choose an available port", f"{SEED}, Example 1",
-              f"port taken -> job {taken.status} [{taken.signature}], rank 0's init_process_group raised "
-              f"{'EADDRINUSE' if 'EADDRINUSE' in (d.error or '') else d.error} after {d.seconds_to_error} s; "
-              f"{len(two_pairs)} pairs on one fixed port: {two}; "
-              f"port 0 from the launcher: {cf['both ok']} of {len(fixed_pairs)} pairs both ok", "partly"),
-        Claim("time.sleep(60) # Allow time for other processes to report errors", f"{SEED}, Example 2",
-              f"with the sleep: '{article.status}' [{article.signature}], {where}; no rank made progress for "
-              f"{pic.idle_s} s when ddplab ended it at {article.wall_s:.1f} s; the job itself would say nothing "
-              f"for {sleep_s:g} s, and rank 1 (no init timeout, as in the article) for 30 minutes; "
-              f"without the sleep: '{taken.status}' in {taken.wall_s:.1f} s with the port named; "
-              f"fixed-retry (port 0, passed on): '{retry.status}' in {retry.wall_s:.1f} s", "wrong"),
-        Claim("subprocess.run(['netstat', '-tulnp', '| grep 12355'], ..., check=True): 'Port check successful'",
-              f"{SEED}, Example 3",
-              f"port {netstat.port} taken: {netstat.taken}; the snippet said: {netstat.article_says}; "
-              f"'| grep' went to netstat as an argument ({netstat.listed_lines} lines listed); "
-              f"bind/psutil: {netstat.working}", "wrong"),
+        c_port.judge(
+            f"port taken by another listener: job {taken.status} [{taken.signature}] ({'EADDRINUSE' if 'EADDRINUSE' in (d.error or '') else d.error} "
+            f"after {d.seconds_to_error} s on rank 0); {len(two_pairs)} pair(s) of jobs started at once on one free "
+            f"port: {two}; jobs that joined: {len(alone)} of {2 * len(two_pairs)}. Port 0 from the launcher "
+            f"(fixed-free-port): {counts(fixed_pairs)['both ok']} of {len(fixed_pairs)} pair(s) both ok",
+            alone_joins=bool(alone), two_at_once_join=bool(two_pairs) and c2["both ok"] == len(two_pairs)),
+        c_sleep.judge(
+            f"article-retry: {article.status} [{article.signature}]; {where}; rank 0's error came "
+            f"{pic.knew_after_s} s after its init_process_group call; errors from the other rank: "
+            f"{peer_errors or 'none'}; its init timeout {max(peer_timeouts, default=float('nan')):g} s "
+            f"({'PyTorch default, as the article calls it' if not any(start.get(k.rank, {}).get('timeout_s') for k in peers) else 'set'}) "
+            f"against a {sleep_s:g} s sleep; ddplab ended the job {article.wall_s:.1f} s after launch "
+            f"(no rank made progress for {pic.idle_s} s)",
+            peer_reports_within_sleep=reports),
+        c_netstat.judge(
+            f"port {netstat_taken.port} held by a listener: the snippet said '{netstat_taken.article_says}'; "
+            f"port {netstat_free.port} free: '{netstat_free.article_says}' (exit {netstat_free.returncode}); "
+            f"'| grep' went to netstat as an argument, no pipe ran ({netstat_taken.listed_lines} lines listed); "
+            f"the bind/psutil check: {netstat_taken.working}",
+            tells_taken_from_free=(netstat_taken.article_says.startswith("Port check failed")
+                                   and netstat_free.article_says == "Port check successful")),
     ])
 
 
-def check_variant_answer(answer, repetitions: int = 1) -> Check:
-    """Exercise 1: which variant lets two jobs start at once and both succeed? Checked with real pairs."""
-    from ddplab import catalog
+def _rank(answer, nproc: int) -> str | None:
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return "set your answer to a rank number, then run this cell again"
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return f"a rank is a whole number (0 to {nproc - 1}), not {answer!r}"
+    if not 0 <= answer < nproc:
+        return f"this job has ranks 0 to {nproc - 1}; {answer} is not one of them"
+    return None
 
-    if answer is None:
-        return Check(False, "set `answer` to a variant name of lab 05")
-    names = [v.name for v in catalog.find_lab(LAB).variants]
-    if answer not in names:
-        return Check(False, f"'{answer}' is not a variant of lab 05 ({', '.join(names)})")
-    got = two_jobs(answer, repetitions=repetitions)
-    c = counts(got)
-    if c["both ok"] == len(got):
-        return Check(True, f"{answer}: {c['both ok']} of {len(got)} pairs both succeeded (real runs)")
-    return Check(False, f"{answer}: outcomes {({k: v for k, v in c.items() if v})}; try another variant")
+
+def check_failing_rank(answer, taken) -> Check:
+    """Exercise "failing-rank" (predicted before the port-taken run): which rank raises first when
+    MASTER_PORT is held by another process? Checked against the run's first failure (the ranks' own
+    time-ordered error records)."""
+    why = _rank(answer, taken.nproc)
+    if why:
+        return Check(False, why)
+    if taken.first_failure is None:
+        return Check(False, f"the run recorded no failing rank ({taken.status}); run the port-taken cell again")
+    if answer == taken.first_failure:
+        return Check(True, f"rank {answer} raised {taken.cause.type if taken.cause else 'an error'} first: it is the "
+                           "rank that hosts the store on MASTER_PORT, so it is the one that must bind the port")
+    return Check(False, f"not rank {answer}: which rank *binds* MASTER_PORT (hosts the TCPStore), and which only "
+                        "connects to it? Read each rank's `error` in taken.ranks")
+
+
+def errno_name(result) -> str | None:
+    """The errno name in PyTorch's own message (``... code: -98, name: EADDRINUSE, message: ...``)."""
+    import re
+
+    text = result.cause.message if result.cause is not None else (diagnose(result).error or "")
+    m = re.search(r"\bname: (E[A-Z0-9]+)\b", text or "")
+    return m.group(1) if m else None
 
 
 def check_error_answer(answer, taken) -> Check:
-    """Exercise 2: the errno name in PyTorch's error when the port is taken (from the real run)."""
-    if answer is None:
-        return Check(False, "set `answer` to the error name PyTorch printed (a word in capitals)")
-    err = taken.cause.message if taken.cause is not None else (diagnose(taken).error or "")
-    if str(answer).strip().upper() in err and str(answer).strip().isupper():
-        return Check(True, f"'{answer}' is in rank 0's real error: {err[:120]}")
-    return Check(False, "not in rank 0's error message; read the Evidence line of the port-taken run")
+    """Exercise "errno-name": the errno name PyTorch printed when the port was taken (from the real run).
+    The whole name, exactly (case aside); a part of it, the number or the exception type are refused."""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return Check(False, "set your answer to the error name PyTorch printed (a word in capitals), then run this cell again")
+    if isinstance(answer, bool) or isinstance(answer, (int, float)):
+        return Check(False, f"{answer!r} is a number; the exercise asks for the errno's *name* (a word in capitals)")
+    if not isinstance(answer, str):
+        return Check(False, f"the answer is a word in capitals, not {type(answer).__name__}")
+    truth = errno_name(taken)
+    if truth is None:
+        return Check(False, f"this port-taken run printed no errno name ({taken.status}); run it again")
+    given = answer.strip().upper()
+    if given == truth:
+        return Check(True, f"{truth}: rank 0's real error, in PyTorch's words: {(taken.cause.message if taken.cause else '')[:120]}")
+    if given.endswith("ERROR"):
+        return Check(False, f"{answer!r} is an exception type; the errno name is inside its message, after 'name:'")
+    return Check(False, "not that name: read the message of rank 0's exception (taken.cause.message) and copy "
+                        "the whole name that follows 'name:'")
+
+
+EXERCISES = {"failing-rank": check_failing_rank, "errno-name": check_error_answer}
