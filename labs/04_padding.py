@@ -6,7 +6,9 @@ Run it by itself (gloo on CPU; real nn.DataParallel when 2+ GPUs exist):
     ddplab run 04 --variant ddp-broken      # the same, judged by progress, with a diagnosis
 
 Article 002 ("Why is training not starting with nn.DataParallel?") pads each batch in its collate_fn
-and says DataParallel "expects a completely consistent tensor". The real mechanism: a model that packs
+and says DataParallel "expects a completely consistent tensor". `article-example1` runs its Example 1
+as written (nn.Linear(10, 20) on pad_sequence batches, Adam): a batch padded BEFORE the split gives
+every replica the same length, so it trains. The extension (not the article's code) is a model that packs
 the padded batch and unpacks it with pad_packed_sequence() pads its output back only to the longest
 sequence *it* saw. DataParallel splits the batch along dim 0, each replica sees another chunk, so the
 replicas return different lengths and gather() cannot concatenate them. `total_length=` fixes it.
@@ -17,8 +19,12 @@ Without 2 GPUs the DataParallel variants run an EMULATION of DataParallel's own 
 Tensor.chunk along dim 0; a replica per chunk; gather: torch.cat along dim 0), with the same model and
 the same broken/fixed line. DataParallel is one process: only rank 0 runs the dp-* variants.
 
+Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.workbook.lab04.
+
 Variants:
-  dp-broken     DataParallel (emulation without GPUs), pad_packed_sequence without total_length.
+  article-example1  the article's Example 1 code under DataParallel (emulation without GPUs).
+  dp-broken     extension (an LSTM, not the article's code) under DataParallel (emulation without GPUs),
+                pad_packed_sequence without total_length.
   dp-fixed      the same with total_length=x.size(1); outputs compared with the single-process model.
   pinned-layer  the article's custom layer plus a tensor created on a fixed device inside forward().
   ddp-broken    each rank all_gathers outputs padded to its own longest sequence.
@@ -43,8 +49,10 @@ LAB = {
     "nproc": 2,
     "min_nproc": 2,
     "variants": {
+        "article-example1": {"expect": "ok", "signature": None,
+                             "about": "the article's Example 1 as written (nn.Linear on pad_sequence batches) under DataParallel (emulation on CPU without 2 GPUs)"},
         "dp-broken": {"expect": "failed", "signature": "tensor-size-mismatch",
-                      "about": "DataParallel (emulation on CPU): each replica unpads to its own chunk's longest sequence; gather fails"},
+                      "about": "extension, not the article's code: an LSTM under DataParallel (emulation on CPU): each replica unpads to its own chunk's longest sequence; gather fails"},
         "dp-fixed": {"expect": "ok", "signature": None,
                      "about": "pad_packed_sequence(..., total_length=x.size(1)): equal lengths, equal to one process"},
         "pinned-layer": {"expect": "failed", "signature": "device-mismatch",
@@ -78,6 +86,55 @@ class PackedRNN(nn.Module):
         else:
             out, _ = pad_packed_sequence(out, batch_first=True)  # BROKEN: pads only to the longest sequence of THIS replica's chunk
         return self.head(out)
+
+
+class SimpleModel(nn.Module):
+    """The article's Example 1 model, as written."""
+
+    def __init__(self, input_size, hidden_size):
+        super(SimpleModel, self).__init__()
+        self.linear = nn.Linear(input_size, hidden_size)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+ARTICLE_SEQ_LENGTHS = [10, 20, 30, 40, 5, 15, 25, 35]   # the article's dummy data set
+
+
+def run_article_example1(mode, n):
+    """Example 1 as the article writes it: CustomDataset of randn(seq_len, 10), a DataLoader whose
+    collate_fn is pad_sequence(batch_first=True), batch 4, SimpleModel(10, 20), MSELoss, Adam. Only the
+    DataParallel call is ddplab's: real nn.DataParallel on n GPUs, or the emulation of its steps."""
+    from torch.utils.data import DataLoader
+    torch.manual_seed(0)
+    dataset = [torch.randn(n_, 10) for n_ in ARTICLE_SEQ_LENGTHS]
+    dataloader = DataLoader(dataset, batch_size=4, shuffle=False,
+                            collate_fn=lambda batch: torch.nn.utils.rnn.pad_sequence(batch, batch_first=True))
+    model = SimpleModel(10, 20)
+    criterion = nn.MSELoss()
+    optimizer = torch.optim.Adam(model.parameters())
+    lab.record("dp_start", dp_mode=mode, label="real nn.DataParallel" if mode == "real" else "emulation of DataParallel on CPU",
+               replicas=n, params=sum(p.numel() for p in model.parameters()), model="article Example 1: nn.Linear(10, 20)")
+    dp = nn.DataParallel(model.cuda(), device_ids=list(range(n))) if mode == "real" else None
+    for step, inputs in enumerate(dataloader):
+        optimizer.zero_grad()
+        lab.record("dp_batch", step=step, dp_mode=mode, padded_len=inputs.size(1), rows_per_replica=[len(c) for c in inputs.chunk(n)],
+                   chunk_max_lengths=[inputs.size(1)] * len(inputs.chunk(n)))
+        if mode == "real":
+            output = dp(inputs.cuda())
+        else:
+            outs = [model(c) for c in inputs.chunk(n, 0)]           # scatter along dim 0, a replica per chunk
+            lab.record("replica_outputs", dp_mode=mode, shapes=[list(o.shape) for o in outs])
+            output = torch.cat(outs, dim=0)                         # gather along dim 0
+        with torch.no_grad():
+            diff = float((output - model(inputs.to(output.device))).abs().max())   # the same model, one process
+        target = torch.randn(output.shape, device=output.device)
+        loss = criterion(output, target)
+        loss.backward()
+        optimizer.step()
+        lab.record("dp_step", step=step, dp_mode=mode, out_shape=list(output.shape), loss=round(loss.item(), 6),
+                   max_abs_diff_vs_single=diff)
 
 
 class CustomLayer(nn.Module):
@@ -117,7 +174,20 @@ def masked_sse(out, y, lengths):
 
 
 def data_parallel(model, x, lengths, n, mode):
-    """One DataParallel forward: real nn.DataParallel on n GPUs, else the emulation of its steps."""
+    """One DataParallel forward: real nn.DataParallel on n GPUs, else the emulation of its steps. A forward
+    hook (copied to DataParallel's replicas with the module) records what each replica held and got."""
+    seen = []
+    hook = model.register_forward_hook(lambda m, i, o: seen.append(
+        {"device": str(next(m.parameters()).device), "params": sum(q.numel() for q in m.parameters()),
+         "rows": int(i[0].shape[0]), "out_len": int(o.shape[1])}))
+    try:
+        return _data_parallel(model, x, lengths, n, mode)
+    finally:
+        hook.remove()
+        lab.record("replicas", dp_mode=mode, seen=sorted(seen, key=lambda d: d["device"]))
+
+
+def _data_parallel(model, x, lengths, n, mode):
     if mode == "real":
         return nn.DataParallel(model, device_ids=list(range(n)))(x.cuda(0), lengths)
     xs, ls = x.chunk(n, 0), lengths.chunk(n, 0)     # scatter: DataParallel splits with Tensor.chunk along dim 0
@@ -273,12 +343,17 @@ def run_bucketing(ctx, n_seqs, reps, batch=16):
 def main(variant, dp="auto", replicas=2, n_seqs=512, reps=2):
     ctx = lab.setup()
     mode = dp if dp != "auto" else ("real" if torch.cuda.device_count() >= replicas else "emulation")
-    if variant in ("dp-broken", "dp-fixed", "pinned-layer"):
+    if variant in ("article-example1", "dp-broken", "dp-fixed", "pinned-layer"):
         if mode == "real" and torch.cuda.device_count() < replicas:
             raise SystemExit(f"--dp real needs {replicas} GPUs, this machine has {torch.cuda.device_count()}")
         if ctx.rank == 0:                              # DataParallel is one process driving every GPU
             lab.log(f"DataParallel path: {'real nn.DataParallel' if mode == 'real' else 'EMULATION on CPU (no 2 GPUs)'}")
-            run_pinned(mode, replicas) if variant == "pinned-layer" else run_dp(variant, mode, replicas)
+            if variant == "pinned-layer":
+                run_pinned(mode, replicas)
+            elif variant == "article-example1":
+                run_article_example1(mode, replicas)
+            else:
+                run_dp(variant, mode, replicas)
     elif variant in ("ddp-broken", "ddp-fixed"):
         run_ddp_eval(variant, ctx)
     else:

@@ -12,6 +12,26 @@ DATA = Path(__file__).parent / "data"
 DETAIL = lab03.DETAIL_ENV
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One real run per variant (default knobs, fixed-guard with 10 steps), made on first use and shared
+    by the variant tests and the exercise checkers; each is checked for leftovers."""
+    from conftest import assert_nothing_left
+
+    root = tmp_path_factory.mktemp("lab03")
+    cache = {}
+
+    def get(variant, **kw):
+        key = (variant, tuple(sorted(kw.items())))
+        if key not in cache:
+            r = lab03.run_variant(variant, run_root=root / f"{variant}-{len(cache)}", **kw)
+            assert r.leftover == ()
+            assert_nothing_left(str(root))
+            cache[key] = r
+        return cache[key]
+    return get
+
+
 def expected(variant):
     v = catalog.find_lab("03").variant(variant)
     return v.expect, v.signature
@@ -29,8 +49,8 @@ def test_captured_messages_match_their_signature(name, sig_id):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_article_example_finishes_but_weights_ranks_equally(run_lab):
-    r = run_lab("03", variant="article-example")
+def test_article_example_finishes_but_weights_ranks_equally(runs):
+    r = runs("article-example")
     assert (r.status, r.signature) == expected("article-example") == ("ok", None)
     g = lab03.grad_check(r)
     assert g["rows"] == [10, 20]
@@ -41,8 +61,8 @@ def test_article_example_finishes_but_weights_ranks_equally(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_gather_ragged_aborts_in_gloo(run_lab):
-    r = run_lab("03", variant="gather-ragged")
+def test_gather_ragged_aborts_in_gloo(runs):
+    r = runs("gather-ragged")
     assert (r.status, r.signature) == expected("gather-ragged") == ("failed", "gloo-size-mismatch")
     rep = lab03.gloo_report(r)
     # Rank 1 (6 rows) receives rank 0's 7 rows into a 6-row slot: gloo's size check aborts it, always.
@@ -66,8 +86,8 @@ def test_gather_ragged_with_detail_names_the_shapes(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_model_mismatch_refused_by_ddp(run_lab):
-    r = run_lab("03", variant="model-mismatch")
+def test_model_mismatch_refused_by_ddp(runs):
+    r = runs("model-mismatch")
     assert (r.status, r.signature) == expected("model-mismatch") == ("failed", "ddp-model-mismatch")
     assert sorted(x["weight_shape"][0] for x in r.records_of("built")) == [4, 5]
     # DDP compares every rank's parameter shapes with rank 0's: rank 1 raises, rank 0 only loses its peer.
@@ -77,8 +97,8 @@ def test_model_mismatch_refused_by_ddp(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_fixed_pad_gather_equals_single_process(run_lab):
-    r = run_lab("03", variant="fixed-pad-gather")
+def test_fixed_pad_gather_equals_single_process(runs):
+    r = runs("fixed-pad-gather")
     assert (r.status, r.signature) == expected("fixed-pad-gather") == ("ok", None)
     c = lab03.compare(r)
     assert c["equal"] and c["rows"] == 45 and c["max_abs_diff"] <= 1e-6
@@ -86,8 +106,8 @@ def test_fixed_pad_gather_equals_single_process(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_fixed_guard_names_shapes_pads_and_costs_little(run_lab):
-    r = run_lab("03", variant="fixed-guard", args=["--steps", "10"])
+def test_fixed_guard_names_shapes_pads_and_costs_little(runs):
+    r = runs("fixed-guard", steps=10)
     assert (r.status, r.signature) == expected("fixed-guard") == ("ok", None)
     assert lab03.compare(r)["equal"]
     caught = lab03.guard_caught(r)
@@ -125,3 +145,40 @@ def test_exercise_checkers_without_an_answer_say_not_yet():
     assert not lab03.check_failing(None, {}).passed
     assert not lab03.check_three_ranks(None).passed
     assert not lab03.check_three_ranks("maybe").passed
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_check_failing_right_wrong_and_adversarial(runs):
+    results = {v: runs(v, steps=10) if v == "fixed-guard" else runs(v) for v in lab03.VARIANTS}
+    right = {"gather-ragged", "model-mismatch"}
+    assert {v for v, r in results.items() if r.status == "failed"} == right
+    assert lab03.check_failing(right, results).passed
+    assert lab03.check_failing(["model-mismatch", "gather-ragged"], results).passed
+    for wrong in (set(), "gather-ragged", "gather-ragged,model-mismatch", {"gather-ragged"},     # empty, a string, a part
+                  right | {"article-example"}, {"gather-ragged", "fixed-guard"},                 # one too many, a neighbour
+                  set(lab03.VARIANTS), {"gather"}, {"ragged", "model"}, 2, {1, 2}, None, {"": 1}):  # everything, substrings, types
+        c = lab03.check_failing(wrong, results)
+        assert not c.passed, wrong
+        shown = c.message.replace(repr(wrong), "")                          # the answer echoed back is not a leak
+        assert "model-mismatch" not in shown or "the variants are" in shown
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_check_three_ranks_against_a_real_three_rank_run(runs):
+    r = runs("gather-ragged", nproc=3)
+    assert (r.status, r.signature) == ("ok", None)                      # 15/15/15 rows: equal batches
+    assert sorted(x["rows"] for x in r.records_of("start")) == [15, 15, 15]
+    assert lab03.check_three_ranks("ok", result=r).passed
+    for wrong in ("failed", "hung", "OK", "ok ", "o", "", "okay", 0, True, ["ok"], None):
+        c = lab03.check_three_ranks(wrong, result=r)
+        assert not c.passed, wrong
+        assert "ended ok" not in c.message
+
+
+def test_claim_verdicts_follow_the_parts():
+    ex3, err, cryptic = lab03.CLAIMS
+    assert ex3.judge("m", incorrect_results=True, hang=False).verdict == "partly"
+    assert err.judge("m", errors=True, hang=False).verdict == "partly"
+    assert cryptic.judge("m", cryptic=True).verdict == "holds"

@@ -18,6 +18,25 @@ def expected(variant):
     return v.expect, v.signature
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One real run per variant (DataParallel variants as the emulation, bucketing small), made on first
+    use and shared by the variant tests, the claim check and the exercise checkers."""
+    from conftest import assert_nothing_left
+
+    root = tmp_path_factory.mktemp("lab04")
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            d = root / variant
+            cache[variant] = run04(lambda target, **kw: lab04.ddplab.run(target, run_root=d, **kw), variant)
+            assert cache[variant].leftover == ()
+            assert_nothing_left(str(d))
+        return cache[variant]
+    return get
+
+
 def run04(run_lab, variant, **kw):
     args = []
     if variant in lab04.DP_VARIANTS:
@@ -38,8 +57,8 @@ def test_captured_messages_match_their_signature(name, sig_id):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_dp_broken_emulation_fails_at_the_first_step_whose_chunks_differ(run_lab):
-    r = run04(run_lab, "dp-broken")
+def test_dp_broken_emulation_fails_at_the_first_step_whose_chunks_differ(runs):
+    r = runs("dp-broken")
     assert (r.status, r.signature) == expected("dp-broken") == ("failed", "tensor-size-mismatch")
     s = lab04.dp_summary(r)
     assert s["label"] == "emulation of DataParallel on CPU"
@@ -48,13 +67,13 @@ def test_dp_broken_emulation_fails_at_the_first_step_whose_chunks_differ(run_lab
     assert st["chunk_max_lengths"] == [12, 7] and st["replica_out_lengths"] == [12, 7]
     # DataParallel is one process: rank 0 fails in the emulation's gather; rank 1 only loses its peer.
     assert r.first_failure == 0 and r.cause.type == "RuntimeError"
-    assert r.cause.frame.file.endswith("labs/04_padding.py") and r.cause.frame.func == "data_parallel"
+    assert r.cause.frame.file.endswith("labs/04_padding.py") and r.cause.frame.func == "_data_parallel"
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_dp_fixed_emulation_equals_one_process(run_lab):
-    r = run04(run_lab, "dp-fixed")
+def test_dp_fixed_emulation_equals_one_process(runs):
+    r = runs("dp-fixed")
     assert (r.status, r.signature) == expected("dp-fixed") == ("ok", None)
     s = lab04.dp_summary(r)
     assert s["steps_done"] == 3
@@ -66,8 +85,8 @@ def test_dp_fixed_emulation_equals_one_process(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_pinned_layer_emulation_fails_only_for_the_pinned_tensor(run_lab):
-    r = run04(run_lab, "pinned-layer")
+def test_pinned_layer_emulation_fails_only_for_the_pinned_tensor(runs):
+    r = runs("pinned-layer")
     assert (r.status, r.signature) == expected("pinned-layer") == ("failed", "device-mismatch")
     p = lab04.pinned_summary(r)
     assert p["devices"] == ["cpu", "meta"]
@@ -77,8 +96,8 @@ def test_pinned_layer_emulation_fails_only_for_the_pinned_tensor(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_ddp_broken_all_gather_of_own_lengths_aborts(run_lab):
-    r = run04(run_lab, "ddp-broken")
+def test_ddp_broken_all_gather_of_own_lengths_aborts(runs):
+    r = runs("ddp-broken")
     assert (r.status, r.signature) == expected("ddp-broken") == ("failed", "gloo-size-mismatch")
     assert lab04.ddp_summary(r)["own_max_len"] == [12, 17]
     assert not r.records_of("done")
@@ -88,8 +107,8 @@ def test_ddp_broken_all_gather_of_own_lengths_aborts(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_ddp_fixed_pads_to_global_max_and_equals_one_process(run_lab):
-    r = run04(run_lab, "ddp-fixed")
+def test_ddp_fixed_pads_to_global_max_and_equals_one_process(runs):
+    r = runs("ddp-fixed")
     assert (r.status, r.signature) == expected("ddp-fixed") == ("ok", None)
     d = lab04.ddp_summary(r)
     assert d["own_max_len"] == [12, 17] and d["global_max_len"] == 17
@@ -99,8 +118,8 @@ def test_ddp_fixed_pads_to_global_max_and_equals_one_process(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_bucketing_cuts_padding_keeps_batches_and_loss(run_lab):
-    r = run04(run_lab, "bucketing")
+def test_bucketing_cuts_padding_keeps_batches_and_loss(runs):
+    r = runs("bucketing")
     assert (r.status, r.signature) == expected("bucketing") == ("ok", None)
     s = lab04.bucketing_summary(r)
     rnd, bkt = s["random"], s["bucketed"]
@@ -110,6 +129,56 @@ def test_bucketing_cuts_padding_keeps_batches_and_loss(run_lab):
     assert s["loss_init_rel_diff"] < 1e-6                            # masked loss does not see the padding
     assert rnd["tokens_per_s"] > 0 and bkt["tokens_per_s"] > 0
     assert len(r.records_of("done")) == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_article_example1_as_written_trains_under_the_emulation(runs):
+    """The article's own Example 1 (nn.Linear on pad_sequence batches): the batch is padded before the
+    split, so every replica returns the same length and every step trains."""
+    r = runs("article-example1")
+    assert (r.status, r.signature) == expected("article-example1") == ("ok", None)
+    s = lab04.dp_summary(r)
+    assert s["label"] == "emulation of DataParallel on CPU" and s["steps_done"] == 2
+    assert [st["padded_len"] for st in s["steps"]] == [40, 35]
+    for st in s["steps"]:
+        assert st["replica_out_lengths"] == [st["padded_len"]] * 2 and st["gathered"] == [4, st["padded_len"], 20]
+        assert st["max_abs_diff_vs_single"] < 1e-6
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_claim_check_on_the_emulation_tests_no_dataparallel_claim(runs):
+    c = lab04.claim_check(*(runs(v) for v in ("article-example1", "dp-broken", "dp-fixed", "pinned-layer",
+                                               "ddp-broken", "bucketing")))
+    v = c.verdicts()
+    dp_rows = ("example1-error", "lstm-more-evident", "model-parallelism", "custom-layer")
+    assert all(v[k] == "not tested here" for k in dp_rows), v          # an emulation judges no DataParallel claim
+    assert v["ddp-graceful"] == "partly"                                # padded batches train; own-length gathers abort
+    rows = {row.spec.key: row for row in c.claims}
+    assert "ran on every replica" in rows["custom-layer"].measured    # what the emulation did is still shown
+    assert all("emulation" in rows[k].measured for k in dp_rows)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_exercise_checkers_right_wrong_and_adversarial(runs):
+    b, d, k = runs("dp-broken"), runs("ddp-fixed"), runs("bucketing")
+    assert lab04.check_failing_step(1, b).passed
+    for wrong in (0, 2, None, "1", 1.0, True, [1], -1, 3):               # neighbours, types, out of range
+        c = lab04.check_failing_step(wrong, b)
+        assert not c.passed and "step 1:" not in c.message, wrong
+    assert lab04.check_global_length(17, d).passed
+    for wrong in (12, 16, 18, 17.0, "17", None, True, 0, [17]):        # rank 0's own longest, neighbours, types
+        c = lab04.check_global_length(wrong, d)
+        assert not c.passed and "17 =" not in c.message, wrong
+    s = lab04.bucketing_summary(k)
+    got = s["random"]["padding_fraction"]
+    assert lab04.check_padding_fraction(round(got, 2), k).passed
+    for wrong in (s["bucketed"]["padding_fraction"], got + 0.1, got - 0.1, 1 - got, str(got), None, True,
+                  float("nan"), 1.5, -0.1, [got]):                    # the other batching's value, neighbours, types
+        c = lab04.check_padding_fraction(wrong, k)
+        assert not c.passed and f"{got:.1%}" not in c.message, wrong
 
 
 def test_dp_modes_rejected_before_any_rank_starts():

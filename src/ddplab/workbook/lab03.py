@@ -8,16 +8,12 @@ import re
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "03"
-SEED = "000_5eac2459042e419e.txt"
 VARIANTS = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
 BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
-ARTICLE_QUOTE = ("If different processes receive input tensors of varying shapes, the `all_reduce` operation "
-                 "will fail silently or produce incorrect results, leading to a hang.")
-PG_TIMEOUT_S = 1800.0   # torch.distributed's default process-group timeout (quoted, not run)
 
 
 def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30) -> None:
@@ -128,60 +124,97 @@ def gloo_report(result) -> dict | None:
 # ----------------------------------------------------------------------------------------------
 
 def plot(bare, detail, guard_raise, guard_ok):
-    """Left: seconds until the learner has a clear answer (measured wall time of each real run; the
-    guard's own detection time inside the ranks; a hang until the default timeout, quoted, hatched).
-    Right: the guard's cost per training step against the step itself (medians, slowest rank)."""
+    """Left: measured seconds from launch until each run gave its answer (whole runs, start-up
+    included), and the guard's own detection time inside the ranks. Nothing hung here, so no timeout
+    is drawn. Right: the guard's cost per training step against the step itself (medians, slowest rank)."""
     import matplotlib.pyplot as plt
 
     caught = guard_caught(guard_raise) or {"ms": float("nan")}
     cost = guard_cost(guard_ok)
-    rows = [(f"bare gloo: {bare.status}, names bytes only", bare.wall_s, True),
-            (f"DETAIL: {detail.status}, names op + shapes", detail.wall_s, True),
-            (f"guard: {guard_raise.status}, names ranks + shapes", guard_raise.wall_s, True),
-            ("guard's check inside the ranks", caught["ms"] / 1e3, True),
-            ("a hang until the default 30-min timeout (quoted, not run)", PG_TIMEOUT_S, False)]
+    rows = [(f"bare gloo: {bare.status}, names bytes only", bare.wall_s),
+            (f"DETAIL: {detail.status}, names op + shapes", detail.wall_s),
+            (f"guard: {guard_raise.status}, names ranks + shapes", guard_raise.wall_s),
+            ("guard's check inside the ranks", caught["ms"] / 1e3)]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [2.2, 1]})
-    for i, (label, s, measured) in enumerate(rows):
-        ax.barh(i, s, color="#0969da" if measured else "white", edgecolor="#0969da", hatch=None if measured else "//")
+    for i, (label, s) in enumerate(rows):
+        ax.barh(i, s, color="#0969da")
         ax.text(s, i, f"  {s:.3g} s", va="center")
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlim(right=PG_TIMEOUT_S * 20)
-    ax.set_xlabel("seconds to a clear answer (log; whole runs include ~5 s of start-up)")
-    ax.set_title("gather-ragged: time to a clear answer (measured)")
+    ax.set_xlim(right=max(s for _, s in rows) * 8)
+    ax.set_xlabel("seconds, measured (log scale; whole runs include start-up: imports, rendezvous)")
+    ax.set_title("gather-ragged: seconds until each run named the problem (measured, this execution)")
     bx.bar([0, 1], [cost["step_ms"], cost["guard_ms"]], color=["#8c959f", "#0969da"])
     bx.set_xticks([0, 1], ["training step", "shape guard"])
     for x, v in enumerate([cost["step_ms"], cost["guard_ms"]]):
         bx.text(x, v, f"{v:.2f} ms", ha="center", va="bottom")
     bx.set_ylim(top=max(cost["step_ms"], cost["guard_ms"]) * 1.25)
-    bx.set_ylabel("ms per step (median)")
+    bx.set_ylabel("ms per step (median, measured)")
     bx.set_title(f"guard cost: {cost['overhead_pct']:.0f}% of a tiny step")
     fig.tight_layout()
     return fig
 
 
-def claims(article, bare, detail, guard_raise, model) -> ClaimCheck:
+CLAIMS = (
+    ClaimSpec(
+        "example3-hang", "000",
+        "If different processes receive input tensors of varying shapes, the all_reduce operation will fail "
+        "silently or produce incorrect results, leading to a hang.",
+        "judged on the article's Example 3 (10 rows on rank 0, 20 on rank 1, into DDP). Two parts: (1) incorrect "
+        "results: DDP's averaged gradient differs from the single-process gradient over all 30 rows by more than "
+        "1% (relative); (2) a hang: the run ends hung (no rank made progress)",
+        parts=("incorrect_results", "hang")),
+    ClaimSpec(
+        "mismatch-errors-hang", "000",
+        "Using improperly formatted input tensors across processes, for instance mismatched tensor dimensions or "
+        "data types, can lead to errors in the collective operations, resulting in the hang.",
+        "judged on the runs whose collectives really see different shapes: gather-ragged (an all_gather of 7 vs 6 "
+        "rows) and model-mismatch (parameter shapes that differ, checked by DDP). Two parts: (1) errors in the "
+        "collective operations: both runs fail with an error raised in or around the collective; (2) the hang: "
+        "either run ends hung",
+        parts=("errors", "hang")),
+    ClaimSpec(
+        "cryptic-errors", "000",
+        "PyTorch's error handling in this area can sometimes be cryptic.",
+        "holds if the error of the bare gather-ragged run (gloo, no debug settings) names neither the ranks' tensor "
+        "shapes nor the collective (only byte counts); wrong if it names the shapes",
+        parts=("cryptic",)),
+)
+
+
+def claim_check(article, bare, detail, guard_raise, model) -> ClaimCheck:
+    """Each row judged by ClaimSpec.judge from the runs' fields (no verdict is written here)."""
     g = grad_check(article)
     d = detail_report(detail)
+    rep = gloo_report(bare) or {}
     caught = guard_caught(guard_raise)
+    c_ex3, c_err, c_cryptic = CLAIMS
+    bare_msg = " ".join(filter(None, [bare.excerpt, bare.cause.message if bare.cause else ""]))
+    names_shapes = bool(re.search(r"\[\d+, \d+\]|TensorShape|shape", bare_msg))
     return ClaimCheck([
-        Claim("Different input shapes per rank make the all_reduce 'fail silently ... leading to a hang'",
-              f"{SEED}, Example 3",
-              f"rows per rank {g['rows']}: DDP run {article.status} in {article.wall_s:.1f} s; gradients have the "
-              f"parameters' shapes whatever the batch size, so the all-reduce matches", "wrong"),
-        Claim("... 'or produce incorrect results'", f"{SEED}, Example 3",
-              f"DDP's averaged gradient differs from the {sum(g['rows'])}-row gradient by "
-              f"{100 * g['rel_err_naive']:.1f}% (ranks weighted equally, not by rows); weighting the loss by rows: "
-              f"{g['rel_err_weighted']:.1e}", "partly"),
-        Claim("(the real cause) different tensor shapes inside one collective", "this lab, gather-ragged",
-              f"gloo: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) "
-              f"{(gloo_report(bare) or {}).get('aborted_ranks')} aborted; DETAIL: {detail.status} [{detail.signature}], "
-              f"shapes {d['shapes'] if d else '?'}; guard: {guard_raise.status} in "
-              f"{(caught or {}).get('ms', float('nan')):.1f} ms inside the ranks", "holds"),
-        Claim("(the real cause) a rank-dependent model", "this lab, model-mismatch",
-              f"DDP construction: {model.status} [{model.signature}]", "holds"),
+        c_ex3.judge(
+            f"rows per rank {g['rows']}: the DDP run ended {article.status} in {article.wall_s:.1f} s; its averaged gradient "
+            f"differs from the {sum(g['rows'])}-row gradient by {100 * g['rel_err_naive']:.1f}% (ranks weighted equally, "
+            f"not by rows); weighting the loss by rows: {g['rel_err_weighted']:.1e}. Gradients have the parameters' shapes "
+            "whatever the batch size, so the all-reduce itself matches",
+            incorrect_results=g["rel_err_naive"] > 0.01, hang=article.status == "hung"),
+        c_err.judge(
+            f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
+            f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; neither hung",
+            errors=bare.status == "failed" and model.status == "failed",
+            hang="hung" in (bare.status, model.status)),
+        c_cryptic.judge(
+            f"bare gloo: {_gloo_words(rep)} (bytes; no shapes, no collective); with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
+            f"{d['op'] if d else '?'} shapes {d['shapes'] if d else '?'}; the guard: {(caught or {}).get('message', '?')}",
+            cryptic=bare.status == "failed" and not names_shapes),
     ])
+
+
+def _gloo_words(rep: dict) -> str:
+    if not rep:
+        return "no size message found"
+    return f"\"op.preamble.length <= op.nbytes. {rep['received_bytes']} vs {rep['expected_bytes']}\""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,10 +226,9 @@ def check_failing(answer, results: dict) -> Check:
     from this execution (the default runs, without DETAIL and with the guard padding)."""
     if answer is None:
         return Check(False, "set answer to a set of variant names, e.g. {'article-example'}")
-    try:
-        got = {str(a) for a in answer}
-    except TypeError:
-        return Check(False, f"answer must be a set of variant names, not {answer!r}")
+    if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(a, str) for a in answer):
+        return Check(False, f"answer must be a set of variant names (strings), e.g. {{'article-example'}}, not {answer!r}")
+    got = {a.strip() for a in answer}
     unknown = got - set(VARIANTS)
     if unknown:
         return Check(False, f"unknown variant(s) {sorted(unknown)}; the variants are {', '.join(VARIANTS)}")
@@ -206,16 +238,24 @@ def check_failing(answer, results: dict) -> Check:
     return Check(False, f"the runs in this notebook say otherwise: {len(got ^ truth)} variant(s) classified differently")
 
 
-def check_three_ranks(answer, **kw) -> Check:
-    """Exercise 2: with 3 ranks the 45 evaluation rows split 15/15/15. What does gather-ragged end with?
-    The checker runs it for real (about 8 s)."""
+ENDINGS = ("ok", "failed", "hung")
+
+
+def check_three_ranks(answer, result=None, **kw) -> Check:
+    """Exercise 2 (predicted before the run): with 3 ranks the 45 evaluation rows split 15/15/15. What
+    does gather-ragged end with: 'ok', 'failed' or 'hung'? The checker runs it for real (about 8 s),
+    or uses ``result``, such a run."""
     if answer is None:
         return Check(False, "set answer to 'ok', 'failed' or 'hung', then run this cell again")
-    if answer not in ("ok", "failed", "hung"):
-        return Check(False, f"answer must be 'ok', 'failed' or 'hung', not {answer!r}")
-    r = run_variant("gather-ragged", nproc=3, **kw)
-    detail = (f"ranks had {[x['rows'] for x in sorted(r.records_of('start'), key=lambda x: x['rank'])]} rows; "
-              f"the run ended {r.status}" + (f" [{r.signature}]" if r.signature else ""))
+    if not isinstance(answer, str) or answer not in ENDINGS:
+        return Check(False, f"answer must be exactly one of 'ok', 'failed' or 'hung', not {answer!r}")
+    r = result if result is not None else run_variant("gather-ragged", nproc=3, **kw)
+    rows = [x["rows"] for x in sorted(r.records_of("start"), key=lambda x: x["rank"])]
     if answer == r.status:
-        return Check(True, detail + ": a ragged gather needs a split whose last batches differ")
-    return Check(False, detail)
+        return Check(True, f"ranks had {rows} rows; the run ended {r.status}: every last batch had the same size, "
+                           "so every all_gather saw equal shapes")
+    return Check(False, f"not what the run did: ranks had {rows} rows; work out each rank's batch sizes (labs/03_shapes.py: EVAL_ROWS, BATCH) "
+                        "and ask whether any all_gather sees different shapes")
+
+
+EXERCISES = {"failing-variants": check_failing, "three-ranks": check_three_ranks}

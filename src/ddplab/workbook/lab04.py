@@ -8,13 +8,14 @@ import statistics
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 from ddplab.result import RunResult
 
 LAB = "04"
-ARTICLE = "002_3b7eff0f44992b59.txt"
 DP_MODES = ("auto", "emulation", "real")
-DP_VARIANTS = ("dp-broken", "dp-fixed", "pinned-layer")
+DP_VARIANTS = ("article-example1", "dp-broken", "dp-fixed", "pinned-layer")
+EMULATION = ("an emulation of DataParallel on CPU (Tensor.chunk, a replica per chunk, torch.cat; no GPUs), "
+             "not nn.DataParallel: it cannot show what DataParallel itself does")
 
 
 def gpu_count() -> int:
@@ -172,67 +173,147 @@ def plot_bucketing(r: RunResult):
 
 
 # ---- claims and exercises ----------------------------------------------------------------------
-def claim_check(dp_broken: RunResult, dp_fixed: RunResult, pinned: RunResult, ddp_fixed: RunResult) -> ClaimCheck:
-    b, f, p, d = dp_summary(dp_broken), dp_summary(dp_fixed), pinned_summary(pinned), ddp_summary(ddp_fixed)
+CLAIMS = (
+    ClaimSpec(
+        "example1-error", "002",
+        "In this example, when a batch of varying sequence lengths is presented to DataParallel, it might "
+        "generate error due to the padding implemented in pad_sequence.",
+        "judged on the article's Example 1 code as written (nn.Linear(10, 20) on pad_sequence batches of its "
+        "lengths 10-40, batch 4) under real nn.DataParallel on 2 GPUs: holds if a step raises an error; wrong if "
+        "every step trains. Without 2 GPUs only the emulation runs: not tested here",
+        parts=("raises",)),
+    ClaimSpec(
+        "lstm-more-evident", "002",
+        "Note that the error may not appear, but it will be more evident in more complex structures (e.g. "
+        "LSTM-like structures).",
+        "two parts, under real nn.DataParallel on 2 GPUs: (1) the error may not appear: Example 1 (nn.Linear) "
+        "trains every step; (2) it is evident with an LSTM-like structure: the extension (an LSTM packing the "
+        "padded batch, pad_packed_sequence without total_length) fails in gather. Without 2 GPUs: not tested here",
+        parts=("linear_runs", "lstm_fails")),
+    ClaimSpec(
+        "model-parallelism", "002",
+        "It is crucial to remember that the model's parameters remain in the primary process's memory, while only "
+        "copies are used on the worker GPUs, making it a form of model parallelism, while primarily data parallelism.",
+        "two parts, under real nn.DataParallel: (1) primarily data parallelism: each batch's rows are split across "
+        "the replicas; (2) a form of model parallelism: the model's layers or parameters are split across devices "
+        "(each replica holds only part of them). Without 2 GPUs: not tested here",
+        parts=("data_split", "model_split")),
+    ClaimSpec(
+        "custom-layer", "002",
+        "DataParallel relies on all tensors being on the same device in the forward pass, and also in the backward "
+        "pass when calculating the gradient, and the implementation of the CustomLayer is not guaranteed to transfer "
+        "to the worker devices.",
+        "holds if the article's CustomLayer (its weight an nn.Parameter) fails on a worker device under real "
+        "nn.DataParallel; wrong if it runs on every replica. Without 2 GPUs: not tested here",
+        parts=("article_layer_fails",)),
+    ClaimSpec(
+        "ddp-graceful", "002",
+        "The DistributedDataParallel class generally handles the process of distributed data parallelism more "
+        "gracefully, because it uses separate processes instead of threads, making the whole setup less prone to the "
+        "limitations above mentioned.",
+        "judged on real DDP runs (2 gloo processes) with the same kind of padded variable-length data. Two parts: "
+        "(1) padded variable-length batches train: each process pads its own batch, nothing is split after padding "
+        "(bucketing run ends ok); (2) the shape limitation is gone: gathering outputs padded to each rank's own "
+        "longest sequence works (ddp-broken ends ok)",
+        parts=("padded_batches_train", "no_shape_limitation")),
+)
+
+
+def _real(r: RunResult) -> bool:
+    start = r.records_of("dp_start") or r.records_of("pinned_start")
+    return bool(start) and start[0]["dp_mode"] == "real"
+
+
+def claim_check(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult, pinned: RunResult,
+                ddp_broken: RunResult, bucketing: RunResult) -> ClaimCheck:
+    """Each row judged by ClaimSpec.judge from the runs' fields. DataParallel rows are judged only on real
+    nn.DataParallel runs; on the emulation they say what the emulation did and are not tested here."""
+    e1, b, f, p = dp_summary(example1), dp_summary(dp_broken), dp_summary(dp_fixed), pinned_summary(pinned)
+    c_e1, c_lstm, c_mp, c_layer, c_ddp = CLAIMS
+    emu = lambda *rs: None if all(_real(r) for r in rs) else EMULATION
+    fail = next((s for s in b["steps"] if s["gathered"] is None), None)
     start = dp_fixed.records_of("dp_start")[0]
     split = dp_fixed.records_of("dp_batch")[0]["rows_per_replica"]
-    fail = next((s for s in b["steps"] if s["gathered"] is None), None)
+    rep = next(iter(dp_fixed.records_of("replicas")), {}).get("seen", [])
+    e1_text = (f"[{e1['label']}] the article's Example 1: {e1['steps_done']} of {len(e1['steps'])} steps trained, "
+               f"status {e1['status']}; each batch was padded to its longest sequence before the split, so every replica "
+               f"returned the same length: {[s['replica_out_lengths'] for s in e1['steps']]}")
+    lstm_text = (f"[{b['label']}] LSTM extension: failed at step {b['failed_at_step']} [{b['signature']}]: chunk maxima "
+                 f"{fail['chunk_max_lengths']} gave replica lengths {fail['replica_out_lengths']}" if fail
+                 else f"[{b['label']}] LSTM extension: no step failed ({b['status']})")
+    d, bk = ddp_summary(ddp_broken), bucketing_summary(bucketing)
     return ClaimCheck([
-        Claim("DataParallel keeps the parameters in the main process and uses copies on the workers, "
-              "'making it a form of *model parallelism*'", f"{ARTICLE[:3]}, introduction",
-              f"{f['label']}: each batch of {sum(split)} rows was split {split} "
-              f"across {start['replicas']} replicas, each holding all {start['params']} parameters: the data is split, the model is not",
-              "wrong"),
-        Claim("the collate_fn's pad_sequence padding 'is not accounted for by DataParallel, that expects a completely "
-              "consistent tensor'", f"{ARTICLE[:3]}, Example 1",
-              (f"{b['label']}: the collate padded step {fail['step']} to {fail['padded_len']}; the chunks' longest sequences were "
-               f"{fail['chunk_max_lengths']}, so pad_packed_sequence returned lengths {fail['replica_out_lengths']} and gather failed "
-               f"[{b['signature']}]; with total_length= every replica returned {f['steps'][fail['step']]['replica_out_lengths']}")
-              if fail else f"{b['label']}: no step failed in this run",
-              "partly"),
-        Claim("training 'is not starting' with nn.DataParallel", f"{ARTICLE[:3]}, title",
-              f"{b['label']}: {b['steps_done']} step(s) trained, then the run ended with status '{b['status']}' "
-              f"(an exception naming the sizes) at step {b['failed_at_step']}, in {dp_broken.wall_s:.0f} s: it starts, then crashes "
-              "on the first batch whose chunks differ in longest length",
-              "wrong"),
-        Claim("the custom layer with a manually defined weight 'is not guaranteed to transfer to the worker devices'",
-              f"{ARTICLE[:3]}, Example 3",
-              f"{p['label']}: the article's layer (nn.Parameter) ran on {p['devices']}: {p['article_layer_ok']}; a tensor created "
-              f"on a fixed device in forward(): {'ran' if p['pinned_ok'] else 'failed'} [{p['signature']}]; created on x.device: "
-              f"{'ran' if p['follow_ok'] else 'failed'}",
-              "partly"),
-        Claim("(lab) DDP: pad to the global maximum before all_gather, trim after: the same outputs as one process",
-              "this lab", f"ranks' own longest {d['own_max_len']}, padded to {d['global_max_len']}, max |difference| vs one process "
-              f"{d['max_abs_diff_vs_single']:.1e}", "holds" if (d["max_abs_diff_vs_single"] or 1) < 1e-5 else "wrong"),
+        c_e1.judge(e1_text, imitation=emu(example1), raises=example1.status == "failed"),
+        c_lstm.judge(f"{e1_text}; {lstm_text}", imitation=emu(example1, dp_broken),
+                     linear_runs=example1.ok, lstm_fails=dp_broken.status == "failed"),
+        c_mp.judge(f"[{f['label']}] per replica call of the first step (device, parameters held, rows): "
+                   f"{[(x['device'], x['params'], x['rows']) for x in rep]}; the model has {start['params']} parameters",
+                   imitation=emu(dp_fixed),
+                   data_split=len(rep) > 1 and all(0 < x["rows"] < sum(split) for x in rep),
+                   model_split=any(x["params"] < start["params"] for x in rep)),
+        c_layer.judge(f"[{p['label']}] the article's layer (nn.Parameter weight) on {p['devices']}: "
+                      f"{'ran on every replica' if p['article_layer_ok'] else 'failed'}; a tensor created on a fixed device "
+                      f"in forward(): {'ran' if p['pinned_ok'] else 'failed'} [{p['signature']}]; created on x.device: "
+                      f"{'ran' if p['follow_ok'] else 'failed'}", imitation=emu(pinned),
+                      article_layer_fails=not p["article_layer_ok"]),
+        c_ddp.judge(f"DDP, 2 gloo processes: bucketing (padded variable-length batches, {bk['random']['batches_per_rank']} "
+                    f"steps per rank) ended {bucketing.status}; gathering outputs padded to each rank's own longest "
+                    f"sequence {d['own_max_len']} ended {ddp_broken.status} [{ddp_broken.signature}]",
+                    padded_batches_train=bucketing.ok, no_shape_limitation=ddp_broken.ok),
     ])
 
 
-def check_failing_step(answer, dp_broken: RunResult) -> Check:
-    """Exercise 1: at which step (0, 1 or 2) does the broken DataParallel run fail?"""
-    s = dp_summary(dp_broken)
+def _whole(answer, lo: int, hi: int, what: str) -> str | None:
     if answer is None:
-        return Check(False, "set `answer` to the step number (0, 1 or 2), from the chunk maxima printed above")
+        return f"set `answer` to {what}, then run the cell again"
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return f"`answer` must be a whole number ({what}), not {answer!r}"
+    if not lo <= answer <= hi:
+        return f"`answer` must be from {lo} to {hi}"
+    return None
+
+
+def check_failing_step(answer, dp_broken: RunResult) -> Check:
+    """Exercise 1 (predicted before the run, from the batches' lengths): at which step (0, 1 or 2)
+    does the LSTM extension under DataParallel fail?"""
+    s = dp_summary(dp_broken)
+    why = _whole(answer, 0, len(s["steps"]) - 1 if s["steps"] else 2, "a step number (0, 1 or 2)")
+    if why:
+        return Check(False, why)
     if answer == s["failed_at_step"]:
         return Check(True, f"step {answer}: its chunks' longest sequences were "
                            f"{s['steps'][answer]['chunk_max_lengths']} ({s['label']})")
-    return Check(False, f"step {answer} is not it: look for the first step whose chunk maxima differ")
+    return Check(False, f"not step {answer}: split each batch's lengths into 2 halves (rows 0-3, 4-7) and compare the "
+                        "halves' longest sequences; the first step where they differ fails")
 
 
 def check_global_length(answer, ddp_fixed: RunResult) -> Check:
-    """Exercise 2: to what length must every rank pad before all_gather?"""
+    """Exercise 2 (predicted before the run): to what length must every rank pad before all_gather?"""
     d = ddp_summary(ddp_fixed)
-    if answer is None:
-        return Check(False, "set `answer` to the length every rank pads to (an integer)")
+    why = _whole(answer, 1, 10_000, "a length in time steps")
+    if why:
+        return Check(False, why)
     if answer == d["global_max_len"]:
-        return Check(True, f"{answer} = max of the ranks' own longest sequences {d['own_max_len']}")
-    return Check(False, f"{answer} is not it: every rank needs the same shape, and no rank may cut a sequence")
+        return Check(True, f"{answer} = the longest of the ranks' own longest sequences {d['own_max_len']}")
+    return Check(False, f"{answer} is not it: every rank needs the same shape, and no rank may cut a sequence; "
+                        "rank r gets rows r, r+2, r+4, ... of EVAL_LENGTHS")
 
 
 def check_padding_fraction(answer, bucketing: RunResult, tolerance: float = 0.05) -> Check:
-    """Exercise 3: what fraction of the random batches' token slots is padding (0..1)?"""
+    """Exercise 3 (predicted before the numbers are shown): what fraction of the RANDOM batches' token
+    slots is padding (0..1)? Within ``tolerance`` of the measured value."""
     got = bucketing_summary(bucketing)["random"]["padding_fraction"]
     if answer is None:
         return Check(False, "set `answer` to a fraction between 0 and 1")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != answer:
+        return Check(False, f"`answer` must be a number between 0 and 1, not {answer!r}")
+    if not 0 <= answer <= 1:
+        return Check(False, "a fraction is between 0 and 1 (e.g. 0.25 for a quarter)")
     if abs(float(answer) - got) <= tolerance:
         return Check(True, f"measured {got:.1%} (you said {float(answer):.1%})")
-    return Check(False, f"not within {tolerance:.0%} of the measured value: count pad slots / all slots per batch")
+    return Check(False, f"not within {tolerance:.0%} of the measured value: per batch, padding slots = rows x the batch's "
+                        "longest length - the real tokens; look at the length histogram")
+
+
+EXERCISES = {"failing-step": check_failing_step, "global-length": check_global_length,
+             "padding-fraction": check_padding_fraction}
