@@ -55,9 +55,10 @@ LAB = {
     },
 }
 
-# variant: (init timeout in seconds, rank 1's delay in seconds); short so every failure takes seconds
+# variant: (init timeout in seconds, rank 1's delay in seconds); short so every failure takes seconds.
+# article-sleep: None, PyTorch's default (30 minutes), as the article's call sets none.
 DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-master": (3.0, 0.0),
-            "env-mismatch": (3.0, 0.0), "article-sleep": (3.0, 0.0), "fixed": (10.0, 1.0)}
+            "env-mismatch": (3.0, 0.0), "article-sleep": (None, 0.0), "fixed": (10.0, 1.0)}
 LINGER_S = 2.0   # a failed rank stays 2 s so the others' errors reach their logs too (see report())
 
 
@@ -92,57 +93,74 @@ def init(rank: int, world: int, addr: str, port: int, timeout_s: float | None) -
 
 def report(rank: int, t0: float, e: BaseException, timeout_s: float | None) -> None:
     lab.record("init_failed", error=type(e).__name__, message=str(e).splitlines()[0][:300],
-               seconds=round(time.monotonic() - t0, 3), timeout_s=timeout_s)
+               seconds=round(time.monotonic() - t0, 3), timeout_s=timeout_s, linger_s=LINGER_S)
     # torchrun ends every rank as soon as one exits; staying LINGER_S lets the other side print its error.
     time.sleep(LINGER_S)
+
+
+# ---- one function per variant: the broken line and the fix differ visibly ------------------------
+
+def missing_rank(rank: int, world: int, addr: str, a) -> None:
+    init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)        # BROKEN: a rank that never starts
+
+
+def late_rank(rank: int, world: int, addr: str, a) -> None:
+    late(rank, a.late_s)
+    lab.setup(timeout_s=a.timeout_s)                                    # BROKEN: timeout < rank 1's delay
+
+
+def unreachable_master(rank: int, world: int, addr: str, a) -> None:
+    port, dead = own_ports(rank)
+    where = a.master_addr
+    if rank != 0 and where.startswith("127."):
+        port = dead                    # loopback fallback: a port where nothing listens (refused, not dropped)
+    lab.record("dials", master_addr=addr if rank == 0 else where, port=port)
+    init(rank, world, addr if rank == 0 else where, port,               # BROKEN: nothing answers there
+         a.timeout_s * 3 if rank == 0 else a.timeout_s)  # rank 0 waits longer so rank 1's own error shows
+
+
+def env_mismatch(rank: int, world: int, addr: str, a) -> None:
+    port, other = own_ports(rank)
+    if a.mismatch == "port":
+        init(rank, world, addr, port if rank == 0 else other,          # BROKEN: rank 1 has another MASTER_PORT
+             a.timeout_s * 3 if rank == 0 else a.timeout_s)
+    else:
+        init(rank, world + (rank != 0), addr, port, a.timeout_s)      # BROKEN: rank 1 has WORLD_SIZE+1
+        dist.barrier()
+
+
+def article_sleep(rank: int, world: int, addr: str, a) -> None:
+    heartbeat(time.monotonic())   # records every 2 s how long init has waited so far (it never answers)
+    try:                                                                # BROKEN: the article's Example 2
+        init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)   # None (the article's): 30 minutes
+    except RuntimeError as e:
+        lab.record("init_failed", error=type(e).__name__, message=str(e)[:300])
+        time.sleep(a.sleep_s)  # "allow time for other processes to report errors"
+        raise SystemExit(1)
+
+
+def fixed(rank: int, world: int, addr: str, a) -> None:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
+        late(rank, a.late_s)   # staging is slow the first time; after a restart it is cached
+    lab.setup(timeout_s=a.timeout_s)                                    # FIX: a timeout chosen on purpose
+    dist.barrier()
+
+
+VARIANTS = {"missing-rank": missing_rank, "late-rank": late_rank, "unreachable-master": unreachable_master,
+            "env-mismatch": env_mismatch, "article-sleep": article_sleep, "fixed": fixed}
 
 
 def main(a) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr = os.environ["MASTER_ADDR"]
-    v = a.variant
-    lab.record("start", variant=v, world_size=world, torch=torch.__version__, timeout_s=a.timeout_s,
+    lab.record("start", variant=a.variant, world_size=world, torch=torch.__version__, timeout_s=a.timeout_s,
                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                max_restarts=int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)))
-    if v == "late-rank" and a.sweep_timeouts:
+    if a.variant == "late-rank" and a.sweep_timeouts:
         return sweep(rank, world, a)
-
     t0 = time.monotonic()
     try:
-        if v == "missing-rank":
-            init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)        # BROKEN: a rank that never starts
-        elif v == "late-rank":
-            late(rank, a.late_s)
-            lab.setup(timeout_s=a.timeout_s)                                    # BROKEN: timeout < rank 1's delay
-        elif v == "unreachable-master":
-            port, dead = own_ports(rank)
-            where = a.master_addr
-            if rank != 0 and where.startswith("127."):
-                port = dead                    # loopback fallback: a port where nothing listens (refused, not dropped)
-            lab.record("dials", master_addr=addr if rank == 0 else where, port=port)
-            init(rank, world, addr if rank == 0 else where, port,               # BROKEN: nothing answers there
-                 a.timeout_s * 3 if rank == 0 else a.timeout_s)  # rank 0 waits longer so rank 1's own error shows
-        elif v == "env-mismatch":
-            port, other = own_ports(rank)
-            if a.mismatch == "port":
-                init(rank, world, addr, port if rank == 0 else other,          # BROKEN: rank 1 has another MASTER_PORT
-                     a.timeout_s * 3 if rank == 0 else a.timeout_s)
-            else:
-                init(rank, world + (rank != 0), addr, port, a.timeout_s)      # BROKEN: rank 1 has WORLD_SIZE+1
-                dist.barrier()
-        elif v == "article-sleep":
-            heartbeat(t0)      # records every 2 s how long init has waited so far (it never answers)
-            try:                                                                # BROKEN: the article's Example 2
-                init(rank, world + 1, addr, own_ports(rank)[0], None)          # default timeout: 30 minutes
-            except RuntimeError as e:
-                lab.record("init_failed", error=type(e).__name__, message=str(e)[:300])
-                time.sleep(a.sleep_s)  # "allow time for other processes to report errors"
-                raise SystemExit(1)
-        elif v == "fixed":
-            if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
-                late(rank, a.late_s)   # staging is slow the first time; after a restart it is cached
-            lab.setup(timeout_s=a.timeout_s)                                    # FIX: a timeout chosen on purpose
-            dist.barrier()
+        VARIANTS[a.variant](rank, world, addr, a)
     except Exception as e:
         report(rank, t0, e, a.timeout_s)
         raise
@@ -217,7 +235,7 @@ if __name__ == "__main__":
     p.add_argument("--variant", choices=list(LAB["variants"]), default="missing-rank",
                    help="which initialization failure (or the fix) to run")
     p.add_argument("--timeout-s", type=float, default=None,
-                   help="init_process_group(timeout=...) in seconds (default per variant; article-sleep: PyTorch's 30 min)")
+                   help="init_process_group(timeout=...) in seconds (default per variant; article-sleep: none, so PyTorch's 30 min)")
     p.add_argument("--late-s", type=float, default=None,
                    help="how many seconds late rank 1 starts (late-rank: 4, fixed: 1)")
     p.add_argument("--master-addr", default="127.0.0.1",
@@ -231,7 +249,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     a.timeout_s = DEFAULTS[a.variant][0] if a.timeout_s is None else a.timeout_s
     a.late_s = DEFAULTS[a.variant][1] if a.late_s is None else a.late_s
-    if a.timeout_s <= 0:
+    if a.timeout_s is not None and a.timeout_s <= 0:
         p.error("--timeout-s must be more than 0 seconds")
     if a.master_addr.split(".")[0] not in ("127", "10"):
         p.error("--master-addr must be loopback (127.x) or the lab's own namespace (10.206.x.y)")

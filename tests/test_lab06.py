@@ -28,7 +28,7 @@ requires_netns = pytest.mark.skipif(not HAS_NETNS, reason=NO_NETNS or "needs ip 
 def _netns_unreachable(root):
     with lab06.silent_master() as m:
         pc = preflight.check_master(m.address, 29500, timeout_s=1.0)
-        r = lab06.run("unreachable-master", ["--master-addr", m.address, "--timeout-s", "2"], run_root=root)
+        r = lab06.run_variant("unreachable-master", ["--master-addr", m.address, "--timeout-s", "2"], run_root=root)
     return m, pc, r
 
 
@@ -43,10 +43,11 @@ def _doctor_preflight(root):
 def jobs(tmp_path_factory):
     """Every multi-process job of this file, started together (4 at a time; the hang first)."""
     root = tmp_path_factory.mktemp("lab06")
-    work = {f"variant:{v}": (lab06.run, (v,), {})
+    work = {f"variant:{v}": (lab06.run_variant, (v,), {})
             for v in sorted((v.name for v in LAB.variants), key=lambda v: v != "article-sleep")}
     if HAS_NETNS:
         work["netns"] = (_netns_unreachable, (), {})
+    work["mismatch:world-size"] = (lab06.run_variant, ("env-mismatch", ["--mismatch", "world-size"]), {})
     work["sweep"] = (lab06.timeout_sweep, (), {"timeouts": (0.5, 3.0), "delays": (1.5,)})
     work["preflight"] = (_doctor_preflight, (), {})
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -167,3 +168,69 @@ def test_bad_input_is_refused_before_any_rank_starts():
 ])
 def test_signatures_of_captured_messages(name, sig):
     assert signatures.match_text((DATA / name).read_text())[0].id == sig
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_world_size_mismatch_fails(jobs):
+    r = jobs["mismatch:world-size"].result()
+    assert r.status == "failed" and lab06._init_raised(r), r.explain()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_claim_check_is_computed_from_the_runs(jobs):
+    if HAS_NETNS:
+        master, _, unreachable = jobs["netns"].result()
+    else:
+        master = lab06.SilentMaster("127.0.0.1", "loopback", None, "loopback")
+        unreachable = jobs["variant:unreachable-master"].result()
+    cc = lab06.claim_check(jobs["variant:missing-rank"].result(), jobs["sweep"].result(), unreachable, master,
+                           jobs["variant:article-sleep"].result(),
+                           {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()})
+    v = cc.verdicts()
+    rows = {c.spec.key: c for c in cc.claims}
+    assert [c.spec for c in cc.claims] == list(lab06.CLAIMS)
+    # every failure here was raised in init; the late rank (0.5 s timeout, 1.5 s late) timed out with nothing broken
+    assert rows["timeout-at-these-steps"].parts == {"failed_inside_these_steps": True, "only_when_a_step_failed": False}
+    assert v["timeout-at-these-steps"] == "partly"
+    # the sleep: the article's call as written (30 min timeout, nothing reported) cannot report within 60 s
+    assert rows["sleep-lets-others-report"].parts["as_written_reports_within_the_sleep"] is False
+    assert v["sleep-lets-others-report"] in ("partly", "wrong")
+    assert "1800" in rows["sleep-lets-others-report"].measured
+    assert v["firewall"] == ("holds" if HAS_NETNS else "not tested here")
+    assert v["env-inconsistent"] == "holds"
+    assert v["slow-network-default"] == "not tested here"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("answer, passed", [
+    (3.0, True), (3, True),
+    (0.5, False),                                             # the other swept value: it failed
+    (2, False), (1.5, False), (1800, False),                  # not swept (the delay itself; the default)
+    (None, False), ("", False), ("3", False), (True, False), ([3.0], False),   # empty, wrong types
+    (0, False), (-3, False),
+])
+def test_check_smallest_timeout(jobs, answer, passed):
+    c = lab06.check_smallest_timeout(answer, jobs["sweep"].result(), delay_s=1.5)
+    assert c.passed is passed, c
+    if not passed and answer not in (0.5, 2, 1.5, 1800):
+        assert "3 s" not in c.message
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("answer, passed", [
+    (3, True), (3.2, True),
+    (9, False),                                               # rank 0's timeout (3x): the other rank
+    (1800, False), (0.5, False), (1, False),                  # the default; far too short
+    (None, False), ("", False), ("3", False), (True, False), ([3], False), (0, False), (-3, False),
+])
+def test_check_give_up(jobs, answer, passed):
+    r = jobs["variant:unreachable-master"].result()
+    assert 3.0 <= lab06.give_up_seconds(r, 1) < 5.0            # the premise of the table above (timeout 3 s)
+    c = lab06.check_give_up(answer, r)
+    assert c.passed is passed, c
+    if not passed:
+        assert f"{lab06.give_up_seconds(r, 1):.2f}" not in c.message   # a hint, not the measured answer

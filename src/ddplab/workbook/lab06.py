@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, Claim, ClaimCheck
+from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "06"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo; NCCL: 10 min)
@@ -118,7 +118,7 @@ def leftover_namespaces(pid: int | None = None) -> list[str]:
 # Runs
 # ----------------------------------------------------------------------------------------------
 
-def run(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
+def run_variant(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
     """One real run of a lab 06 variant (a torchrun job through ddplab.run). A hang is found by the
     stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
     return ddplab.run(LAB, variant=variant, args=tuple(args), **kw)
@@ -130,7 +130,7 @@ def start(variant: str, args: Sequence[str] = (), **kw) -> "Future":
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lab06-{variant}")
-    job = pool.submit(run, variant, args, **kw)
+    job = pool.submit(run_variant, variant, args, **kw)
     pool.shutdown(wait=False)
     return job
 
@@ -138,7 +138,7 @@ def start(variant: str, args: Sequence[str] = (), **kw) -> "Future":
 def run_unreachable(timeout_s: float = 3.0, prefer: str = "netns", **kw) -> tuple["ddplab.RunResult", SilentMaster]:
     """unreachable-master against a silent master made for this run (and removed right after)."""
     with silent_master(prefer) as m:
-        r = run("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)], **kw)
+        r = run_variant("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)], **kw)
     return r, m
 
 
@@ -201,7 +201,7 @@ def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[f
     # window must cover the delay, or a deliberate wait would be judged a hang.
     if max(timeouts) > 25 and max(delays) > 2:
         kw.setdefault("stall_s", max(delays) + 3.0)
-    r = run("late-rank", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
+    r = run_variant("late-rank", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
             **kw)
     points = tuple(sorted(({k: p[k] for k in ("timeout_s", "delay_s", "outcome", "seconds", "error")}
                            for p in r.records_of("trial") if p["rank"] == 0),
@@ -271,64 +271,169 @@ def time_to_answer(explicit, article, explicit_timeout_s: float):
 # Claims and exercises
 # ----------------------------------------------------------------------------------------------
 
-def claims(missing, sweep: Sweep, unreachable, master: SilentMaster, article) -> ClaimCheck:
+CLAIMS = (
+    ClaimSpec(
+        "timeout-at-these-steps", "003",
+        "A timeout at this stage suggests a failure at one or more of these steps.",
+        "two parts: (1) every initialization that failed here failed inside those steps (in init_process_group, "
+        "while forming the process group, before any parameter was broadcast); (2) a timeout there means one of them "
+        "failed: no run with nothing broken (only a rank arriving late, within what the job could wait for) timed out",
+        parts=("failed_inside_these_steps", "only_when_a_step_failed")),
+    ClaimSpec(
+        "sleep-lets-others-report", "003",
+        "The `time.sleep` allows all processes to report errors before exiting, aiding in diagnosis.",
+        "two parts: (1) a rank that stays alive after its own init error lets the other ranks' errors reach the logs, "
+        "when they come within its stay (this lab's own 2 s linger after 3 s timeouts, missing-rank); (2) the article's "
+        "Example 2 as written (no timeout given, so PyTorch's 30 minutes) lets a rank report anything within a 60 s sleep",
+        parts=("errors_arrive_within_the_stay", "as_written_reports_within_the_sleep")),
+    ClaimSpec(
+        "firewall", "003",
+        "Firewalls might be blocking the necessary ports used by the chosen communication backend",
+        "holds if ranks whose packets to the master are dropped, as a firewall drops them, cannot initialize: "
+        "init_process_group gives up on the store after its timeout (store-unreachable); judged only on dropped packets "
+        "(a network namespace), not on loopback, where a closed port refuses at once",
+        parts=("dropped_packets_stop_init",)),
+    ClaimSpec(
+        "env-inconsistent", "003",
+        "Problems establishing the process group can stem from inconsistencies in the environment variables used "
+        "across nodes or incorrect configuration of the communication backend.",
+        "holds if ranks that disagree on an environment variable init reads cannot form the process group: "
+        "a rank with another MASTER_PORT, and a rank with another WORLD_SIZE, each make init fail",
+        parts=("port_mismatch_fails", "world_size_mismatch_fails")),
+    ClaimSpec(
+        "slow-network-default", "003",
+        "A slow or congested network can easily cause the initialization process to exceed the default timeout.",
+        "holds if a slow or congested network delays init_process_group past PyTorch's default timeout (30 minutes "
+        "for gloo); judged only on a slow network, which one machine's loopback is not",
+        parts=("exceeds_default",)),
+)
+
+
+def _init_raised(r) -> list[int]:
+    """Ranks whose own exception was raised inside init_process_group (the frames of its error record)."""
+    return [k.rank for k in r.ranks if k.error is not None and any(f.func == "init_process_group" for f in k.error.frames)]
+
+
+def _failed_in_init(r) -> bool:
+    """The run failed, and at least one rank's init_process_group raised: the group never formed."""
+    return r.status == "failed" and bool(_init_raised(r))
+
+
+def _within_stay(r) -> tuple[bool, str]:
+    """(every other rank's init error came while the first failing rank still stayed, a sentence)."""
+    fails = sorted(r.records_of("init_failed"), key=lambda x: x["t"])
+    if len(fails) < r.nproc:
+        return False, f"{len(fails)} of {r.nproc} ranks reported an init error"
+    first = fails[0]
+    stay = first.get("linger_s") or 0.0
+    late = [round(f["t"] - first["t"], 2) for f in fails[1:]]
+    return all(d <= stay for d in late), (f"rank {first['rank']} failed first and stayed {stay:g} s; the other rank's "
+                                          f"error came {', '.join(f'{d:g}' for d in late)} s later")
+
+
+def claim_check(missing, sweep: Sweep, unreachable, master: SilentMaster, article, mismatches: dict,
+                sleep_s: float = ARTICLE_SLEEP_S) -> ClaimCheck:
+    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge.
+    ``mismatches``: {"port": run, "world-size": run} of env-mismatch."""
+    c_steps, c_sleep, c_fw, c_env, c_slow = CLAIMS
     fails = [p for p in sweep.points if p["outcome"] == "failed"]
     oks = [p for p in sweep.points if p["outcome"] == "ok"]
-    ratio = max((p["seconds"] / p["timeout_s"] for p in fails), default=float("nan"))
+    named = [("missing-rank", missing), ("unreachable-master", unreachable),
+             *((f"env-mismatch ({k})", r) for k, r in mismatches.items())]
+    late_only = fails          # rank 1 merely late: no step broken, the job could have waited for it
+    late_t = ", ".join(f"{p['timeout_s']:g}" for p in late_only)
+    delays = ", ".join(sorted({f"{p['delay_s']:g}" for p in sweep.points}))
     gave_up = give_up_seconds(unreachable, 1)
     missing_s = max((f["seconds"] for f in init_failures(missing) if f["seconds"] is not None), default=float("nan"))
+    within, within_text = _within_stay(missing)
+    start = article.records_of("start")
+    art_timeout = next((s.get("timeout_s") for s in start), None)
+    art_timeout_s = art_timeout if art_timeout is not None else DEFAULT_PG_TIMEOUT_S
+    art_errors = article.records_of("init_failed")
+    mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
     return ClaimCheck([
-        Claim("A timeout at this stage suggests a failure at one or more of these steps (network, resources, process group).",
-              "003, intro",
-              f"a missing rank: {missing.signature} after {missing_s:.1f} s in init_process_group; a late rank: {len(fails)} of "
-              f"{len(sweep.points)} sweep trials failed, each after at most {ratio:.2f}x its timeout; "
-              f"the unreachable master: {unreachable.signature}",
-              "partly"),
-        Claim("The time.sleep allows all processes to report errors before exiting.", "003, Example 2",
-              f"with the default timeout nothing failed at all: {article.status} ({article.signature}), ranks "
-              f"{list(waiting_at_rendezvous(article))} waiting at the rendezvous, no rank made progress for "
-              f"{article.stall.idle_s if article.stall else float('nan'):g} s when ddplab ended it at "
-              f"{article.wall_s:.1f} s; no rank ever reached the sleep, which only adds 60 s after a 30-minute wait",
-              "wrong" if article.status == "hung" else "partly"),
-        Claim("Firewalls might be blocking the necessary ports.", "003, section 1",
-              f"{master.note}: rank 1 gave up after {gave_up if gave_up is not None else float('nan'):.1f} s "
-              f"({unreachable.signature}), only because the timeout was set short",
-              "holds" if unreachable.signature == "store-unreachable" else "partly"),
-        Claim("A slow or congested network can easily cause the initialization process to exceed the default timeout.",
-              "003, section 1",
-              f"a late rank succeeded whenever timeout > its delay ({len(oks)} trials) and failed otherwise; the default "
-              f"is {DEFAULT_PG_TIMEOUT_S / 60:g} minutes, so only a delay of over half an hour exceeds it",
-              "partly"),
+        c_steps.judge(
+            "failed inside init_process_group: " + ", ".join(f"{name} [{r.signature}]: {_failed_in_init(r)}"
+                                                             for name, r in named)
+            + f"; the sweep, rank 1 merely late (nothing broken): {len(late_only)} of {len(sweep.points)} trials "
+              f"timed out (timeouts {late_t or 'none'} s; delays {delays} s)",
+            failed_inside_these_steps=all(_failed_in_init(r) for _, r in named),
+            only_when_a_step_failed=not late_only),
+        c_sleep.judge(
+            f"missing-rank (3 s timeouts, a 2 s stay after an error): {within_text}. Example 2 as written: "
+            f"{article.status} [{article.signature}], ranks {list(waiting_at_rendezvous(article))} waiting at the "
+            f"rendezvous with no error ({len(art_errors)} reported), init timeout {art_timeout_s:g} s "
+            f"({'PyTorch default: none given' if art_timeout is None else 'given'}) against a {sleep_s:g} s sleep; "
+            f"ddplab ended it {article.wall_s:.1f} s after launch (no rank made progress for "
+            f"{article.stall.idle_s if article.stall else float('nan'):g} s)",
+            errors_arrive_within_the_stay=within,
+            as_written_reports_within_the_sleep=bool(art_errors) or art_timeout_s <= sleep_s),
+        c_fw.judge(
+            f"{master.note}: rank 1 gave up after {gave_up if gave_up is not None else float('nan'):.1f} s "
+            f"({unreachable.status} [{unreachable.signature}]), with init timeout "
+            f"{(init_failures(unreachable)[-1:] or [{}])[0].get('timeout_s')} s",
+            imitation=None if master.kind == "netns" else
+            "loopback: a closed port refuses the connection at once; a firewall that drops packets was not made here",
+            **({"dropped_packets_stop_init": unreachable.signature == "store-unreachable" and gave_up is not None}
+               if master.kind == "netns" else {})),
+        c_env.judge(
+            "; ".join(f"rank 1 with another {'MASTER_PORT' if k == 'port' else 'WORLD_SIZE'}: {st} [{sig}]"
+                      for k, (st, sig, _) in mm.items()),
+            port_mismatch_fails=mm.get("port", (None, None, False))[2],
+            world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
+        c_slow.judge(
+            f"a rank arriving late stood in for a slow network: init answered after at most "
+            f"{max((p['seconds'] for p in oks), default=float('nan')):.2f} s whenever the timeout exceeded the delay "
+            f"({len(oks)} trials); a missing rank: {missing.signature} after {missing_s:.1f} s with a 3 s timeout",
+            imitation="a rank that starts late (time.sleep) in place of a slow or congested network"),
     ])
 
 
+def _seconds(answer) -> str | None:
+    """Why ``answer`` is not a number of seconds (None when it is one)."""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return "set your answer to a number of seconds, then run this cell again"
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return f"the answer is a number of seconds (like 2 or 0.5), not {answer!r}"
+    if not answer > 0:
+        return "a timeout is more than 0 seconds"
+    return None
+
+
 def check_smallest_timeout(answer, sweep: Sweep, delay_s: float | None = None) -> Check:
-    """Exercise 1: the smallest swept timeout that let rank 1 (``delay_s`` late) join."""
-    if answer is None:
-        return Check(False, "set `answer` to a timeout in seconds from the sweep")
+    """Exercise "smallest-timeout" (predicted before the sweep): the smallest swept timeout that let
+    rank 1 (``delay_s`` late) join."""
+    why = _seconds(answer)
+    if why:
+        return Check(False, why)
     delay_s = delay_s if delay_s is not None else max(p["delay_s"] for p in sweep.points)
+    swept = sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s)
     ok = sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s and p["outcome"] == "ok")
     if not ok:
         return Check(False, f"no swept timeout was long enough for a {delay_s:g} s delay; sweep longer timeouts")
-    try:
-        passed = abs(float(answer) - ok[0]) < 1e-9
-    except (TypeError, ValueError):
-        return Check(False, f"{answer!r} is not a number of seconds")
-    return Check(passed, f"measured: {ok[0]:g} s is the smallest swept timeout that let a rank {delay_s:g} s late join"
-                 if passed else f"{answer} s is not it: look at the sweep's table for delay {delay_s:g} s")
+    if not any(abs(float(answer) - t) < 1e-9 for t in swept):
+        return Check(False, f"{answer:g} s was not swept; the sweep tried {', '.join(f'{t:g}' for t in swept)} s")
+    if abs(float(answer) - ok[0]) < 1e-9:
+        return Check(True, f"measured: {ok[0]:g} s is the smallest swept timeout that let a rank {delay_s:g} s late join")
+    return Check(False, f"not {answer:g} s: compare each swept timeout with how late rank 1 was, and read the "
+                        f"sweep's outcome column for delay {delay_s:g} s")
 
 
 def check_give_up(answer, unreachable, tolerance: float = 0.35) -> Check:
-    """Exercise 2: predict how many seconds rank 1 spent dialing the silent master before giving up."""
+    """Exercise "give-up" (predicted before the run): how many seconds rank 1 spent dialing the silent
+    master before giving up; within ``tolerance`` of the measured time."""
     measured = give_up_seconds(unreachable, 1)
     if measured is None:
-        return Check(False, "the unreachable-master run recorded no give-up time; run it again")
-    if answer is None:
-        return Check(False, "set `answer` to your prediction in seconds")
-    try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return Check(False, f"{answer!r} is not a number of seconds")
-    passed = abs(a - measured) <= tolerance * measured
-    return Check(passed, f"measured {measured:.2f} s; your {a:g} s is {'within' if passed else 'outside'} "
-                 f"{tolerance:.0%} of it")
+        return Check(False, "the unreachable-master run recorded no give-up time for rank 1; run it again")
+    why = _seconds(answer)
+    if why:
+        return Check(False, why)
+    a = float(answer)
+    if abs(a - measured) <= tolerance * measured:
+        return Check(True, f"measured {measured:.2f} s; your {a:g} s is within {tolerance:.0%} of it")
+    return Check(False, f"{a:g} s is not within {tolerance:.0%} of what rank 1 measured: which timeout did rank 1 "
+                        "call init_process_group with (lab06.init_failures(unreach)), and is that the one that bounds "
+                        "its dialling?")
+
+
+EXERCISES = {"smallest-timeout": check_smallest_timeout, "give-up": check_give_up}
