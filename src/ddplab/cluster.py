@@ -334,9 +334,37 @@ def agents_main(spec_path: str) -> int:
     for node in spec["nodes"]:
         log = open(node["log"], "wb")
         procs.append(subprocess.Popen(node["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-    codes = [p.wait() for p in procs]
-    merged = {"returncode": 0, "failures": {}, "torchrun_root_cause": None, "nodes": []}
-    for node, code in zip(spec["nodes"], codes):
+    # Like a cluster scheduler (srun --kill-on-bad-exit), when one node's agent fails the others are
+    # ended: torchrun ends the workers of its own node only, so a rank left waiting for a peer that
+    # failed on another node would otherwise wait for its 30-minute timeout.
+    import time
+    # A rank's error record (the rank hook writes it as the exception leaves the script) counts as
+    # that node failing: its agent can take seconds to wind down, while a peer on another node waits.
+    ranks_dir = Path(spec["ranks_dir"]) if spec.get("ranks_dir") else None
+    failed_at, first = None, None
+    while any(p.poll() is None for p in procs):
+        errored = sorted(ranks_dir.glob("rank*.error.json")) if ranks_dir is not None and failed_at is None else []
+        if failed_at is None and (errored or any(p.returncode not in (None, 0) for p in procs)):
+            failed_at = time.monotonic()
+            first = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), None)
+            if first is None and errored:
+                first = _node_of(errored[0], spec)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+        if failed_at is not None and time.monotonic() - failed_at > 10:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+    codes = [p.returncode for p in procs]
+    if first is None:
+        first = next((i for i, c in enumerate(codes) if c), None)
+    first_bad = (codes[first] or 1) if first is not None else 0
+    merged = {"returncode": first_bad, "failures": {}, "torchrun_root_cause": None, "nodes": [],
+              "first_failed_node": first}
+    order = ([first] if first is not None else []) + [i for i in range(len(procs)) if i != first]
+    for node, code in ((spec["nodes"][i], codes[i]) for i in order):
         try:
             d = json.loads(Path(node["result"]).read_text())
         except (OSError, ValueError):
@@ -352,7 +380,17 @@ def agents_main(spec_path: str) -> int:
     tmp = Path(spec["result"] + ".tmp")
     tmp.write_text(json.dumps(merged, indent=2))
     os.replace(tmp, spec["result"])
-    return next((c for c in codes if c), 0)
+    return first_bad
+
+
+def _node_of(error_file: Path, spec: dict) -> int | None:
+    """The node whose agent started the rank of an error record (rank // ranks per node)."""
+    try:
+        rank = int(json.loads(error_file.read_text())["rank"])
+    except (OSError, ValueError, KeyError):
+        return None
+    per = int(spec.get("nproc_per_node", 1))
+    return rank // per if rank // per < len(spec["nodes"]) else None
 
 
 def main(argv: list[str]) -> int:

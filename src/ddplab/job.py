@@ -186,7 +186,8 @@ def build_cluster_command(job: Job, cluster) -> tuple[list[str], dict]:
                                                     rdzv_conf=f"is_host={int(node.index == 0)}")
         nodes.append({"index": node.index, "command": cmd, "result": str(result),
                       "log": str(job.run_dir / f"torchrun.node{node.index}.log")})
-    spec = {"result": str(job.run_dir / "torchrun.json"), "nodes": nodes, "cluster": cluster.describe()}
+    spec = {"result": str(job.run_dir / "torchrun.json"), "nodes": nodes, "cluster": cluster.describe(),
+            "ranks_dir": str(job.run_dir / "ranks"), "nproc_per_node": job.nproc}
     return [sys.executable, "-m", "ddplab.cluster", "agents", str(job.run_dir / "cluster.json")], spec
 
 

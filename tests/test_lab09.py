@@ -1,0 +1,83 @@
+"""Lab 09 for real: two nodes (network namespaces) per run, one torchrun agent each. The CI budget
+runs the two failures and one fix here; every variant (and the rate sweep) runs in the notebook."""
+import pytest
+
+import ddplab
+from conftest import assert_nothing_left
+from ddplab import catalog, cluster
+from ddplab.errors import DdplabError
+from ddplab.workbook import lab09
+
+pytestmark = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab09")
+    out = {v: lab09.run_variant(v, steps=2, run_root=root, progress=None)
+           for v in ("firewall", "wrong-interface", "fixed-interface")}
+    for r in out.values():
+        assert r.leftover == ()
+    assert_nothing_left(str(root))
+    for r in out.values():   # the clusters went with the runs
+        assert not [n for n in cluster.owned_objects()["netns"]
+                    if n in {nd["netns"] for nd in __import__("json").load(open(r.run_dir + "/cluster.json"))["cluster"]["nodes"]}]
+    return out
+
+
+def test_each_run_ends_as_the_lab_says(runs):
+    for v, r in runs.items():
+        want = catalog.find_lab("09").variant(v)
+        assert (r.status, r.signature) == (want.expect, want.signature), (v, r.headline())
+        assert r.nproc == 2 and {k.rank for k in r.ranks} == {0, 1}
+
+
+def test_firewall_stalls_in_init_with_an_unanswered_connection(runs):
+    f = lab09.firewall_facts(runs["firewall"])
+    assert f.status == "hung" and f.signature == "hang-data-port-blocked"
+    assert all(kind in ("rendezvous", "store") for kind, _ in f.where.values())
+    # rank 1 (node 1) dials node 0 at the workers' store port torchrun picked, not the rendezvous port
+    assert f.blocked and all(a.startswith("10.213.0.1:") for _, a in f.blocked)
+    ports = {int(a.rsplit(":", 1)[1]) for _, a in f.blocked}
+    assert f.master_port in ports and lab09.RDZV_PORT not in ports
+    assert {r for r, _ in f.blocked} == {1}
+
+
+def test_wrong_interface_dials_loopback_and_the_fix_runs(runs):
+    f = lab09.loopback_facts(runs["wrong-interface"])
+    assert f["status"] == "failed" and f["error_type"] == "RuntimeError" and f["dialled"].startswith("127.")
+    ok = lab09.step_facts(runs["fixed-interface"])
+    assert ok["step_ms"] > 0 and ok["init_s"] > 0 and ok["hook"] == "none"
+
+
+def test_check_blocked_port(runs):
+    fw = runs["firewall"]
+    port = next(int(a.rsplit(":", 1)[1]) for _, a in lab09.firewall_facts(fw).blocked)
+    assert lab09.check_blocked_port(port, fw).passed
+    for wrong in (lab09.RDZV_PORT, port + 1, port - 1, str(port), float(port), None, "", True, [port]):
+        assert not lab09.check_blocked_port(wrong, fw).passed, wrong
+    with pytest.raises(DdplabError):
+        lab09.check_blocked_port(port, runs["fixed-interface"])
+
+
+def test_check_dialled_address(runs):
+    wi = runs["wrong-interface"]
+    addr = lab09.loopback_facts(wi)["dialled"]
+    assert lab09.check_dialled_address(addr, wi).passed
+    assert lab09.check_dialled_address(f"  {addr} ", wi).passed
+    for wrong in ("127.0.0.1", "10.213.0.1", "10.213.0.2", addr[:-1], "127", "", None, 127, [addr]):
+        assert not lab09.check_dialled_address(wrong, wi).passed, wrong
+    with pytest.raises(DdplabError):
+        lab09.check_dialled_address(addr, runs["firewall"])
+
+
+@pytest.mark.parametrize("kw", [{"rate_mbit": 0}, {"rate_mbit": "fast"}, {"rate_mbit": True}, {"drop_percent": 90},
+                                {"drop_percent": 2.5}, {"steps": 0}, {"hook": "int8"}])
+def test_bad_requests_say_what_to_do(kw):
+    with pytest.raises(DdplabError):
+        lab09.run_variant("slow-link", **kw)
+
+
+def test_unknown_variant():
+    with pytest.raises(DdplabError, match="no variant"):
+        lab09.run_variant("no-such")
