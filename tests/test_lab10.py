@@ -1,0 +1,232 @@
+"""Lab 10: model code that is not DDP-safe, run for real on 2 gloo ranks: an unused head (DDP's error,
+find_unused_parameters vs static_graph), BatchNorm buffers across non-IID ranks, evaluation on rank 0
+through the DDP wrapper (hung) and its fix, training through model.module, rank-dependent init, and
+article 002's custom layer under DataParallel (an emulation without 2 GPUs)."""
+import time
+
+import pytest
+from conftest import assert_nothing_left, requires_gpus
+
+from ddplab import DdplabError
+from ddplab.workbook import lab10
+
+VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
+            "rank-init", "dp-custom-layer")
+
+
+def test_an_unknown_variant_is_rejected_before_any_rank_starts(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(DdplabError) as e:
+        lab10.run_variant("eval-rank1", run_root=tmp_path)
+    assert "eval-rank1" in str(e.value) and "\n" not in str(e.value) and "eval-rank0" in e.value.hint
+    assert not any(tmp_path.iterdir()), "a run directory was made: ranks started"
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below."""
+    root = tmp_path_factory.mktemp("lab10")
+    out = {}
+    for v in VARIANTS:
+        r = lab10.run_variant(v, run_root=root, progress=None)
+        assert r.leftover == (), f"{v}: launcher reported leftovers: {r.leftover}"
+        out[v] = r
+    assert_nothing_left(str(root))
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_every_variant_ends_as_the_catalog_says(runs):
+    from ddplab import catalog
+    for v in catalog.find_lab("10").variants:
+        r = runs[v.name]
+        assert (r.status, r.signature) == (v.expect, v.signature), v.name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_an_unused_head_fails_at_the_second_iteration_with_ddps_own_error(runs):
+    r = runs["unused-params"]
+    assert r.cause.type == "RuntimeError"
+    assert r.cause.message.startswith("Expected to have finished reduction in the prior iteration")
+    assert lab10.failing_step(r) == {0: 2, 1: 2}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_both_fixes_train_and_leave_the_unused_head_untouched(runs):
+    c = lab10.unused_cost(runs["unused-fixed"])
+    assert set(c) == {lab10.REFERENCE, "find_unused_parameters=True", "static_graph=True"}
+    assert c[lab10.REFERENCE]["aux_got_grad"] and c[lab10.REFERENCE]["aux_trained"]
+    for name in ("find_unused_parameters=True", "static_graph=True"):
+        assert not c[name]["aux_got_grad"] and not c[name]["aux_trained"]
+    for o in c.values():
+        assert o["params_spread"] == 0.0 and o["ms_per_step"] > 0 and len(o["ms"]) == 2
+    assert set(lab10.slowdown(runs["unused-fixed"])) == {"find_unused_parameters=True", "static_graph=True"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_batchnorm_statistics_across_non_iid_ranks(runs):
+    bn = lab10.bn_summary(runs["batchnorm"])
+    shift = lab10.sizes()["rank_shift"]
+    # buffer sync (DDP's default): rank 0's statistics are rank 0's data alone, far from the global batch's
+    assert bn["sync"]["own_data"][0] and bn["sync"]["mean_error"][0] > shift / 4
+    # no sync: each rank keeps its own data's statistics, so the ranks disagree and evaluate differently
+    assert bn["local"]["own_data"] == {0: True, 1: True}
+    assert bn["local"]["mean_spread"] > shift / 2 and bn["local"]["eval_spread"] > 1e-3
+    # averaged by hand: equal across ranks, the mean exact, the variance misses the spread between ranks
+    assert bn["averaged"]["mean_spread"] == 0 and bn["averaged"]["eval_spread"] == 0
+    assert max(bn["averaged"]["mean_error"].values()) < 1e-5
+    assert min(bn["averaged"]["var_error"].values()) > shift ** 2 / 8
+    s = lab10.syncbn(runs["batchnorm"])
+    if s["device"] == "cpu":
+        assert (s["ok"], s["error_type"]) == (False, "ValueError") and "GPU" in s["error"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_evaluation_on_rank_0_through_the_wrapper_hangs_in_ddps_buffer_broadcast(runs):
+    r = runs["eval-rank0"]
+    w = lab10.waits(r)
+    assert (w[0]["kind"], w[0]["op"], w[0]["via"]) == ("collective", "broadcast", "ddp-forward-buffers")
+    assert (w[1]["kind"], w[1]["op"]) == ("collective", "all_reduce")
+    assert r.rank(0).where.frame.func == "eval_rank0" and r.rank(1).where.frame.func == "eval_rank0"
+    assert r.divergence.kind == "different-op" and r.divergence.ops == {0: "broadcast", 1: "all_reduce"}
+    assert [x["rank"] for x in r.records_of("eval_start")] == [0] and not r.records_of("eval")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_evaluating_model_module_completes_and_both_ways_agree(runs):
+    e = lab10.eval_losses(runs["eval-fixed"])
+    assert set(e) == {"rank 0 alone, model.module", "sharded on every rank, all_reduce"}
+    a, b = e.values()
+    assert abs(a - b) < 1e-5 * abs(a)     # the same weights and BatchNorm statistics: the same loss either way
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_training_through_model_module_lets_the_replicas_diverge(runs):
+    rows = lab10.replicas(runs["module-forward"])
+    assert [x["step"] for x in rows] == list(range(lab10.sizes()["steps"] + 1))
+    assert rows[0]["broken"] == 0 and all(x["broken"] > lab10.SAME for x in rows[1:])
+    assert all(x["fixed"] == 0 for x in rows)
+    assert lab10.first_diverged_step(runs["module-forward"]) == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_ddps_construction_broadcast_fixes_parameters_not_attributes_nor_reinit_after_wrap(runs):
+    ri = lab10.rank_init(runs["rank-init"])
+    s, re_, fx = ri["rank-seeded"], ri["reinit-after-wrap"], ri["fixed"]
+    assert s["params_before"] > 0 and s["params_after_construction"] == 0 and s["params_after_training"] == 0
+    assert s["proj_after_training"] > 0 and s["outputs_after_training"] > 0
+    assert re_["params_after_construction"] == 0 and re_["params_after_training"] > 0 and re_["proj_after_training"] == 0
+    assert all(v == 0 for v in fx.values())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_custom_layer_replicas_emulated_and_labelled(runs):
+    r = runs["dp-custom-layer"]
+    layers = lab10.dp_layers(r)
+    art, plain = layers["nn.Parameter (article)"], layers["plain tensor attribute"]
+    if lab10.dp_mode(r) == "emulation":
+        assert "EMULATION" in r.records_of("dp_start")[0]["label"]
+        assert art["replicas"] == [{"input": "cpu", "weight": "cpu"}, {"input": "meta", "weight": "meta"}]
+        assert art["same_device"] and not plain["same_device"]
+        assert plain["replicas"][1] == {"input": "meta", "weight": "cpu"}
+
+
+@requires_gpus(2)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_custom_layer_under_real_dataparallel(runs):
+    r = runs["dp-custom-layer"]
+    layers = lab10.dp_layers(r)
+    assert lab10.dp_mode(r) == "real"
+    art = layers["nn.Parameter (article)"]
+    assert art["error"] is None and art["same_device"] and art["max_abs_diff_vs_one_device"] < 1e-4
+    assert art["grad_device"] == "cuda:0"
+    assert layers["plain tensor attribute"]["error"] is not None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_claim_check_is_computed_from_the_runs(runs):
+    cc = lab10.claim_check(*(runs[v] for v in ("unused-params", "unused-fixed", "eval-rank0", "eval-fixed",
+                                               "module-forward", "rank-init", "dp-custom-layer")))
+    rows = {c.spec.key: c for c in cc.claims}
+    assert set(rows) == {s.key for s in lab10.CLAIMS}
+    man = rows["manifestations"].parts
+    assert man["deadlock"] and man["inconsistent_states"] and man["runtime_error"]
+    assert man["slow_training"] == (lab10.slowdown(runs["unused-fixed"])["find_unused_parameters=True"] >= lab10.SLOWER)
+    assert rows["inconsistent-states"].parts == {"seeded_parameters_differ": False, "plain_attribute_differs": True,
+                                                 "reinit_after_wrap_differs": True}
+    assert rows["inconsistent-states"].verdict == "partly"
+    assert rows["deadlock-custom-loop"].verdict == "holds"
+    if lab10.dp_mode(runs["dp-custom-layer"]) == "emulation":
+        assert rows["device-affinity"].verdict == "not tested here" and rows["device-affinity"].imitation
+    for c in cc.claims:
+        assert c.spec.quote in repr(cc)
+
+
+# --- exercise checkers: right, wrong and adversarial answers against the real runs ---------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("answer, passed", [
+    (2, True),
+    (1, False), (3, False),             # the neighbouring iterations
+    (None, False), ("", False), ("  ", False),
+    ("2", False), (2.0, False), (True, False), ([2], False),   # wrong types
+    (0, False),
+])
+def test_check_unused_iteration(runs, answer, passed):
+    c = lab10.check_unused_iteration(answer, runs["unused-params"])
+    assert c.passed is passed, c.message
+    if not passed and answer in (1, 3):
+        assert "2" not in c.message      # the hint does not give the answer away
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("answer, passed", [
+    ("broadcast", True), ("dist.broadcast", True), (" Broadcast ", True), ("broadcast()", True),
+    ("all_reduce", False),               # where the OTHER rank waits
+    ("broad", False), ("cast", False), ("b", False),   # substrings
+    ("", False), (None, False), ("   ", False),
+    ("all_gather", False), ("barrier", False), ("reduce", False),
+    (1, False), (["broadcast"], False), (b"broadcast", False),
+])
+def test_check_eval_op(runs, answer, passed):
+    c = lab10.check_eval_op(answer, runs["eval-rank0"])
+    assert c.passed is passed, c.message
+    if not passed:
+        assert "broadcast" not in c.message.lower()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("answer, passed", [
+    (0, True),
+    (1, False),                          # the other rank
+    (2, False), (-1, False),
+    (None, False), ("", False), ("0", False), (0.0, False), (False, False), ([0], False),
+])
+def test_check_bn_source_rank(runs, answer, passed):
+    c = lab10.check_bn_source_rank(answer, runs["batchnorm"])
+    assert c.passed is passed, c.message
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_checkers_refuse_the_wrong_run(runs):
+    assert not lab10.check_eval_op("broadcast", runs["eval-fixed"]).passed
+    with pytest.raises(ValueError):
+        lab10.check_unused_iteration(2, runs["unused-fixed"])
+    with pytest.raises(ValueError):
+        lab10.check_bn_source_rank(0, runs["module-forward"])
