@@ -81,3 +81,14 @@ def test_bad_requests_say_what_to_do(kw):
 def test_unknown_variant():
     with pytest.raises(DdplabError, match="no variant"):
         lab09.run_variant("no-such")
+
+
+def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
+    fw = lab09.preflight("firewall")
+    assert fw[0]["ok"] and not fw[1]["ok"]
+    assert fw[1]["rendezvous"]["state"] == "open" and fw[1]["data"]["state"] == "no-answer"
+    wi = lab09.preflight("wrong-interface")
+    assert all(n["resolves_to"] == "127.0.1.1" and not n["ok"] for n in wi.values())
+    assert all(n["data"]["state"] == "open" for n in wi.values())        # the network itself is fine
+    fixed = lab09.preflight("fixed-interface")
+    assert all(n["ok"] and n["gloo_address"].startswith("10.213.0.") for n in fixed.values())

@@ -77,6 +77,17 @@ def _cmd_attach(a: argparse.Namespace) -> int:
 def _cmd_doctor(a: argparse.Namespace) -> int:
     from .doctor import doctor
 
+    if a.preflight and a.serve:   # on the master node: answer the other nodes' network pre-flights
+        from .preflight import serve_network
+        n = serve_network(a.port, clients=a.clients, ready=lambda p: print(f"serving the network pre-flight on "
+                                                                          f"port {a.port} (data port {p})", flush=True))
+        print(f"{n} of {a.clients} node(s) reached the data port")
+        return EXIT_OK if n >= a.clients else EXIT_RUN_FAILED
+    if a.preflight and a.network:  # on every other node: hostname, rendezvous port, a random data port
+        from .preflight import network_check
+        nc = network_check(a.master_addr, a.port)
+        print(json.dumps(nc.to_dict(), indent=2) if a.json else nc.explain())
+        return EXIT_OK if nc.ok else EXIT_RUN_FAILED
     report = doctor(port=a.port)
     pf = None
     if a.preflight:   # before a multi-node run: master reachable, port usable, ranks agree (runs --nproc ranks)
@@ -136,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "--nproc ranks started through the launcher agree on torch version and WORLD_SIZE")
     pd.add_argument("--master-addr", default="127.0.0.1", help="the MASTER_ADDR the pre-flight dials (default 127.0.0.1)")
     pd.add_argument("--nproc", type=int, default=2, help="ranks the pre-flight starts on this machine (default 2)")
+    pd.add_argument("--network", action="store_true",
+                    help="with --preflight, on each node but the master: does the hostname resolve to loopback, do "
+                         "the rendezvous port and a random data port on --master-addr answer (needs --serve there)")
+    pd.add_argument("--serve", action="store_true",
+                    help="with --preflight, on the master node: answer the other nodes' --network pre-flights on --port")
+    pd.add_argument("--clients", type=int, default=1, help="with --serve: how many nodes to wait for (default 1)")
     pd.set_defaults(func=_cmd_doctor)
 
     pc = sub.add_parser("classroom", help="instructors: does this machine hold N learners at once")

@@ -123,7 +123,18 @@ def check_master(master_addr: str, port: int, timeout_s: float = 3.0) -> PortChe
         st = ports.check_port(port, ip if not ip.startswith("0.") else "127.0.0.1")
         return PortCheck(master_addr, port, "free" if st.free else "taken", round(time.monotonic() - t0, 3),
                          f"{master_addr} is this machine; {st.describe()}")
-    family, kind, proto, _, addr = infos[0]
+    return dial(master_addr, port, timeout_s, infos[0], t0)
+
+
+def dial(master_addr: str, port: int, timeout_s: float = 3.0, info=None, t0: float | None = None) -> PortCheck:
+    """One TCP connect to ``master_addr:port``, wherever it is: open, refused, no-answer or unreachable."""
+    t0 = time.monotonic() if t0 is None else t0
+    if info is None:
+        try:
+            info = socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)[0]
+        except socket.gaierror as e:
+            return PortCheck(master_addr, port, "unreachable", 0.0, f"{master_addr} does not resolve ({e.strerror})")
+    family, kind, proto, _, addr = info
     with socket.socket(family, kind, proto) as s:
         s.settimeout(timeout_s)
         try:
@@ -215,3 +226,121 @@ if __name__ == "__main__":
         raise SystemExit("run this with torchrun (it sets RANK and WORLD_SIZE): "
                          "torchrun --nproc-per-node 2 -m ddplab.preflight")
     _rank_main(a.timeout_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# The network between nodes, before the job (`ddplab doctor --preflight --network`, lab 09)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NetworkCheck:
+    """One node's view of the network it will train over, checked before the job starts.
+
+    ``data`` is a connection to a random port the master's pre-flight server opened (``serve_network``
+    on node 0), standing for the random ports torchrun's workers' store and gloo listen on; None when
+    the rendezvous port did not answer with one."""
+    hostname: str
+    resolves_to: str | None
+    gloo_ifname: str | None
+    gloo_address: str | None
+    rendezvous: PortCheck
+    data: PortCheck | None
+
+    @property
+    def hostname_loopback(self) -> bool:
+        return self.gloo_ifname is None and (self.resolves_to or "").startswith("127.")
+
+    def faults(self) -> list[str]:
+        out = []
+        if self.hostname_loopback:
+            out.append(f"hostname {self.hostname} resolves to {self.resolves_to}: gloo would listen on loopback and "
+                       "tell the other nodes to dial it; set GLOO_SOCKET_IFNAME to the interface the nodes share")
+        if self.gloo_ifname is not None and self.gloo_address is None:
+            out.append(f"GLOO_SOCKET_IFNAME={self.gloo_ifname} is not an interface with an IPv4 address here")
+        if self.rendezvous.state != "open":
+            out.append(f"rendezvous {self.rendezvous.host}:{self.rendezvous.port}: {self.rendezvous.detail}")
+        elif self.data is None:
+            out.append("the master's pre-flight server did not say which data port to try (is it `--serve`?)")
+        elif self.data.state != "open":
+            out.append(f"data port {self.data.host}:{self.data.port} (a random port, as the workers' store and "
+                       f"gloo use): {self.data.detail}; open the cluster's subnet between the nodes, not one port")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.faults()
+
+    def to_dict(self) -> dict:
+        return {"hostname": self.hostname, "resolves_to": self.resolves_to, "gloo_ifname": self.gloo_ifname,
+                "gloo_address": self.gloo_address, "rendezvous": self.rendezvous.to_dict(),
+                "data": self.data.to_dict() if self.data else None, "faults": self.faults(), "ok": self.ok}
+
+    def explain(self) -> str:
+        head = (f"network pre-flight from {self.hostname} ({self.resolves_to}); gloo would use "
+                f"{self.gloo_address or '?'}" + (f" ({self.gloo_ifname})" if self.gloo_ifname else " (from the hostname)"))
+        return "\n".join([head] + ([f"  FAULT: {f}" for f in self.faults()] or ["  ok: rendezvous and a data port answer"]))
+
+
+def _ifname_address(name: str) -> str | None:
+    for a in psutil.net_if_addrs().get(name, []):
+        if a.family == socket.AF_INET:
+            return a.address
+    return None
+
+
+def network_check(master_addr: str, port: int, timeout_s: float = 3.0) -> NetworkCheck:
+    """From a node, before the job: what the hostname resolves to (gloo's address without
+    GLOO_SOCKET_IFNAME), the rendezvous port, and a random data port on the master (asked of the
+    master's ``serve_network`` over the rendezvous port)."""
+    host = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        resolved = None
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME") or None
+    gloo_addr = _ifname_address(ifname) if ifname else resolved
+    t0 = time.monotonic()
+    data_port = None
+    try:
+        with socket.create_connection((master_addr, port), timeout=timeout_s) as s:
+            s.settimeout(timeout_s)
+            line = s.makefile().readline().strip()
+            data_port = int(line) if line.isdigit() else None
+        rdzv = PortCheck(master_addr, port, "open", round(time.monotonic() - t0, 3),
+                         f"{master_addr}:{port} accepts connections")
+    except OSError:
+        rdzv = check_master(master_addr, port, timeout_s)
+        if rdzv.state == "open":
+            rdzv = PortCheck(master_addr, port, "no-answer", rdzv.seconds, "the rendezvous port answered, then closed")
+    data = dial(master_addr, data_port, timeout_s) if data_port else None
+    return NetworkCheck(host, resolved, ifname, gloo_addr, rdzv, data)
+
+
+def serve_network(port: int, clients: int = 1, timeout_s: float = 30.0, ready=None) -> int:
+    """On the master node: listen on the rendezvous ``port`` and on a random port; tell each node that
+    connects to ``port`` which random port to try, and accept there. Returns how many nodes reached
+    the random port before ``clients`` were served or ``timeout_s`` ran out."""
+    import selectors
+    rdzv = socket.create_server(("0.0.0.0", port), reuse_port=False)
+    data = socket.create_server(("0.0.0.0", 0))
+    dport = data.getsockname()[1]
+    sel = selectors.DefaultSelector()
+    sel.register(rdzv, selectors.EVENT_READ, "rdzv")
+    sel.register(data, selectors.EVENT_READ, "data")
+    if ready is not None:
+        ready(dport)
+    reached, end = 0, time.monotonic() + timeout_s
+    try:
+        while reached < clients and time.monotonic() < end:
+            for key, _ in sel.select(timeout=0.2):
+                conn, _ = key.fileobj.accept()
+                with conn:
+                    if key.data == "rdzv":
+                        conn.sendall(f"{dport}\n".encode())
+                    else:
+                        reached += 1
+    finally:
+        sel.close()
+        rdzv.close()
+        data.close()
+    return reached

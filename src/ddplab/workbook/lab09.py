@@ -199,6 +199,38 @@ def expected(result) -> bool:
     return result.status == v.expect and result.signature == v.signature
 
 
+def preflight(variant: str, timeout_s: float = 3.0) -> dict[int, dict]:
+    """``ddplab doctor --preflight`` on each node of the variant's network, before any job: node 0
+    serves (``--serve``: the rendezvous port and a random data port), every node checks
+    (``--network``: its hostname, the rendezvous port, the data port). Returns each node's check as
+    the command's JSON (NetworkCheck.to_dict)."""
+    import json
+    import subprocess
+    import sys
+
+    spec = network(variant)
+    cluster_mod.require()
+    env = dict(__import__("os").environ, **spec.get("env", {}))
+    cli = [sys.executable, "-m", "ddplab.cli", "doctor", "--preflight"]
+    out = {}
+    with cluster_mod.Cluster.from_spec(spec) as c:
+        port = str(RDZV_PORT)
+        server = subprocess.Popen(c.master.exec_prefix() + cli + ["--serve", "--port", port, "--clients",
+                                                                  str(len(c.members))],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            server.stdout.readline()                      # "serving ..." once it listens
+            for node in c.members:
+                p = subprocess.run(node.exec_prefix() + cli + ["--network", "--json", "--master-addr",
+                                                               c.master.address, "--port", port],
+                                   capture_output=True, text=True, env=env, timeout=60)
+                out[node.index] = json.loads(p.stdout)
+        finally:
+            server.kill()
+            server.wait()
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Claims
 # ----------------------------------------------------------------------------------------------
