@@ -15,15 +15,16 @@ present). Accumulation is done right: loss / k, model.no_sync() on all but the l
 zero_grad() after the step (lab 08 runs the article's loop as written).
 
 Variants:
-  fp32                the reference: float32, k micro-batches per step under no_sync.
-  amp                 the same loop under autocast (bf16 CPU / fp16 + GradScaler GPU): loss, step
-                      time, activation memory and peak memory, against fp32.
+  amp                 k micro-batches per step under no_sync, two replicas stepping in turn: float32
+                      and autocast (bf16 CPU / fp16 + GradScaler GPU): loss, step time, saved
+                      activations and (GPU) peak memory.
   scaler-inf          GradScaler with DDP; at one step only rank 1's local gradient holds inf/NaN.
                       DDP's all-reduce spreads it to every rank, so every rank's scaler skips the step.
   scaler-inf-unsynced the same, but the whole accumulation loop sits inside no_sync(): no all-reduce,
                       so each rank's scaler decides alone (rank 1 skips, rank 0 steps; scales differ).
-  slow-loader         rank 1's samples cost far more to decode (CPU, in a DataLoader worker): rank 0
-                      waits seconds in DDP's all-reduce each step. Looks like a hang; it is slow.
+  slow-loader         rank 1's samples sit on slow storage (a sleep: an imitation) and are decoded on
+                      the CPU in its DataLoader worker: rank 0 waits seconds in DDP's all-reduce each
+                      step. Looks like a hang; ddplab sees the worker's CPU and calls it slow, not stuck.
   loader-sweep        num_workers, prefetch_factor and pin_memory measured on the same dataset.
 """
 import contextlib
@@ -46,21 +47,19 @@ LAB = {
     "nproc": 2,
     "min_nproc": 2,
     "variants": {
-        "fp32": {"expect": "ok", "signature": None,
-                 "about": "float32 reference: k micro-batches per step under no_sync"},
         "amp": {"expect": "ok", "signature": None,
-                "about": "article 001's apex sample on torch.amp (bf16 CPU / fp16 + GradScaler GPU), accumulation under no_sync"},
+                "about": "article 001's apex sample on torch.amp (bf16 CPU / fp16 + GradScaler GPU), accumulation under no_sync, step by step against float32"},
         "scaler-inf": {"expect": "ok", "signature": None,
                        "about": "only rank 1's local gradient holds inf: after DDP's all-reduce every rank's scaler skips the step"},
         "scaler-inf-unsynced": {"expect": "ok", "signature": None,
                                 "about": "the loop inside no_sync(): no all-reduce, rank 1 skips alone, scales and weights diverge"},
         "slow-loader": {"expect": "ok", "signature": None,
-                        "about": "rank 1's DataLoader is slow: rank 0 waits seconds in all_reduce; slow, not stuck"},
+                        "about": "rank 1's DataLoader is slow (storage latency + decoding): rank 0 waits seconds in all_reduce; slow, not stuck"},
         "loader-sweep": {"expect": "ok", "signature": None,
                          "about": "num_workers, prefetch_factor, pin_memory: data wait and samples/s measured"},
     },
-    "sizes": {"width": 1024, "micro": 64, "k": 4, "steps": 6, "inf_step": 2,
-              "slow_ms": 450, "fast_ms": 10, "slow_batch": 8, "slow_steps": 2,
+    "sizes": {"width": 512, "micro": 64, "k": 4, "steps": 6, "inf_step": 2,
+              "slow_read_ms": 400, "slow_ms": 50, "fast_ms": 10, "slow_batch": 8, "slow_steps": 2,
               "sweep_batch": 16, "sweep_steps": 8, "sweep_decode_ms": 2, "sweep_read_ms": 6},
 }
 S = LAB["sizes"]
@@ -102,56 +101,75 @@ def checksum(model) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-def train(ctx, variant: str, steps: int, k: int) -> None:
-    torch.manual_seed(0)
-    model = DDP(make_model(S["width"]).to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler_demo = variant.startswith("scaler")
-    dtype, scaler = precision(ctx.device, "fp32" if variant == "fp32" else "scaler" if scaler_demo else "amp")
-    local_bad = [False]
+class Replica:
+    """One DDP model with its optimizer, autocast dtype and GradScaler (one per precision)."""
 
-    def comm_hook(state, bucket):                  # sees this rank's own gradient before the all-reduce
-        local_bad[0] |= not bool(torch.isfinite(bucket.buffer()).all())
+    def __init__(self, ctx, name: str):
+        torch.manual_seed(0)                          # the same initial weights for every precision
+        self.name, self.local_bad = name, False
+        self.model = DDP(make_model(S["width"]).to(ctx.device),
+                         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.dtype, self.scaler = precision(ctx.device, name)
+        self.model.register_comm_hook(None, self.comm_hook)
+
+    def comm_hook(self, state, bucket):              # sees this rank's own gradient before the all-reduce
+        self.local_bad |= not bool(torch.isfinite(bucket.buffer()).all())
         return default_hooks.allreduce_hook(None, bucket)
 
-    model.register_comm_hook(None, comm_hook)
-    lab.record("start", device=str(ctx.device), dtype=str(dtype or torch.float32), scaler=scaler.is_enabled(), k=k)
+    def grads_bad(self) -> bool:
+        return any(not bool(torch.isfinite(p.grad).all()) for p in self.model.parameters())
+
+
+def train_step(ctx, rep: Replica, step: int, k: int, inject: bool, unsynced: bool) -> dict:
+    """k micro-batches, one optimizer step: article 001's Example 3 on torch.amp, accumulation done right."""
+    model, scaler = rep.model, rep.scaler
+    rep.local_bad = False
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
+    before, losses, act = checksum(model), [], None
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    with lab.StepTimer() as t:
+        for i in range(k):
+            x, y = micro_batch(ctx.rank, step, i, ctx.device)
+            if inject and ctx.rank == 1 and i == 0:
+                x[0, 0] = float("inf")                 # only rank 1's local gradient will hold inf/NaN
+            last = i == k - 1
+            # FIX: no all-reduce on all but the last micro-batch (BROKEN in scaler-inf-unsynced: never one)
+            with model.no_sync() if (not last or unsynced) else contextlib.nullcontext():
+                def fwd_bwd():
+                    with torch.autocast(ctx.device.type, dtype=rep.dtype or torch.float32, enabled=rep.dtype is not None):
+                        loss = nn.functional.cross_entropy(model(x).float(), y) / k    # FIX: mean over k
+                    scaler.scale(loss).backward()      # apex: `with amp.scale_loss(loss, optimizer) as s: s.backward()`
+                    losses.append(loss.item())
+                if act is None:
+                    act = saved_bytes(fwd_bwd)
+                else:
+                    fwd_bwd()
+            if not last or unsynced:                   # no all-reduce ran: p.grad is still this rank's own
+                rep.local_bad |= rep.grads_bad()
+        grads_bad = rep.grads_bad()                    # what the scaler is about to check
+        scaler.step(rep.optimizer)                     # skipped when the (unscaled) gradients hold inf/NaN
+        scaler.update()                                # ... and then the scale is halved
+        rep.optimizer.zero_grad(set_to_none=True)      # FIX: zero only after the step
+    after = checksum(model)
+    return {"precision": rep.name, "step": step, "loss": sum(losses), "step_s": t.seconds, "act_bytes": act,
+            "peak_mb": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.device.type == "cuda" else None,
+            "local_nonfinite": rep.local_bad, "grads_nonfinite": grads_bad, "stepped": after != before,
+            "scale_before": scale_before, "scale_after": scaler.get_scale() if scaler.is_enabled() else None,
+            "checksum": after}
+
+
+def train(ctx, variant: str, steps: int, k: int) -> None:
+    # amp: float32 and autocast replicas step in turn, so both are timed under the same load
+    replicas = [Replica(ctx, "fp32"), Replica(ctx, "amp")] if variant == "amp" else [Replica(ctx, "scaler")]
+    for rep in replicas:
+        lab.record("start", precision=rep.name, device=str(ctx.device), dtype=str(rep.dtype or torch.float32),
+                   scaler=rep.scaler.is_enabled(), k=k)
     for step in range(steps):
-        local_bad[0] = False
-        scale_before = scaler.get_scale() if scaler.is_enabled() else None
-        before = checksum(model)
-        losses, act = [], None
-        with lab.StepTimer() as t:
-            for i in range(k):
-                x, y = micro_batch(ctx.rank, step, i, ctx.device)
-                if scaler_demo and step == S["inf_step"] and ctx.rank == 1 and i == 0:
-                    x[0, 0] = float("inf")             # only rank 1's local gradient will hold inf/NaN
-                last = i == k - 1
-                unsynced = variant == "scaler-inf-unsynced"
-                # FIX: no all-reduce on all but the last micro-batch (BROKEN in scaler-inf-unsynced: never one)
-                with model.no_sync() if (not last or unsynced) else contextlib.nullcontext():
-                    def fwd_bwd():
-                        with torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                            loss = nn.functional.cross_entropy(model(x).float(), y) / k    # FIX: mean over k
-                        scaler.scale(loss).backward()  # apex: `with amp.scale_loss(loss, optimizer) as s: s.backward()`
-                        return loss
-                    if act is None:
-                        act = saved_bytes(lambda: losses.append(fwd_bwd()))
-                    else:
-                        losses.append(fwd_bwd())
-                if not last or unsynced:
-                    local_bad[0] |= any(not bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-            grads_bad = any(not bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-            scaler.step(optimizer)                     # skipped when the (unscaled) gradients hold inf/NaN
-            scaler.update()                            # ... and the scale is halved
-            optimizer.zero_grad(set_to_none=True)      # FIX: zero only after the step
-        after = checksum(model)
-        lab.record("step", step=step, loss=float(sum(l.item() for l in losses)), step_s=t.seconds,
-                   act_bytes=act, local_nonfinite=local_bad[0], grads_nonfinite=grads_bad,
-                   stepped=after != before, scale_before=scale_before,
-                   scale_after=scaler.get_scale() if scaler.is_enabled() else None, checksum=after)
-    lab.record("memory", peak_mb=lab.peak_memory_mb(ctx.device), kind="cuda max_memory_allocated"
-               if ctx.device.type == "cuda" else "peak RSS (ru_maxrss) of the rank")
+        for rep in replicas:
+            lab.record("step", **train_step(ctx, rep, step, k, inject=variant.startswith("scaler") and step == S["inf_step"],
+                                            unsynced=variant == "scaler-inf-unsynced"))
 
 
 class Encoded(Dataset):
@@ -202,17 +220,19 @@ def small_model(ctx):
 
 
 def slow_loader(ctx, workers: int) -> None:
-    # BROKEN (by design of the data): rank 1's shard costs 45x more to decode per sample
-    cost = S["slow_ms"] if ctx.rank == 1 else S["fast_ms"]
-    data = Encoded(S["slow_batch"] * S["slow_steps"], cost)
+    # BROKEN (by design of the data): rank 1's shard sits on slow storage (400 ms per sample) and
+    # costs more to decode; rank 0's is fast. Rank 1 fetches for seconds; rank 0 waits for it.
+    read, decode = (S["slow_read_ms"], S["slow_ms"]) if ctx.rank == 1 else (0, S["fast_ms"])
+    data = Encoded(S["slow_batch"] * S["slow_steps"], decode, read)
     loader = DataLoader(data, batch_size=S["slow_batch"], num_workers=workers)
     model, optimizer = small_model(ctx)
-    lab.log(f"loading: {cost} ms of decoding per sample, {workers} worker(s)")
-    lab.record("loader", workers=workers, decode_ms=cost, **epoch(ctx, model, optimizer, loader, S["slow_steps"]))
+    lab.log(f"loading: {read} ms read + {decode} ms decoding per sample, {workers} worker(s)")
+    lab.record("loader", workers=workers, read_ms=read, decode_ms=decode,
+               **epoch(ctx, model, optimizer, loader, S["slow_steps"]))
 
 
 SWEEP = [  # (num_workers, prefetch_factor, pin_memory)
-    (0, None, False), (1, 2, False), (2, 1, False), (2, 2, False), (2, 4, False), (2, 2, True)]
+    (0, None, False), (1, 2, False), (2, 2, False), (2, 4, False), (2, 2, True)]
 
 
 def loader_sweep(ctx) -> None:
@@ -234,7 +254,7 @@ def loader_sweep(ctx) -> None:
 def main(variant: str, steps: int, k: int, workers: int) -> None:
     ctx = lab.setup()
     torch.set_num_threads(1)
-    if variant in ("fp32", "amp", "scaler-inf", "scaler-inf-unsynced"):
+    if variant in ("amp", "scaler-inf", "scaler-inf-unsynced"):
         train(ctx, variant, steps, k)
     elif variant == "slow-loader":
         slow_loader(ctx, workers)
@@ -251,9 +271,9 @@ if __name__ == "__main__":
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", choices=list(LAB["variants"]), default="amp", help="which version of the code to run")
     p.add_argument("--steps", type=int, choices=range(3, 101), metavar="3..100", default=S["steps"],
-                   help="fp32/amp/scaler-*: optimizer steps")
+                   help="amp/scaler-*: optimizer steps")
     p.add_argument("--k", type=int, choices=range(1, 17), metavar="1..16", default=S["k"],
-                   help="fp32/amp/scaler-*: micro-batches per optimizer step")
+                   help="amp/scaler-*: micro-batches per optimizer step")
     p.add_argument("--workers", type=int, choices=range(0, 5), metavar="0..4", default=1,
                    help="slow-loader: DataLoader num_workers")
     a = p.parse_args()

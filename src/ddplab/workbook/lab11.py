@@ -17,6 +17,7 @@ from pathlib import Path
 import ddplab
 from ddplab import catalog
 from ddplab import job as job_mod
+from ddplab.errors import DdplabError
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 from ddplab.result import RunResult
 
@@ -33,9 +34,20 @@ def stall_s() -> float:
     return catalog.find_lab(LAB).extra.get("stall_s", 3.0)
 
 
-def run_variant(variant: str, **kw) -> RunResult:
-    """One real 2-rank run of lab 11 (keywords go to ddplab.run)."""
-    return ddplab.run(LAB, variant=variant, **kw)
+def validate(steps: int | None = None) -> None:
+    """Reject a knob that cannot work before any rank starts (one line, naming the fix)."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or not sizes()["inf_step"] + 1 <= steps <= 100):
+        raise DdplabError(f"steps={steps!r}: the lab needs {sizes()['inf_step'] + 1} to 100 optimizer steps "
+                          f"(the scaler variants put the inf at step {sizes()['inf_step']})",
+                          hint=f"use steps={sizes()['steps']}")
+
+
+def run_variant(variant: str, steps: int | None = None, **kw) -> RunResult:
+    """One real 2-rank run of lab 11 (``steps``: optimizer steps of the fp32/amp/scaler-* variants;
+    other keywords go to ddplab.run)."""
+    validate(steps)
+    return ddplab.run(LAB, variant=variant, args=["--steps", str(steps)] if steps is not None else [], **kw)
 
 
 def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:
@@ -60,34 +72,45 @@ def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:
 # Reading the measurements out of results
 # ------------------------------------------------------------------------------------------------
 
-def steps(r: RunResult, rank: int = 0) -> list[dict]:
-    rows = sorted((s for s in r.records_of("step") if s["rank"] == rank), key=lambda s: s["step"])
+def steps(r: RunResult, rank: int = 0, precision: str | None = None) -> list[dict]:
+    """One rank's step records, in order (``precision``: "fp32" or "amp" in an amp run)."""
+    rows = sorted((s for s in r.records_of("step") if s["rank"] == rank
+                   and (precision is None or s["precision"] == precision)), key=lambda s: s["step"])
     if not rows:
-        raise ValueError(f"{r.variant} ({r.status}) has no step records: pass a fp32, amp or scaler-* run that finished")
+        raise ValueError(f"{r.variant} ({r.status}) has no step records: pass an amp or scaler-* run that finished")
     return rows
 
 
-def dtype(r: RunResult) -> str:
-    return next(s for s in r.records_of("start") if s["rank"] == 0)["dtype"].replace("torch.", "")
+def start(r: RunResult, precision: str) -> dict:
+    return next(s for s in r.records_of("start") if s["rank"] == 0 and s["precision"] == precision)
 
 
-def amp_summary(r32: RunResult, ramp: RunResult) -> dict:
-    """float32 against autocast, rank 0 (the first step is a warm-up for the times)."""
-    a, b = steps(r32), steps(ramp)
+def amp_summary(ramp: RunResult) -> dict:
+    """float32 against autocast in one amp run, rank 0; the two replicas stepped in turn, so their
+    times were taken under the same load (the first step is a warm-up)."""
+    a, b = steps(ramp, 0, "fp32"), steps(ramp, 0, "amp")
     rel = [abs(y["loss"] - x["loss"]) / abs(x["loss"]) for x, y in zip(a, b)]
     t32, tamp = (statistics.median(s["step_s"] for s in rows[1:]) for rows in (a, b))
-    mem = {v: next(m for m in r.records_of("memory") if m["rank"] == 0) for v, r in (("fp32", r32), ("amp", ramp))}
-    return {"dtype": dtype(ramp), "device": next(s for s in ramp.records_of("start") if s["rank"] == 0)["device"],
-            "scaler": next(s for s in ramp.records_of("start") if s["rank"] == 0)["scaler"],
+    gpu = on_gpu(ramp)
+    return {"dtype": start(ramp, "amp")["dtype"].replace("torch.", ""), "device": start(ramp, "amp")["device"],
+            "scaler": start(ramp, "amp")["scaler"], "steps": len(a),
             "max_rel_loss_diff": max(rel), "loss_fp32": [s["loss"] for s in a], "loss_amp": [s["loss"] for s in b],
             "step_ms_fp32": 1e3 * t32, "step_ms_amp": 1e3 * tamp, "speedup": t32 / tamp,
             "act_mb_fp32": a[0]["act_bytes"] / 2**20, "act_mb_amp": b[0]["act_bytes"] / 2**20,
-            "peak_mb_fp32": mem["fp32"]["peak_mb"], "peak_mb_amp": mem["amp"]["peak_mb"],
-            "peak_kind": mem["amp"]["kind"]}
+            "peak_mb_fp32": max(s["peak_mb"] for s in a) if gpu else None,
+            "peak_mb_amp": max(s["peak_mb"] for s in b) if gpu else None}
 
 
 def on_gpu(r: RunResult) -> bool:
     return any(s["device"].startswith("cuda") for s in r.records_of("start"))
+
+
+def same_update_as_unscaled(r_sync: RunResult, ramp: RunResult) -> bool:
+    """Before the inf step, the scaler run's weights (scaled loss, unscaled gradient) equal the amp
+    run's autocast replica's (no scaler on the CPU), bit for bit, on every rank."""
+    k = sizes()["inf_step"]
+    return all([s["checksum"] for s in steps(r_sync, rank)[:k]] == [s["checksum"] for s in steps(ramp, rank, "amp")[:k]]
+               for rank in (0, 1))
 
 
 def scaler_at_inf(r: RunResult) -> dict[int, dict]:
@@ -149,28 +172,31 @@ def sweep_label(row: dict) -> str:
 # Figures
 # ------------------------------------------------------------------------------------------------
 
-def plot_amp(r32: RunResult, ramp: RunResult):
+def plot_amp(ramp: RunResult):
     import matplotlib.pyplot as plt
 
-    s = amp_summary(r32, ramp)
+    s = amp_summary(ramp)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     a1.plot(s["loss_fp32"], "-o", label="float32")
     a1.plot(s["loss_amp"], "--s", label=f"autocast {s['dtype']}")
-    a1.set_xlabel("optimizer step (4 micro-batches each)")
+    a1.set_xlabel(f"optimizer step ({sizes()['k']} micro-batches each)")
     a1.set_ylabel("loss (rank 0)")
     a1.set_title(f"Measured: loss, max relative difference {s['max_rel_loss_diff']:.1e}", fontsize=10)
     a1.legend(fontsize=8)
-    names = ["step time (ms)", "saved activations\nper micro-batch (MiB)", f"peak memory (MiB)\n{s['peak_kind'][:22]}"]
-    pairs = [(s["step_ms_fp32"], s["step_ms_amp"]), (s["act_mb_fp32"], s["act_mb_amp"]),
-             (s["peak_mb_fp32"], s["peak_mb_amp"])]
+    names = ["step time (ms)", "saved activations\nper micro-batch (MiB)"]
+    pairs = [(s["step_ms_fp32"], s["step_ms_amp"]), (s["act_mb_fp32"], s["act_mb_amp"])]
+    if s["peak_mb_fp32"] is not None:
+        names.append("peak GPU memory (MiB)")
+        pairs.append((s["peak_mb_fp32"], s["peak_mb_amp"]))
     for i, (x, y) in enumerate(pairs):
         a2.bar(i - 0.2, 1.0, 0.4, color="#0969da", label="float32 = 1" if i == 0 else None)
         a2.bar(i + 0.2, y / x, 0.4, color="#bf8700", label=f"autocast {s['dtype']}" if i == 0 else None)
         a2.text(i - 0.2, 1.0, f"{x:.1f}", ha="center", va="bottom", fontsize=8)
         a2.text(i + 0.2, y / x, f"{y:.1f}", ha="center", va="bottom", fontsize=8)
-    a2.set_xticks(range(3), names, fontsize=8)
+    a2.set_xticks(range(len(names)), names, fontsize=8)
+    a2.set_ylim(0, 1.35 * max(1.0, max(y / x for x, y in pairs)))
     a2.set_ylabel("autocast / float32")
-    a2.set_title(f"Measured on {s['device']} (2 gloo ranks), median of steps 2+", fontsize=10)
+    a2.set_title(f"Measured on {s['device']} (2 gloo ranks); time: median of steps 2-{s['steps']}", fontsize=10)
     a2.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -209,7 +235,8 @@ def plot_loader(r_slow: RunResult):
         ax.barh(rank, x["compute_s"], left=x["data_wait_s"], color="#0969da",
                 label="forward + backward (DDP all-reduce) + step" if rank == 0 else None)
     ax.axvline(stall_s(), color="grey", linestyle=":", label=f"ddplab's stall window ({stall_s():.0f} s)")
-    ax.set_yticks([0, 1], [f"rank {r} ({rows[r]['decode_ms']} ms/sample)" for r in (0, 1)])
+    ax.set_yticks([0, 1], [f"rank {r}\n({rows[r]['read_ms']} ms read + {rows[r]['decode_ms']} ms decode\nper sample)"
+                           for r in (0, 1)], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds (measured, wall time)")
     ax.set_title("Measured: where each rank's time went in slow-loader", fontsize=10)
@@ -245,55 +272,58 @@ CLAIMS = (
               "The code also demonstrates the use of `apex` for mixed precision training, which can improve "
               "performance significantly.",
               f"apex is deprecated; torch.amp is its successor. Holds if the autocast step is at least {FASTER}x "
-              "faster than float32 and saves less activation memory, with the loss within 1 % at every step; "
-              "judged only on a GPU with fp16 (the article's setting): bf16 on a CPU does not test it",
+              "faster than float32's and keeps less memory (saved activations), with the loss within 1 % at every "
+              "step. Judged only on a GPU with fp16 (the article's setting): bf16 on a CPU does not test it",
               parts=("faster", "less_memory", "same_loss")),
     ClaimSpec("scale-loss", "001",
               "Note the use of `amp.scale_loss` to handle gradient scaling appropriately in mixed precision.",
-              "torch.amp.GradScaler replaces amp.scale_loss. Holds if, when only rank 1's local gradient holds "
-              "inf/NaN, every rank skips that step, every rank's scale drops the same way and the weights stay "
-              "equal across ranks (the scaler under DDP, as the article's loop uses it)",
-              parts=("skipped_everywhere", "scales_agree", "weights_agree")),
+              "torch.amp.GradScaler replaces amp.scale_loss. Holds if the scaled update equals the unscaled one, "
+              "and when only rank 1's local gradient holds inf/NaN, every rank skips that step with the same new "
+              "scale and equal weights. What scaling is for (fp16 gradients that underflow) needs fp16 on a GPU",
+              parts=("same_update", "skipped_everywhere", "scales_agree", "weights_agree")),
     ClaimSpec("illusion-of-hang", "000",
               "If the transfer speed is significantly slower than the computation speed, processes will spend "
               "most of their time waiting, creating the illusion of a hang.",
-              "data slower than compute (here: decoding in rank 1's DataLoader worker). Holds if both ranks "
-              "spend over half their time waiting, one wait lasts longer than ddplab's stall window (silent "
-              "long enough to look hung), and the run still ends ok (it was not a hang)",
+              "data slower than compute (here rank 1's samples: a storage latency imitated with a sleep, and real "
+              "decoding in its DataLoader worker). Holds if both ranks spend over half their time waiting, one "
+              "wait lasts longer than ddplab's stall window (silent long enough to look hung), and the run still "
+              "ends ok (it was not a hang)",
               parts=("mostly_waiting", "looks_hung", "not_hung")),
 )
 
 
-def claim_check(r32: RunResult, ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimCheck:
-    s = amp_summary(r32, ramp)
+def claim_check(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimCheck:
+    s = amp_summary(ramp)
     specs = {c.key: c for c in CLAIMS}
-    amp_measured = (f"{s['device']}, autocast {s['dtype']}, GradScaler {'on' if s['scaler'] else 'off'}: "
-                    f"{s['step_ms_amp']:.0f} ms per step vs {s['step_ms_fp32']:.0f} ms float32 "
-                    f"({s['speedup']:.2f}x); saved activations {s['act_mb_amp']:.2f} vs {s['act_mb_fp32']:.2f} MiB "
-                    f"per micro-batch; loss within {s['max_rel_loss_diff']:.1e} (relative)")
     gpu = on_gpu(ramp)
+    mem = (f"; peak GPU memory {s['peak_mb_amp']:.0f} vs {s['peak_mb_fp32']:.0f} MiB" if gpu else "")
     rows = [specs["amp-performance"].judge(
-        amp_measured,
+        f"{s['device']}, autocast {s['dtype']}, GradScaler {'on' if s['scaler'] else 'off'}: "
+        f"{s['step_ms_amp']:.0f} ms per step vs {s['step_ms_fp32']:.0f} ms float32 ({s['speedup']:.2f}x); saved "
+        f"activations {s['act_mb_amp']:.2f} vs {s['act_mb_fp32']:.2f} MiB per micro-batch{mem}; loss within "
+        f"{s['max_rel_loss_diff']:.1e} (relative) over {s['steps']} steps",
         imitation=None if gpu else "torch.amp bf16 on this machine's CPU, not fp16 on a GPU: mixed precision's "
-                                   "speed comes from GPU tensor cores, so a CPU run does not test this claim",
-        **({"faster": s["speedup"] >= FASTER, "less_memory": s["act_mb_amp"] < s["act_mb_fp32"],
+                                   "speed comes from the GPU's tensor cores, so a CPU run does not test this claim",
+        **({"faster": s["speedup"] >= FASTER,
+            "less_memory": s["act_mb_amp"] < s["act_mb_fp32"] and s["peak_mb_amp"] < s["peak_mb_fp32"],
             "same_loss": s["max_rel_loss_diff"] <= LOSS_RTOL} if gpu else {}))]
-    at = scaler_at_inf(r_sync)
-    sc = scales(r_sync)
+    at, sc = scaler_at_inf(r_sync), scales(r_sync)
+    same = same_update_as_unscaled(r_sync, ramp)
     rows.append(specs["scale-loss"].judge(
-        f"step {sizes()['inf_step']}: local gradient non-finite on rank(s) "
-        f"{[k for k, v in at.items() if v['local_nonfinite']]}, after the all-reduce on "
-        f"{[k for k, v in at.items() if v['grads_nonfinite']]}; step skipped on {skipped_ranks(r_sync)}; scale "
-        f"{at[0]['scale_before']:.0f} -> {at[0]['scale_after']:.0f} (rank 0), {at[1]['scale_before']:.0f} -> "
-        f"{at[1]['scale_after']:.0f} (rank 1); weights equal across ranks after every step: {all(weights_agree(r_sync))} "
-        f"(GradScaler on {'GPU' if on_gpu(r_sync) else 'CPU, bf16 autocast: its skip logic is the same code'})",
-        skipped_everywhere=skipped_ranks(r_sync) == [0, 1], scales_agree=sc[0] == sc[1],
+        f"before step {sizes()['inf_step']} the weights equal the unscaled run's bit for bit: {same}; at step "
+        f"{sizes()['inf_step']} the local gradient is non-finite on rank(s) "
+        f"{[k for k, v in at.items() if v['local_nonfinite']]}, after DDP's all-reduce on "
+        f"{[k for k, v in at.items() if v['grads_nonfinite']]}; the step is skipped on {skipped_ranks(r_sync)}; "
+        f"scale {at[0]['scale_before']:.0f} -> {at[0]['scale_after']:.0f} (rank 0), {at[1]['scale_before']:.0f} -> "
+        f"{at[1]['scale_after']:.0f} (rank 1); weights equal across ranks after every step: "
+        f"{all(weights_agree(r_sync))} (GradScaler on {'a GPU, fp16' if on_gpu(r_sync) else 'the CPU with bf16 autocast'})",
+        same_update=same, skipped_everywhere=skipped_ranks(r_sync) == [0, 1], scales_agree=sc[0] == sc[1],
         weights_agree=all(weights_agree(r_sync))))
     ld, share = loader(r_slow), waiting_share(r_slow)
     longest = max(ld[0]["max_compute_s"], ld[1]["max_data_wait_s"])
     rows.append(specs["illusion-of-hang"].judge(
         f"{r_slow.status}; rank 1 waited {share[1]:.0%} of its time for its DataLoader, rank 0 {share[0]:.0%} in "
-        f"the step (DDP's all-reduce, waiting for rank 1); longest single wait {longest:.1f} s against a "
+        f"its step (DDP's all-reduce, waiting for rank 1); longest single wait {longest:.1f} s against ddplab's "
         f"{stall_s():.0f} s stall window",
         mostly_waiting=min(share.values()) > 0.5, looks_hung=longest > stall_s(), not_hung=r_slow.status == "ok"))
     return ClaimCheck(rows)
@@ -308,12 +338,12 @@ def _ranks_answer(answer) -> list[int] | None:
 
 def check_skipped_ranks(answer, r_sync: RunResult) -> Check:
     """Exercise 1: at the step where only rank 1's local gradient holds inf/NaN, on which ranks does
-    scaler.step() skip the update? A list of rank numbers, e.g. [0] or [0, 1]."""
+    scaler.step() skip the update? A list of rank numbers, e.g. [3] or [2, 3]."""
     if answer is None or answer == [] or answer == ():
-        return Check(False, "set `answer` to a list of rank numbers, e.g. [1], then run the cell again")
+        return Check(False, "set `answer` to a list of rank numbers (written like [3] or [2, 3]), then run the cell again")
     got = _ranks_answer(answer)
     if got is None:
-        return Check(False, f"{answer!r} is not a list of rank numbers: write it like [0] or [0, 1]")
+        return Check(False, f"{answer!r} is not a list of rank numbers: write it like [3] or [2, 3]")
     truth = skipped_ranks(r_sync)
     if got == truth:
         return Check(True, f"skipped on {truth}: after DDP's all-reduce every rank's gradient held the NaN, so every "

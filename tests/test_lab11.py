@@ -1,0 +1,234 @@
+"""Lab 11: mixed precision and the input pipeline, run for real on 2 gloo ranks: float32 against
+autocast with accumulation under no_sync, GradScaler under DDP when only rank 1's local gradient holds
+inf/NaN (synced, and never synced), a slow DataLoader that ddplab must call slow (ok), and stopped
+mid-wait must not call hung, and the DataLoader sweep. One run per variant for the whole module
+(module-scoped), every exercise checker tried on right, wrong and adversarial answers against it."""
+import math
+import time
+
+import pytest
+
+import ddplab
+from ddplab import DdplabError
+from ddplab.workbook import lab11
+
+from conftest import assert_nothing_left
+
+STEPS = 4     # enough for the scaler variants (inf at step 2) and two timed steps
+
+
+def _run(tmp_path_factory, variant, **kw):
+    root = tmp_path_factory.mktemp(f"lab11-{variant}")
+    r = lab11.run_variant(variant, run_root=root, progress=None, **kw)
+    assert r.leftover == ()
+    assert_nothing_left(str(root))
+    return r
+
+
+@pytest.fixture(scope="module")
+def ramp(tmp_path_factory):
+    return _run(tmp_path_factory, "amp", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def r_sync(tmp_path_factory):
+    return _run(tmp_path_factory, "scaler-inf", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def r_unsynced(tmp_path_factory):
+    return _run(tmp_path_factory, "scaler-inf-unsynced", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def r_slow(tmp_path_factory):
+    return _run(tmp_path_factory, "slow-loader")
+
+
+@pytest.fixture(scope="module")
+def r_stopped(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab11-stopped")
+    r = lab11.stop_while_waiting(run_root=root)
+    assert r.leftover == ()
+    assert_nothing_left(str(root))
+    return r
+
+
+@pytest.fixture(scope="module")
+def r_sweep(tmp_path_factory):
+    return _run(tmp_path_factory, "loader-sweep")
+
+
+@pytest.mark.parametrize("steps", [2, 101, True, "4", 4.0])
+def test_bad_steps_are_rejected_before_any_rank_starts(tmp_path, steps):
+    t0 = time.monotonic()
+    with pytest.raises(DdplabError) as e:
+        lab11.run_variant("amp", steps=steps, run_root=tmp_path)
+    assert f"steps={steps!r}" in str(e.value) and "\n" not in str(e.value) and e.value.hint
+    assert not any(tmp_path.iterdir()), "a run directory was made: ranks started"
+    assert time.monotonic() - t0 < 2
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.amp against float32
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_autocast_matches_float32_loss_and_halves_saved_activations(ramp):
+    assert ramp.status == "ok"
+    s = lab11.amp_summary(ramp)
+    assert s["dtype"] == ("float16" if lab11.on_gpu(ramp) else "bfloat16")
+    assert s["scaler"] == lab11.on_gpu(ramp)          # loss scaling only where fp16 needs it
+    assert len(s["loss_fp32"]) == len(s["loss_amp"]) == STEPS
+    assert 0 < s["max_rel_loss_diff"] <= lab11.LOSS_RTOL   # close, and really computed in another precision
+    assert s["act_mb_amp"] < 0.6 * s["act_mb_fp32"]
+    assert s["step_ms_fp32"] > 0 and s["step_ms_amp"] > 0
+    assert (s["peak_mb_amp"] is None) is (not lab11.on_gpu(ramp))
+    # accumulation under no_sync: the weights agree across ranks after every step, in both precisions
+    for p in ("fp32", "amp"):
+        assert [a["checksum"] for a in lab11.steps(ramp, 0, p)] == [b["checksum"] for b in lab11.steps(ramp, 1, p)]
+
+
+# ------------------------------------------------------------------------------------------------
+# GradScaler under DDP
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_inf_on_one_rank_is_skipped_on_every_rank(r_sync, ramp):
+    assert r_sync.status == "ok"
+    at = lab11.scaler_at_inf(r_sync)
+    assert (at[0]["local_nonfinite"], at[1]["local_nonfinite"]) == (False, True)   # only rank 1's own gradient
+    assert at[0]["grads_nonfinite"] and at[1]["grads_nonfinite"]                   # after DDP's all-reduce: both
+    assert lab11.skipped_ranks(r_sync) == [0, 1]
+    assert at[0]["scale_after"] == at[1]["scale_after"] == at[0]["scale_before"] / 2
+    assert all(lab11.weights_agree(r_sync))
+    # before the inf, the scaled-then-unscaled update (scale 2**16) is bit for bit the unscaled one
+    assert lab11.same_update_as_unscaled(r_sync, ramp)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_without_any_all_reduce_each_rank_decides_alone(r_unsynced):
+    assert r_unsynced.status == "ok"
+    at = lab11.scaler_at_inf(r_unsynced)
+    assert (at[0]["grads_nonfinite"], at[1]["grads_nonfinite"]) == (False, True)
+    assert lab11.skipped_ranks(r_unsynced) == [1]
+    assert at[0]["scale_after"] == at[0]["scale_before"] and at[1]["scale_after"] == at[1]["scale_before"] / 2
+    assert not any(lab11.weights_agree(r_unsynced))      # never averaged: the replicas differ from step 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The input pipeline
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_slow_loader_is_slow_not_stuck(r_slow):
+    assert (r_slow.status, r_slow.signature) == ("ok", None)
+    ld = lab11.loader(r_slow)
+    # rank 0 sat in DDP's all-reduce longer than the stall window, using no CPU: it looked hung
+    assert ld[0]["max_compute_s"] > lab11.stall_s()
+    assert ld[1]["data_wait_s"] > ld[1]["compute_s"]
+    assert min(lab11.waiting_share(r_slow).values()) > 0.5
+    assert len(r_slow.records_of("done")) == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_slow_loader_stopped_mid_wait_names_the_dataloader_not_a_hang(r_stopped):
+    assert r_stopped.status == "interrupted" and r_stopped.status != "hung"
+    assert r_stopped.signature == "rank-waits-for-data"
+    w0, w1 = r_stopped.rank(0).where, r_stopped.rank(1).where
+    assert (w0.kind, w0.op, w0.via) == ("collective", "all_reduce", "ddp-backward")
+    assert w1.kind == "dataloader" and w1.frame.func == "epoch" and w1.frame.file.endswith("11_amp_input.py")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_loader_sweep_measures_every_setting(r_sweep):
+    assert r_sweep.status == "ok"
+    rows = lab11.sweep(r_sweep)
+    assert [(x["workers"], x["prefetch"], x["pin_memory"]) for x in rows] == [
+        (0, None, False), (1, 2, False), (2, 2, False), (2, 4, False), (2, 2, True)]
+    assert all(x["samples_per_s"] > 0 and 0 <= x["wait_share"] <= 1 for x in rows)
+    pin = rows[-1]
+    if not lab11.on_gpu(r_sweep):   # CPU: PyTorch warns and pins nothing
+        assert not pin["pinned"] and any("no accelerator" in w for w in pin["warnings"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Claim check
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
+    cc = lab11.claim_check(ramp, r_sync, r_slow)
+    v = cc.verdicts()
+    assert set(v) == {c.key for c in lab11.CLAIMS}
+    assert v["amp-performance"] == ("not tested here" if not lab11.on_gpu(ramp) else v["amp-performance"])
+    assert v["scale-loss"] == "holds"
+    assert v["illusion-of-hang"] == "holds"
+    text = repr(cc)
+    assert all(c.quote in text for c in lab11.CLAIMS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercises: right, wrong and adversarial answers against the real runs
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("answer, ok", [
+    ([0, 1], True), ((1, 0), True), ({0, 1}, True),
+    ([1], False),                 # the rank whose own gradient held inf: the common wrong answer
+    ([0], False),                 # the other rank alone
+    ([], False), (None, False), ((), False),
+    ("0,1", False), ("[0, 1]", False), (2, False), (1, False),
+    ([0, 1, 2], False), ([1, 2], False), ([True, False], False), ([0.0, 1.0], False),
+])
+def test_check_skipped_ranks(r_sync, answer, ok):
+    c = lab11.check_skipped_ranks(answer, r_sync)
+    assert c.passed is ok
+    if not ok:
+        assert "[0, 1]" not in c.message.replace(repr(answer), "")    # a hint, not the answer
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("answer, ok", [
+    (65536.0, True), (65536, True),
+    (32768.0, False),             # rank 1's scale: the other rank
+    (131072.0, False), (65535, False), (65536.5, False),   # neighbouring values
+    ("65536", False), (True, False), (None, False), (float("nan"), False), ([65536.0], False), ("", False),
+])
+def test_check_unsynced_scale(r_unsynced, answer, ok):
+    assert lab11.scaler_at_inf(r_unsynced)[0]["scale_after"] == 65536.0
+    c = lab11.check_unsynced_scale(answer, r_unsynced)
+    assert c.passed is ok
+    if not ok:
+        assert "65536" not in c.message.replace(repr(answer), "")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("answer, ok", [
+    (("all_reduce", 1), True), (["all_reduce", 1], True), ((" all_reduce ", 1), True),
+    (("all_reduce", 0), False),   # the other rank
+    (("all_reduce", 2), False),   # neighbouring value
+    (("all", 1), False), (("reduce", 1), False), (("", 1), False),       # substrings, empty
+    (("broadcast", 1), False), (("dataloader", 1), False), (("all_gather", 1), False),
+    ("all_reduce", False), (("all_reduce", "1"), False), ((1, "all_reduce"), False), (("all_reduce", True), False),
+    ((), False), (None, False), (("all_reduce", 1, 0), False),
+])
+def test_check_where_rank0_waits(r_stopped, answer, ok):
+    c = lab11.check_where_rank0_waits(answer, r_stopped)
+    assert c.passed is ok
+    if not ok:   # a hint, not the answer
+        shown = [repr(answer)] + ([repr(tuple(answer))] if isinstance(answer, (list, tuple)) else [])
+        msg = c.message
+        for part in shown:
+            msg = msg.replace(part, "")
+        assert "all_reduce" not in msg
