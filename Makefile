@@ -9,6 +9,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
+# notebooks executed at once by make workbook (1: each one's seconds measured alone)
+JOBS ?= 1
 PYTEST_ARGS ?=
 # Where torch comes from when no local wheel is at hand. Linux: PyTorch's CPU wheel index (PyPI's
 # Linux torch pulls several GB of CUDA packages); macOS: PyPI (its wheels are CPU/MPS). A CUDA
@@ -35,10 +37,10 @@ install: $(STAMP)
 # Each notebook executes once (papermill); the summary is built from the runs the notebooks made,
 # plus one run of any variant no notebook showed.
 workbook: $(STAMP)
-	$(BIN)/python -m ddplab.workbook.build --out build $(WORKBOOK_ARGS)
+	$(BIN)/python -m ddplab.workbook.build --out build --jobs $(JOBS) $(WORKBOOK_ARGS)
 
 notebooks: $(STAMP)
-	$(BIN)/python -m ddplab.workbook.build --out build --store $(WORKBOOK_ARGS)
+	$(BIN)/python -m ddplab.workbook.build --out build --store --jobs $(JOBS) $(WORKBOOK_ARGS)
 
 # Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
 # (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in

@@ -149,7 +149,7 @@ def _git(*args: str) -> str | None:
         p = subprocess.run(["git", "-C", str(catalog.REPO_DIR), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return p.stdout.strip() if p.returncode == 0 else None
+    return p.stdout.rstrip("\n") if p.returncode == 0 else None
 
 
 def provenance() -> dict:
@@ -258,41 +258,60 @@ def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]]
     return rows
 
 
-def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None = None
-                  ) -> tuple[list[NotebookRun], dict[str, list[dict]]]:
-    """Execute each notebook once into out/notebooks/ with its runs under out/runs/<notebook>/."""
+def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["NotebookRun", list[dict]]:
+    """Execute one notebook into out/notebooks/ with its runs under out/runs/<notebook>/, compare its
+    marked cells, record metadata.ddplab; its NotebookRun and the results its runs saved."""
     import nbformat
 
+    runs_dir = out / "runs" / nb.stem
+    shutil.rmtree(runs_dir, ignore_errors=True)     # only this execution's runs are read back
+    runs_dir.mkdir(parents=True)
+    target = out / "notebooks" / nb.name
+    meta = provenance()
+    t0 = time.monotonic()
+    try:
+        execute_notebook(nb, target, parameters, runs_dir)
+        status = "ok"
+    except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
+        text = str(e).strip()
+        status = f"failed: {text.splitlines()[-1][:120] if text else type(e).__name__}"
+    seconds = time.monotonic() - t0
+    if target.exists():
+        executed = json.loads(target.read_text())
+        if status == "ok":
+            bad = compare_checked(json.loads(nb.read_text()), executed)
+            if bad:
+                status = f"checked output differs: {bad[0]}"[:300]
+        executed["metadata"]["ddplab"] = {**meta, "seconds": round(seconds, 1),
+                                          "parameters": executed["metadata"].get("papermill", {}).get("parameters", {})}
+        nbformat.write(nbformat.from_dict(executed), str(target))
+    results = read_results(runs_dir)
+    return NotebookRun(nb.name, status, seconds, len(results)), results
+
+
+def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None = None, jobs: int = 1
+                  ) -> tuple[list[NotebookRun], dict[str, list[dict]]]:
+    """Execute each notebook once (``jobs`` at a time, each in its own process when more than one),
+    printing each one's seconds as it finishes."""
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
-    done, results = [], {}
-    for nb in notebooks(numbers):
-        runs_dir = out / "runs" / nb.stem
-        shutil.rmtree(runs_dir, ignore_errors=True)     # only this execution's runs are read back
-        runs_dir.mkdir(parents=True)
-        target = out / "notebooks" / nb.name
-        meta = provenance()
-        t0 = time.monotonic()
-        try:
-            execute_notebook(nb, target, parameters, runs_dir)
-            status = "ok"
-        except Exception as e:  # papermill raises PapermillExecutionError with the cell's error
-            text = str(e).strip()
-            status = f"failed: {text.splitlines()[-1][:120] if text else type(e).__name__}"
-        seconds = time.monotonic() - t0
-        if target.exists():
-            executed = json.loads(target.read_text())
-            if status == "ok":
-                bad = compare_checked(json.loads(nb.read_text()), executed)
-                if bad:
-                    status = f"checked output differs: {bad[0]}"[:300]
-            executed["metadata"]["ddplab"] = {**meta, "seconds": round(seconds, 1),
-                                              "parameters": executed["metadata"].get("papermill", {}).get("parameters", {})}
-            nbformat.write(nbformat.from_dict(executed), str(target))
-        results[nb.stem] = read_results(runs_dir)
-        done.append(NotebookRun(nb.name, status, seconds, len(results[nb.stem])))
-        print(f"{'  ' if status == 'ok' else '!!'} notebook {nb.name:<28} {seconds:6.1f} s  "
-              f"{len(results[nb.stem]):3d} runs  {status}", flush=True)
-    return done, results
+    chosen = notebooks(numbers)
+    done: dict[str, NotebookRun] = {}
+    results: dict[str, list[dict]] = {}
+
+    def _report(run: NotebookRun, res: list[dict]) -> None:
+        done[run.name], results[Path(run.name).stem] = run, res
+        print(f"{'  ' if run.status == 'ok' else '!!'} notebook {run.name:<28} {run.seconds:6.1f} s  "
+              f"{run.runs:3d} runs  {run.status}", flush=True)
+
+    if jobs <= 1:
+        for nb in chosen:
+            _report(*execute_one(nb, out, parameters))
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for f in as_completed([pool.submit(execute_one, nb, out, parameters) for nb in chosen]):
+                _report(*f.result())
+    return [done[nb.name] for nb in chosen if nb.name in done], results
 
 
 def store(out: Path, names: list[str]) -> list[Path]:
@@ -330,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-notebooks", action="store_true", help="run the variants only (no notebook)")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="a papermill parameter for every notebook that declares it (e.g. -p quick True)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="notebooks executed at once (default 1: each notebook's seconds measured alone)")
     p.add_argument("--store", action="store_true",
                    help="copy the executed notebooks into notebooks/ when every notebook and variant passed")
     a = p.parse_args(argv)
@@ -340,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [] if a.no_notebooks else notebooks(a.labs)
     print(f"ddplab workbook: {len(chosen)} notebooks, once each; then any variant no notebook showed "
           f"({len(catalog.labs())} labs)", flush=True)
-    nbs, results = run_notebooks(a.labs, out, params) if chosen else ([], {})
+    nbs, results = run_notebooks(a.labs, out, params, max(1, a.jobs)) if chosen else ([], {})
     rows = summarise_runs(a.labs, results, out)
     text = summary(rows, nbs)
     (out / "summary.md").write_text(text)
