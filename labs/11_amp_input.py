@@ -60,7 +60,7 @@ LAB = {
     },
     "sizes": {"width": 512, "micro": 64, "k": 4, "steps": 6, "inf_step": 2,
               "slow_read_ms": 400, "slow_ms": 50, "fast_ms": 10, "slow_batch": 8, "slow_steps": 2,
-              "sweep_batch": 16, "sweep_steps": 8, "sweep_decode_ms": 2, "sweep_read_ms": 6},
+              "sweep_batch": 16, "sweep_steps": 5, "sweep_rounds": 2, "sweep_decode_ms": 2, "sweep_read_ms": 6},
 }
 S = LAB["sizes"]
 
@@ -109,7 +109,7 @@ class Replica:
         self.name, self.local_bad = name, False
         self.model = DDP(make_model(S["width"]).to(ctx.device),
                          device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.5)
         self.dtype, self.scaler = precision(ctx.device, name)
         self.model.register_comm_hook(None, self.comm_hook)
 
@@ -239,16 +239,17 @@ def loader_sweep(ctx) -> None:
     model, optimizer = small_model(ctx)
     batch, steps = S["sweep_batch"], S["sweep_steps"]
     data = Encoded(batch * steps, S["sweep_decode_ms"], S["sweep_read_ms"])
-    for workers, prefetch, pin in SWEEP:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loader = DataLoader(data, batch_size=batch, num_workers=workers, prefetch_factor=prefetch,
-                                pin_memory=pin, persistent_workers=False)
-            m = epoch(ctx, model, optimizer, loader, steps)
-        first = next(iter(DataLoader(data, batch_size=2, pin_memory=pin)))[0] if pin else None
-        lab.record("sweep", workers=workers, prefetch=prefetch, pin_memory=pin, batch=batch,
-                   samples_per_s=batch * steps / m["wall_s"], pinned=bool(first.is_pinned()) if pin else False,
-                   warnings=sorted({str(w.message) for w in caught if "pin" in str(w.message)}), **m)
+    for round_ in range(S["sweep_rounds"]):           # every setting once per round: the spread shows the noise
+        for workers, prefetch, pin in SWEEP:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loader = DataLoader(data, batch_size=batch, num_workers=workers, prefetch_factor=prefetch,
+                                    pin_memory=pin, persistent_workers=False)
+                m = epoch(ctx, model, optimizer, loader, steps)
+                first = next(iter(DataLoader(data, batch_size=2, pin_memory=pin)))[0]
+            lab.record("sweep", round=round_, workers=workers, prefetch=prefetch, pin_memory=pin, batch=batch,
+                       samples_per_s=batch * steps / m["wall_s"], pinned=bool(first.is_pinned()),
+                       warnings=sorted({str(w.message) for w in caught if "pin" in str(w.message)}), **m)
 
 
 def main(variant: str, steps: int, k: int, workers: int) -> None:

@@ -152,7 +152,8 @@ def test_loader_sweep_measures_every_setting(r_sweep):
     rows = lab11.sweep(r_sweep)
     assert [(x["workers"], x["prefetch"], x["pin_memory"]) for x in rows] == [
         (0, None, False), (1, 2, False), (2, 2, False), (2, 4, False), (2, 2, True)]
-    assert all(x["samples_per_s"] > 0 and 0 <= x["wait_share"] <= 1 for x in rows)
+    assert all(0 < x["low"] <= x["samples_per_s"] <= x["high"] and 0 <= x["wait_share"] <= 1 for x in rows)
+    assert all(x["measurements"] == 2 * lab11.sizes()["sweep_rounds"] for x in rows)   # 2 ranks x rounds
     pin = rows[-1]
     if not lab11.on_gpu(r_sweep):   # CPU: PyTorch warns and pins nothing
         assert not pin["pinned"] and any("no accelerator" in w for w in pin["warnings"])

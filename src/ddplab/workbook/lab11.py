@@ -148,18 +148,20 @@ def waiting_share(r: RunResult) -> dict[int, float]:
 
 
 def sweep(r: RunResult) -> list[dict]:
-    """One row per DataLoader configuration: samples/s and data-wait share, mean of the two ranks."""
+    """One row per DataLoader setting: samples/s per rank (median over both ranks and every round,
+    with the lowest and highest as the spread) and the share of time spent in next(loader)."""
     rows = r.records_of("sweep")
     if not rows:
         raise ValueError(f"{r.variant} ({r.status}) has no sweep records: pass a loader-sweep run that finished")
     out = []
     for key in dict.fromkeys((x["workers"], x["prefetch"], x["pin_memory"]) for x in rows):
-        both = [x for x in rows if (x["workers"], x["prefetch"], x["pin_memory"]) == key]
+        every = [x for x in rows if (x["workers"], x["prefetch"], x["pin_memory"]) == key]
+        rate = [x["samples_per_s"] for x in every]
         out.append({"workers": key[0], "prefetch": key[1], "pin_memory": key[2],
-                    "samples_per_s": statistics.mean(x["samples_per_s"] for x in both),
-                    "wait_share": statistics.mean(x["data_wait_s"] / x["wall_s"] for x in both),
-                    "pinned": any(x["pinned"] for x in both),
-                    "warnings": sorted({w for x in both for w in x["warnings"]})})
+                    "samples_per_s": statistics.median(rate), "low": min(rate), "high": max(rate),
+                    "wait_share": statistics.median(x["data_wait_s"] / x["wall_s"] for x in every),
+                    "pinned": any(x["pinned"] for x in every), "measurements": len(every),
+                    "warnings": sorted({w for x in every for w in x["warnings"]})})
     return out
 
 
@@ -228,12 +230,15 @@ def plot_loader(r_slow: RunResult):
     import matplotlib.pyplot as plt
 
     rows = loader(r_slow)
-    fig, ax = plt.subplots(figsize=(7, 2.4))
+    fig, ax = plt.subplots(figsize=(7, 2.8))
     for rank in (0, 1):
         x = rows[rank]
         ax.barh(rank, x["data_wait_s"], color="#bf8700", label="waiting for its DataLoader" if rank == 0 else None)
         ax.barh(rank, x["compute_s"], left=x["data_wait_s"], color="#0969da",
                 label="forward + backward (DDP all-reduce) + step" if rank == 0 else None)
+    for rank, longest in ((0, rows[0]["max_compute_s"]), (1, rows[1]["max_data_wait_s"])):
+        ax.plot([0, longest], [rank + 0.32] * 2, color="black", marker="|",
+                label="its longest single wait (one step)" if rank == 0 else None)
     ax.axvline(stall_s(), color="grey", linestyle=":", label=f"ddplab's stall window ({stall_s():.0f} s)")
     ax.set_yticks([0, 1], [f"rank {r}\n({rows[r]['read_ms']} ms read + {rows[r]['decode_ms']} ms decode\nper sample)"
                            for r in (0, 1)], fontsize=8)
@@ -249,16 +254,22 @@ def plot_sweep(r_sweep: RunResult):
     import matplotlib.pyplot as plt
 
     rows = sweep(r_sweep)
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    ax.bar(range(len(rows)), [x["samples_per_s"] for x in rows], color="#0969da")
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    mid = [x["samples_per_s"] for x in rows]
+    ax.bar(range(len(rows)), mid, color="#0969da")
+    ax.errorbar(range(len(rows)), mid, yerr=[[m - x["low"] for m, x in zip(mid, rows)],
+                                            [x["high"] - m for m, x in zip(mid, rows)]],
+                fmt="none", ecolor="black", capsize=4, label="lowest and highest measurement")
     for i, x in enumerate(rows):
-        ax.text(i, x["samples_per_s"], f"{x['samples_per_s']:.0f}\n{x['wait_share']:.0%} wait", ha="center",
+        ax.text(i, x["high"], f"{x['samples_per_s']:.0f}\n{x['wait_share']:.0%} wait", ha="center",
                 va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), [sweep_label(x).replace(", ", "\n") for x in rows], fontsize=8)
     ax.set_ylabel("samples/s per rank (measured)")
-    ax.set_ylim(top=max(x["samples_per_s"] for x in rows) * 1.3)
-    ax.set_title("Measured: DataLoader settings, 2 ranks on this machine's cores\n"
-                 "(storage latency is a sleep: an imitation; decoding is real CPU work)", fontsize=9)
+    ax.set_ylim(top=max(x["high"] for x in rows) * 1.35)
+    ax.set_title(f"Measured: DataLoader settings, 2 ranks on this machine ({rows[0]['measurements']} measurements "
+                 "each: both ranks, every round)\nstorage latency is a sleep (an imitation); decoding is real CPU "
+                 "work", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 
