@@ -106,7 +106,11 @@ def main(variant: str, steps: int = 8, hook: str = "fp16") -> None:
     t0 = time.perf_counter()
     ctx = lab.setup()                                     # init_process_group: gloo connects to every peer here
     lab.record("joined", init_s=time.perf_counter() - t0)
-    model = DDP(build_model())
+    powersgd_run = variant == "fixed-compress" and hook == "powersgd"
+    # PowerSGD issues its all-reduces from futures' callbacks; with two buckets (DDP's default first
+    # bucket is 1 MB) the ranks issued them in different orders and gloo aborted ("Received data size
+    # doesn't match expected size", measured). One bucket keeps the order the same on every rank.
+    model = DDP(build_model(), bucket_cap_mb=16 if powersgd_run else None)
     used = VARIANTS[variant](model, hook) if variant == "fixed-compress" else VARIANTS[variant](model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(ctx.rank)
@@ -125,8 +129,9 @@ def main(variant: str, steps: int = 8, hook: str = "fp16") -> None:
                 nn.functional.mse_loss(model(x), y).backward()
             compute_s.append(t.seconds)
     params = sum(p.numel() for p in model.parameters())
-    lab.record("steps", hook=used, steps=steps, step_ms=statistics.median(step_s) * 1e3,
-               compute_ms=statistics.median(compute_s) * 1e3, grad_mb=params * 4 / 2**20)
+    # The fastest step is the one least disturbed by other work on a shared machine; the median too.
+    lab.record("steps", hook=used, steps=steps, step_ms=statistics.median(step_s) * 1e3, best_ms=min(step_s) * 1e3,
+               compute_ms=min(compute_s) * 1e3, grad_mb=params * 4 / 2**20)
     lab.record("done")
     lab.teardown()
 

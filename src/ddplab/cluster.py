@@ -122,6 +122,19 @@ def _run_id(name: str) -> str | None:
     return m.group(1) if m else (name if re.fullmatch(r"[0-9a-f]{4}", name) else None)
 
 
+def leftovers() -> dict[str, list[str]]:
+    """ddplab's objects whose owner is gone (what a killed run left; the next Cluster removes them).
+    Another process's live cluster is not a leftover."""
+    out = {}
+    for kind, names in owned_objects().items():
+        if kind == "owner":
+            continue
+        dead = [n for n in names if (rid := _run_id(n)) is not None and not _owner_alive(rid)]
+        if dead:
+            out[kind] = dead
+    return out
+
+
 def cleanup(include_live: bool = False) -> list[str]:
     """Remove what clusters of dead owners left (all of ddplab's with ``include_live``). Returns what
     was removed, as ``kind:name``."""

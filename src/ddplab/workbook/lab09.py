@@ -73,15 +73,17 @@ def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percen
 # ----------------------------------------------------------------------------------------------
 
 def step_facts(result) -> dict:
-    """The slowest rank's median step, its compute-only step and init_process_group's seconds."""
+    """The slowest rank's fastest step (``step_ms``: on a shared machine the least disturbed one; the
+    median too), its fastest compute-only step (no_sync) and init_process_group's seconds."""
     steps = result.records_of("steps")
     joined = result.records_of("joined")
     if len(steps) != result.nproc:
         raise DdplabError(f"this run has no step times ({result.headline()})",
                           hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
-    return {"step_ms": round(max(s["step_ms"] for s in steps), 2),
+    return {"step_ms": round(max(s["best_ms"] for s in steps), 2),          # the slowest rank's fastest step
+            "median_ms": round(max(s["step_ms"] for s in steps), 2),
             "compute_ms": round(max(s["compute_ms"] for s in steps), 2),
-            "comm_ms": round(max(s["step_ms"] - s["compute_ms"] for s in steps), 2),
+            "comm_ms": round(max(s["best_ms"] - s["compute_ms"] for s in steps), 2),
             "init_s": round(max(j["init_s"] for j in joined), 3) if joined else None,
             "hook": steps[0]["hook"], "grad_mb": round(steps[0]["grad_mb"], 2)}
 
@@ -154,7 +156,7 @@ def plot_sweep(points):
     ax.legend(seen.values(), seen.keys(), loc="upper left")
     ax.set_xticks(xs, [p.label for p in order])
     ax.set_yscale("log")
-    ax.set_ylabel("median step, slowest rank (ms, log)")
+    ax.set_ylabel("fastest step of the slowest rank (ms, log)")
     ax.set_xlabel("link rate of each node (tbf cap)")
     ax.set_title("Two nodes, 4 MB of gradients a step: when the link is the bottleneck, and what compression buys")
     fig.tight_layout()
