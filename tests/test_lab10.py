@@ -37,7 +37,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_every_variant_ends_as_the_catalog_says(runs):
     from ddplab import catalog
     for v in catalog.find_lab("10").variants:
@@ -46,7 +46,7 @@ def test_every_variant_ends_as_the_catalog_says(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_an_unused_head_fails_at_the_second_iteration_with_ddps_own_error(runs):
     r = runs["unused-params"]
     assert r.cause.type == "RuntimeError"
@@ -55,7 +55,7 @@ def test_an_unused_head_fails_at_the_second_iteration_with_ddps_own_error(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_both_fixes_train_and_leave_the_unused_head_untouched(runs):
     c = lab10.unused_cost(runs["unused-fixed"])
     assert set(c) == {lab10.REFERENCE, "find_unused_parameters=True", "static_graph=True"}
@@ -68,7 +68,7 @@ def test_both_fixes_train_and_leave_the_unused_head_untouched(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_batchnorm_statistics_across_non_iid_ranks(runs):
     bn = lab10.bn_summary(runs["batchnorm"])
     shift = lab10.sizes()["rank_shift"]
@@ -87,7 +87,7 @@ def test_batchnorm_statistics_across_non_iid_ranks(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_evaluation_on_rank_0_through_the_wrapper_hangs_in_ddps_buffer_broadcast(runs):
     r = runs["eval-rank0"]
     w = lab10.waits(r)
@@ -99,7 +99,7 @@ def test_evaluation_on_rank_0_through_the_wrapper_hangs_in_ddps_buffer_broadcast
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_evaluating_model_module_completes_and_both_ways_agree(runs):
     e = lab10.eval_losses(runs["eval-fixed"])
     assert set(e) == {"rank 0 alone, model.module", "sharded on every rank, all_reduce"}
@@ -108,7 +108,7 @@ def test_evaluating_model_module_completes_and_both_ways_agree(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_training_through_model_module_lets_the_replicas_diverge(runs):
     rows = lab10.replicas(runs["module-forward"])
     assert [x["step"] for x in rows] == list(range(lab10.sizes()["steps"] + 1))
@@ -118,7 +118,7 @@ def test_training_through_model_module_lets_the_replicas_diverge(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_ddps_construction_broadcast_fixes_parameters_not_attributes_nor_reinit_after_wrap(runs):
     ri = lab10.rank_init(runs["rank-init"])
     s, re_, fx = ri["rank-seeded"], ri["reinit-after-wrap"], ri["fixed"]
@@ -129,7 +129,7 @@ def test_ddps_construction_broadcast_fixes_parameters_not_attributes_nor_reinit_
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_custom_layer_replicas_emulated_and_labelled(runs):
     r = runs["dp-custom-layer"]
     layers = lab10.dp_layers(r)
@@ -143,7 +143,7 @@ def test_custom_layer_replicas_emulated_and_labelled(runs):
 
 @requires_gpus(2)
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_custom_layer_under_real_dataparallel(runs):
     r = runs["dp-custom-layer"]
     layers = lab10.dp_layers(r)
@@ -155,7 +155,7 @@ def test_custom_layer_under_real_dataparallel(runs):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_claim_check_is_computed_from_the_runs(runs):
     cc = lab10.claim_check(*(runs[v] for v in ("unused-params", "unused-fixed", "eval-rank0", "eval-fixed",
                                                "module-forward", "rank-init", "dp-custom-layer")))
@@ -177,7 +177,7 @@ def test_claim_check_is_computed_from_the_runs(runs):
 # --- exercise checkers: right, wrong and adversarial answers against the real runs ---------------------
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("answer, passed", [
     (2, True),
     (1, False), (3, False),             # the neighbouring iterations
@@ -193,7 +193,7 @@ def test_check_unused_iteration(runs, answer, passed):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("answer, passed", [
     ("broadcast", True), ("dist.broadcast", True), (" Broadcast ", True), ("broadcast()", True),
     ("all_reduce", False),               # where the OTHER rank waits
@@ -210,7 +210,7 @@ def test_check_eval_op(runs, answer, passed):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("answer, passed", [
     (0, True),
     (1, False),                          # the other rank
@@ -223,7 +223,7 @@ def test_check_bn_source_rank(runs, answer, passed):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_checkers_refuse_the_wrong_run(runs):
     assert not lab10.check_eval_op("broadcast", runs["eval-fixed"]).passed
     with pytest.raises(ValueError):
