@@ -189,3 +189,40 @@ def test_workflow_runs_papermill_with_parameters_and_keeps_what_it_made():
     assert "build/notebooks/" in upload["with"]["path"] and upload.get("if") == "always()"
     checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout"))
     assert checkout["with"]["fetch-depth"] == 0                     # the recorded commit's history
+
+
+# --- the summary table, from the runs the notebooks made ---------------------------------------
+@pytest.mark.multiprocess
+def test_summary_takes_notebook_runs_and_runs_only_what_no_notebook_showed(tmp_path, session_runs_dir):
+    """Lab 01: three variants shown by a notebook's runs as the catalog expects are taken as they are;
+    fixed-join, run by a notebook only with a knob that made it hang, is run once more here with the
+    lab's defaults, and the notebook's other outcome is listed with it."""
+    from ddplab import catalog
+    lab = catalog.find_lab("01")
+    by_notebook = {"01_hang": [{"target": lab.id, "variant": v.name, "status": v.expect, "signature": v.signature,
+                                "wall_s": 1.5} for v in lab.variants if v.name != "fixed-join"]}
+    by_notebook["01_hang"].append({"target": lab.id, "variant": "fixed-join", "status": "hung",
+                                   "signature": "hang-different-collectives", "wall_s": 9.0})
+    by_notebook["00_start_here"] = [{"target": "my_script", "variant": None, "status": "ok", "signature": None}]
+    rows = {r.variant: r for r in build.summarise_runs(["01"], by_notebook, tmp_path)}
+    assert set(rows) == {v.name for v in lab.variants}
+    assert all(r.source == "01_hang" and r.as_expected and r.wall_s == 1.5 for n, r in rows.items() if n != "fixed-join")
+    join = rows["fixed-join"]
+    assert join.source == "build" and join.status == "ok" and join.as_expected
+    assert join.notebook_runs == [("01_hang", "hung", "hang-different-collectives")]
+    assert (tmp_path / "results" / f"{lab.id}-fixed-join.json").exists()
+    assert (tmp_path / "runs" / "_build").is_dir()
+    text = build.summary(list(rows.values()), [build.NotebookRun("01_hang.ipynb", "ok", 12.0, 4)])
+    assert "| 01 | fixed-join | ok | ok |" in text and "| build |" in text and "| 01_hang.ipynb | 12.0 | 4 | ok |" in text
+    from conftest import assert_nothing_left
+    assert_nothing_left(str(tmp_path))
+
+
+def test_read_results_reads_every_run_of_a_notebook(tmp_path):
+    for i, name in enumerate(["01_hang/a/result.json", "01_hang/b/result.json", "x/broken.json"]):
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"target": "01_hang", "variant": str(i)}))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "result.json").write_text("{not json")
+    assert sorted(d["variant"] for d in build.read_results(tmp_path)) == ["0", "1"]
