@@ -73,10 +73,10 @@ S = LAB["sizes"]
 
 def gathered(values) -> torch.Tensor:
     """Every rank's values (float64 all_gather): row r is rank r's."""
-    t = torch.as_tensor(values, dtype=torch.float64).detach().cpu().flatten()
+    t = torch.as_tensor(values, dtype=torch.float64).detach().flatten().to(lab.ctx().device)  # NCCL: CUDA tensors
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
-    return torch.stack(out)
+    return torch.stack(out).cpu()
 
 
 def flat(tensors) -> torch.Tensor:
@@ -256,7 +256,8 @@ def eval_fixed(ctx):
         for b in net.buffers():                     # every rank takes rank 0's BatchNorm statistics: rank 1's last
             dist.broadcast(b, src=0)                # training forward updated its own copy after DDP's broadcast
         xs, ys = x[ctx.rank::ctx.world_size], y[ctx.rank::ctx.world_size]   # or: every rank its shard
-        sums = torch.tensor([F.mse_loss(net(xs), ys, reduction="sum").item(), len(ys)], dtype=torch.float64)
+        sums = torch.tensor([F.mse_loss(net(xs), ys, reduction="sum").item(), len(ys)], dtype=torch.float64,
+                            device=ctx.device)
         dist.all_reduce(sums)                       # every rank joins this one
     lab.record("eval", how="sharded on every rank, all_reduce", loss=(sums[0] / sums[1]).item())
     dist.all_reduce(loss)
@@ -391,16 +392,17 @@ def dp_custom_layer(ctx):
         model = ModelWithCustomLayer(input_size, hidden_size,
                                      None if layer.startswith("nn.") else PlainTensorLayer(input_size, hidden_size, home))
         model = model.to(home)
+        x = torch.randn(batch_size, input_size).to(home)
+        if real:
+            with torch.no_grad():
+                ref = model(x)                      # one device, no DataParallel (before the hook below)
         seen = []
         model.custom_layer.register_forward_hook(
             lambda mod, inp, out: seen.append({"input": str(inp[0].device), "weight": str(mod.weight.device)}))
-        x = torch.randn(batch_size, input_size).to(home)
         error = None
         try:
             if real:
                 out = nn.DataParallel(model, device_ids=list(range(n)))(x)
-                with torch.no_grad():
-                    ref = model(x)                  # one device, no DataParallel
                 out.pow(2).mean().backward()
                 grad_device = str(model.custom_layer.weight.grad.device) if model.custom_layer.weight.grad is not None else None
                 diff = float((out.detach() - ref).abs().max())

@@ -149,7 +149,7 @@ def test_custom_layer_under_real_dataparallel(runs):
     layers = lab10.dp_layers(r)
     assert lab10.dp_mode(r) == "real"
     art = layers["nn.Parameter (article)"]
-    assert art["error"] is None and art["same_device"] and art["max_abs_diff_vs_one_device"] < 1e-4
+    assert art["error"] is None and art["same_device"] and art["max_abs_diff_vs_one_device"] < 1e-3
     assert art["grad_device"] == "cuda:0"
     assert layers["plain tensor attribute"]["error"] is not None
 

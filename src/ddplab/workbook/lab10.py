@@ -358,8 +358,8 @@ def check_eval_op(answer, r_eval) -> Check:
     if a == w[1]["op"]:
         return Check(False, f"{answer!r} is where rank 1 waits, not rank 0: rank 0 never reached that line. "
                             "What does DDP's forward do before it calls the module's forward?")
-    return Check(False, f"not {answer!r}: look at rank 0's stack in the diagnosis above the exercise's answer cell: "
-                        "which DDP method sits between model(x) and the collective?")
+    return Check(False, f"not {answer!r}: look at rank 0's stack in the run's diagnosis: which DDP method sits "
+                        "between model(x) and the collective, and what does it send?")
 
 
 def check_bn_source_rank(answer, r_bn) -> Check:
