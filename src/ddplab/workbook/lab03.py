@@ -144,7 +144,7 @@ def plot(bare, detail, guard_raise, guard_ok):
     ax.set_xscale("log")
     ax.set_xlim(right=max(s for _, s in rows) * 8)
     ax.set_xlabel("seconds, measured (log scale; whole runs include start-up: imports, rendezvous)")
-    ax.set_title("gather-ragged: seconds until each run named the problem (measured, this execution)")
+    ax.set_title("gather-ragged: seconds until the problem was named (measured)", fontsize=10)
     bx.bar([0, 1], [cost["step_ms"], cost["guard_ms"]], color=["#8c959f", "#0969da"])
     bx.set_xticks([0, 1], ["training step", "shape guard"])
     for x, v in enumerate([cost["step_ms"], cost["guard_ms"]]):
@@ -201,11 +201,13 @@ def claim_check(article, bare, detail, guard_raise, model) -> ClaimCheck:
             incorrect_results=g["rel_err_naive"] > 0.01, hang=article.status == "hung"),
         c_err.judge(
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
-            f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; neither hung",
+            f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; hung: "
+            f"{[r.variant for r in (bare, model) if r.status == 'hung'] or 'neither'}",
             errors=bare.status == "failed" and model.status == "failed",
             hang="hung" in (bare.status, model.status)),
         c_cryptic.judge(
-            f"bare gloo: {_gloo_words(rep)} (bytes; no shapes, no collective); with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
+            f"bare gloo: {_gloo_words(rep)} (names shapes or the collective: {'yes' if names_shapes else 'no'}); "
+            f"with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
             f"{d['op'] if d else '?'} shapes {d['shapes'] if d else '?'}; the guard: {(caught or {}).get('message', '?')}",
             cryptic=bare.status == "failed" and not names_shapes),
     ])
