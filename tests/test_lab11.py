@@ -233,3 +233,27 @@ def test_check_where_rank0_waits(r_stopped, answer, ok):
         for part in shown:
             msg = msg.replace(part, "")
         assert "all_reduce" not in msg
+
+
+# ------------------------------------------------------------------------------------------------
+# classify: a job stopped while one rank fetched data and the others waited for it
+# ------------------------------------------------------------------------------------------------
+
+def _rank(n, kind, op=None, state="running"):
+    from ddplab.result import RankResult
+    from ddplab.stacks import Where
+    return RankResult(rank=n, pid=100 + n, state=state, exit_code=None, signal="SIGTERM",
+                      where=Where(kind, op) if kind else None)
+
+
+@pytest.mark.parametrize("ranks, expect", [
+    ((("collective", "all_reduce"), ("dataloader", "next batch")), [1]),
+    ((("dataloader", "next batch"), ("collective", "all_reduce"), ("collective", "all_reduce")), [0]),
+    ((("dataloader", "next batch"), ("dataloader", "next batch")), []),     # nobody waits for them
+    ((("collective", "all_reduce"), ("sleep", "sleep")), []),               # elsewhere, not its data
+    ((("collective", "all_reduce"), ("collective", "all_reduce")), []),
+])
+def test_waits_for_data_needs_a_rank_in_its_dataloader_and_the_rest_in_collectives(ranks, expect):
+    from ddplab import classify
+    rs = tuple(_rank(n, kind, op) for n, (kind, op) in enumerate(ranks))
+    assert classify.waits_for_data(rs) == expect
