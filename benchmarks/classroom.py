@@ -7,7 +7,8 @@ For each K, K learner processes start at once, each running the same lab sequenc
 fixed-sampler, lab 03 gather-ragged and fixed-pad-gather. Every result is judged against the
 catalog (status and signature); the parent samples each learner's process tree for its peak
 resident memory. Prints, per K: verdicts right out of total, median and slowest run seconds, the
-slowest learner's sequence, peak memory of one learner and of all; then the largest K that stayed
+slowest learner's sequence, peak memory of one learner and of all, the machine's mean load
+average during the round (other users' jobs count: say it with the numbers); then the largest K that stayed
 right, which `ddplab classroom check` and docs/instructor.md quote (ddplab/classroom.py holds the
 per-learner figures measured here).
 """
@@ -64,7 +65,9 @@ def one_round(k: int, root: Path) -> dict:
     peak_each = [0] * k
     peak_all = 0
     ps = [psutil.Process(p.pid) for p in procs]
+    loads = []
     while any(p.poll() is None for p in procs):
+        loads.append(os.getloadavg()[0])
         now = [_tree_rss(q) for q in ps]
         peak_each = [max(a, b) for a, b in zip(peak_each, now)]
         peak_all = max(peak_all, sum(now))
@@ -90,7 +93,8 @@ def one_round(k: int, root: Path) -> dict:
             "median_run_s": round(statistics.median(walls), 1) if walls else None,
             "slowest_run_s": round(max(walls), 1) if walls else None,
             "sequence_s": round(seconds, 1),
-            "peak_learner_mb": max(peak_each) // 2**20, "peak_all_mb": peak_all // 2**20}
+            "peak_learner_mb": max(peak_each) // 2**20, "peak_all_mb": peak_all // 2**20,
+            "load_avg": round(statistics.mean(loads), 1) if loads else None}
 
 
 def main() -> None:
@@ -102,21 +106,27 @@ def main() -> None:
     cores = os.cpu_count()
     print(f"K learners at once on {cores} cores, each: " + ", ".join(f"{l} {v}" for l, v in SEQUENCE), flush=True)
     print(f"{'K':>3} {'right':>7} {'median run s':>13} {'slowest run s':>14} {'sequence s':>11} "
-          f"{'learner MB':>11} {'all MB':>7}", flush=True)
+          f"{'learner MB':>11} {'all MB':>7} {'load':>5}", flush=True)
     rows = []
     for k in a.learners:
         r = one_round(k, root)
         rows.append(r)
         print(f"{k:>3} {r['right']:>3}/{r['total']:<3} {r['median_run_s']:>13} {r['slowest_run_s']:>14} "
-              f"{r['sequence_s']:>11} {r['peak_learner_mb']:>11} {r['peak_all_mb']:>7}"
+              f"{r['sequence_s']:>11} {r['peak_learner_mb']:>11} {r['peak_all_mb']:>7} {r['load_avg']:>5}"
               + ("" if r["all_right"] else f"   wrong: {r['wrong']}"), flush=True)
-    good = [r["k"] for r in rows if r["all_right"]]
-    best = max(good) if good else 0
-    print(f"largest K with every verdict right here: {best} ({best * 2 / cores:g} ranks per core)")
+    # the largest K below which every K tried kept every verdict right (one wrong verdict ends it)
+    best = 0
+    for r in sorted(rows, key=lambda r: r["k"]):
+        if not r["all_right"]:
+            break
+        best = r["k"]
+    load = os.getloadavg()
+    print(f"largest K with every verdict right here: {best} ({best * 2 / cores:g} ranks per core); "
+          f"load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"cores": cores, "sequence": SEQUENCE, "rows": rows,
-                                            "largest_k_right": best}, indent=2))
+                                            "largest_k_right": best, "loadavg": load}, indent=2))
 
 
 if __name__ == "__main__":

@@ -27,12 +27,14 @@ from pathlib import Path
 
 import psutil
 
-# Measured by benchmarks/classroom.py (torch 2.13.0 CPU, Linux, 2 cores): the peak resident memory
-# of one learner running a lab (torchrun + 2 ranks) and of a notebook kernel with ddplab and
-# matplotlib imported. Re-measure with `python benchmarks/classroom.py` after a torch upgrade.
-RUN_MB = 900
-KERNEL_MB = 250
-JUPYTERLAB_MB = 150          # each learner's own JupyterLab server (one per learner)
+# Measured here (torch 2.13.0 CPU, Linux, 2 cores). RUN_MB: the peak resident memory of one learner's
+# process tree while it runs labs 01 and 03 (the launching Python with ddplab, torchrun and 2 ranks),
+# from benchmarks/classroom.py; KERNEL_MB: what a notebook kernel adds when it imports torch itself
+# (259 MB with torch against 80 MB without); JUPYTERLAB_MB: a JupyterLab server (85 MB idle at start,
+# allowed to grow). Re-measure with `python benchmarks/classroom.py` after a torch upgrade.
+RUN_MB = 870
+KERNEL_MB = 180
+JUPYTERLAB_MB = 150
 # The most ranks per core at which every verdict of the benchmark's K learners stayed right here.
 RANKS_PER_CORE_OK = 6.0
 NPROC = 2                    # the labs' rank count (catalog default)
