@@ -112,6 +112,7 @@ def test_sigkill_leaves_objects_that_the_next_start_removes():
     p.wait(timeout=30)
     left = mine(run_id)
     assert left["netns"] and left["link"] and left["owner"], "SIGKILL cannot tear down: the objects stay"
+    assert set(left["netns"]) <= set(cluster.leftovers().get("netns", []))
     with Cluster(nodes=2) as c:
         assert gone(run_id), f"the next start left the killed run's objects: {mine(run_id)}"
         assert mine(c.run_id)["netns"]
@@ -126,6 +127,7 @@ def test_live_owners_objects_are_kept():
     try:
         cluster.cleanup()
         assert mine(run_id)["netns"], "cleanup removed a cluster whose owner is alive"
+        assert not set(mine(run_id)["netns"]) & set(cluster.leftovers().get("netns", []))
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
