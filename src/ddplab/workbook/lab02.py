@@ -273,23 +273,28 @@ def _first(text: str | None, n: int = 70) -> str:
     return _first_line(line, n)
 
 
+def silent_row(r_killer):
+    """The resource-exhaustion row, judged on the oom-killer run (not tested here without one)."""
+    c_silent = CLAIMS[0]
+    if r_killer is None:
+        reason = cgroup_reason() or "the oom-killer run was not made in this execution"
+        return c_silent.judge(f"not run: {reason}", imitation=f"the kernel's OOM killer could not be run here: {reason}")
+    f = oom_killer_facts(r_killer)
+    peers = "; ".join(f"rank {k}: {t}: {m}" if t else f"rank {k}: no error" for k, (t, m) in f["peers"].items())
+    ended = [x.rank for x in r_killer.ranks if x.signal == "SIGTERM"]
+    return c_silent.judge(
+        f"rank(s) {f['killed']} under a {f['limit_mb']:.1f} MiB cgroup v{f['cgroup_version']} limit: SIGKILL by the "
+        f"kernel after step {f['killed_after_step']}, Python error: {f['killed_error'] or 'none'}, log names memory: "
+        f"{'yes' if f['log_names_memory'] else 'no'}; the peer: {peers}; the job ended {f['status']} [{f['signature']}] "
+        f"after {f['wall_s']:.1f} s" + (f" (torchrun sent SIGTERM to rank(s) {ended})" if ended else ""),
+        hang=f["hung"], no_clear_message=bool(f["killed"]) and not f["killed_error"] and not f["log_names_memory"])
+
+
 def claim_check(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> ClaimCheck:
     """Each row judged by ClaimSpec.judge from the runs' fields. ``r_killer`` is the oom-killer run, or
     None where the machine cannot make a memory cgroup (that row is then not tested here, with the reason)."""
     c_silent, c_grad, c_fix = CLAIMS
-    rows = []
-    if r_killer is None:
-        reason = cgroup_reason() or "the oom-killer run was not made in this execution"
-        rows.append(c_silent.judge(f"not run: {reason}", imitation=f"the kernel's OOM killer could not be run here: {reason}"))
-    else:
-        f = oom_killer_facts(r_killer)
-        peers = "; ".join(f"rank {k}: {t}: {m}" if t else f"rank {k}: no error" for k, t in f["peers"].items())
-        rows.append(c_silent.judge(
-            f"rank(s) {f['killed']} under a {f['limit_mb']:.1f} MiB cgroup v{f['cgroup_version']} limit: SIGKILL by the "
-            f"kernel after step {f['killed_after_step']}, Python error: {f['killed_error'] or 'none'}, log names memory: "
-            f"{'yes' if f['log_names_memory'] else 'no'}; the peer: {peers}; the job ended {f['status']} [{f['signature']}] "
-            f"after {f['wall_s']:.1f} s (torchrun ended the other ranks)",
-            hang=f["hung"], no_clear_message=bool(f["killed"]) and not f["killed_error"] and not f["log_names_memory"]))
+    rows = [silent_row(r_killer)]
     waiting = [x for x in r_skip.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
     skipped = sorted({s["rank"] for s in r_skip.records_of("skipped")})
     judged = (f"no rank made progress for {r_skip.stall.window_s:g} s" if r_skip.stall else f"after {r_skip.wall_s:.1f} s")
