@@ -28,7 +28,6 @@ Variants:
   loader-sweep        num_workers, prefetch_factor and pin_memory measured on the same dataset.
 """
 import contextlib
-import statistics
 import time
 import warnings
 import zlib

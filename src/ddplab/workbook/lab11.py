@@ -107,7 +107,8 @@ def on_gpu(r: RunResult) -> bool:
 
 def same_update_as_unscaled(r_sync: RunResult, ramp: RunResult) -> bool:
     """Before the inf step, the scaler run's weights (scaled loss, unscaled gradient) equal the amp
-    run's autocast replica's (no scaler on the CPU), bit for bit, on every rank."""
+    run's autocast replica's, bit for bit, on every rank. On the CPU that replica has no scaler, so
+    this compares scaled with unscaled; on a GPU both scale (fp16), so it only shows the run repeats."""
     k = sizes()["inf_step"]
     return all([s["checksum"] for s in steps(r_sync, rank)[:k]] == [s["checksum"] for s in steps(ramp, rank, "amp")[:k]]
                for rank in (0, 1))
@@ -320,8 +321,10 @@ def claim_check(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimC
             "same_loss": s["max_rel_loss_diff"] <= LOSS_RTOL} if gpu else {}))]
     at, sc = scaler_at_inf(r_sync), scales(r_sync)
     same = same_update_as_unscaled(r_sync, ramp)
+    compared = ("the amp run's autocast replica's, which also scales on a GPU (so this part shows only that the "
+                "run repeats)" if on_gpu(r_sync) else "the unscaled run's (the amp run's autocast replica)")
     rows.append(specs["scale-loss"].judge(
-        f"before step {sizes()['inf_step']} the weights equal the unscaled run's bit for bit: {same}; at step "
+        f"before step {sizes()['inf_step']} the weights equal {compared} bit for bit: {same}; at step "
         f"{sizes()['inf_step']} the local gradient is non-finite on rank(s) "
         f"{[k for k, v in at.items() if v['local_nonfinite']]}, after DDP's all-reduce on "
         f"{[k for k, v in at.items() if v['grads_nonfinite']]}; the step is skipped on {skipped_ranks(r_sync)}; "
