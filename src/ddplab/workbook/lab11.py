@@ -52,10 +52,13 @@ def run_variant(variant: str, steps: int | None = None, **kw) -> RunResult:
 
 def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:
     """slow-loader, stopped the way a learner would stop it: as soon as one rank has waited
-    ``wait_s`` in a collective (the moment it "looks hung"), a KeyboardInterrupt, as from Ctrl-C or
-    Jupyter's stop button. ddplab ends the job, reads every rank's stack and returns the result."""
+    ``wait_s`` in a training step's all-reduce (the moment it "looks hung"; a wait in DDP's
+    construction, while a slower rank is still starting, does not count), a KeyboardInterrupt, as
+    from Ctrl-C or Jupyter's stop button. ddplab ends the job, reads every rank's stack and returns
+    the result."""
     def progress(snap):
-        if any(row["state"] == "waiting" and row["idle_s"] >= wait_s for row in snap.ranks):
+        if any(row["state"] == "waiting" and row["op"] == "all_reduce" and row["idle_s"] >= wait_s
+               for row in snap.ranks):
             raise KeyboardInterrupt
     root = Path(kw.pop("run_root", None) or job_mod.runs_root())
     before = set(root.glob("**/result.json"))
