@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -199,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     except DdplabError as e:
         print(f"ddplab: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # `ddplab ... | head`: the reader left. Anything the command started has already ended (every
+        # run ends its job in a finally); say nothing more, and keep Python from a second error at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

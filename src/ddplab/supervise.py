@@ -6,6 +6,10 @@ recorder, read through the rank's worker server), or when its stack changes. A j
 when every live rank has made no progress for the stall window. A rank computing, importing torch
 or loading data on a loaded machine is slow, not stuck, however long it takes.
 
+A rank with a thread that is runnable (or in uninterruptible I/O) on two samples in a row is
+waiting for a core, not for its peers: on an overloaded machine it may gain no CPU time for seconds,
+and that is progress owed, not a stall.
+
 Two things hold a stall verdict back, both read from the ranks: a rank that has just started or
 exited (a change of state is progress), and PyTorch's own timeout about to fire. When a blocked
 collective (its ledger entry carries ``timeout_ms``) or a rendezvous (the timeout argument of the
@@ -54,6 +58,35 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def waiting_for_cpu(p: psutil.Process) -> bool:
+    """Some thread of the rank (or of its children) is runnable or in uninterruptible I/O (Linux
+    state R or D): the kernel owes it time. On a loaded machine such a rank may gain no CPU time for
+    seconds, yet it is not blocked on its peers. Linux reads /proc; elsewhere the process state."""
+    try:
+        procs = [p] + p.children(recursive=True)
+    except psutil.Error:
+        procs = [p]
+    for q in procs:
+        try:
+            tasks = os.listdir(f"/proc/{q.pid}/task")
+        except OSError:
+            try:
+                if q.status() in (psutil.STATUS_RUNNING, psutil.STATUS_DISK_SLEEP):
+                    return True
+            except psutil.Error:
+                pass
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{q.pid}/task/{tid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split(None, 1)[0]
+            except (OSError, IndexError):
+                continue
+            if state in (b"R", b"D"):
+                return True
+    return False
+
+
 def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
     """CPU use over the last CPU_WINDOW_S (over all the samples there are, when they span less and
     at least SAMPLE_S: a stall window shorter than CPU_WINDOW_S must still see a starting job's CPU)
@@ -81,6 +114,7 @@ class RankWatch:
     exited_at: float | None = None
     rdzv: dict | None = None                     # what its rendezvous handler last said
     rdzv_t: float = 0.0
+    runnable_n: int = 0                          # consecutive samples with a runnable thread
 
     @property
     def alive(self) -> bool:
@@ -180,6 +214,12 @@ class Supervisor:
         w.cpu_s = max(w.cpu_s, cpu)
         w.cpu.append((now, cpu))
         if _cpu_moved(w.cpu, now, cpu):
+            w.last_progress = now
+            return
+        # Runnable on two samples in a row (a thread answering our own probe is not, for that long):
+        # starved of a core by other work, not stuck on its peers.
+        w.runnable_n = w.runnable_n + 1 if waiting_for_cpu(w.proc) else 0
+        if w.runnable_n >= 2:
             w.last_progress = now
             return
         if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
