@@ -264,6 +264,7 @@ def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["N
     marked cells, record metadata.ddplab; its NotebookRun and the results its runs saved."""
     import nbformat
 
+    out = out.resolve()   # the kernel runs in notebooks/: a relative runs folder would land there
     runs_dir = out / "runs" / nb.stem
     shutil.rmtree(runs_dir, ignore_errors=True)     # only this execution's runs are read back
     runs_dir.mkdir(parents=True)
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.store and a.parameter:
         p.error("--store keeps notebooks executed with their own defaults (papermill would add an "
                 "injected-parameters cell): leave out -p")
-    out = Path(a.out)
+    out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     params = {k: _param(v) for k, v in a.parameter}
