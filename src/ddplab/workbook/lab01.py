@@ -315,24 +315,30 @@ def check_waiting_rank(broken: RunResult, rank, collective) -> Check:
                         "(forward, backward, optimizer)? Read `broken.rank(n).where` for the other rank")
 
 
-def check_timeout_answer(timeout_s, must_fail_within_s: float = 20, **run_kw) -> Check:
-    """Exercise 2: choose --pg-timeout-s so that PyTorch itself reports the broken job within
-    ``must_fail_within_s`` seconds of launch (start-up included). The checker runs the job for real
-    with your value; impossible values are refused without a run."""
+def check_timeout_answer(timeout_s, **run_kw) -> Check:
+    """Exercise 2: choose --pg-timeout-s so that PyTorch ITSELF ends the broken job with its timeout error,
+    rather than ddplab's stall verdict. ddplab waits for PyTorch's timeout only when it will fire within
+    ``supervise.TIMEOUT_PATIENCE_S`` (30 s) of the stall, so longer values are refused without a run. The
+    checker runs the job for real and judges by what it ended with (no clock: a loaded machine is slow,
+    not wrong)."""
+    from ddplab.supervise import TIMEOUT_PATIENCE_S
+
     if timeout_s is None:
         return Check(False, "set `timeout_s` to a number of seconds, then run this cell again")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
         return Check(False, f"`timeout_s` must be a number of seconds, not {timeout_s!r}")
     if not timeout_s > 0:
         return Check(False, "a timeout must be more than 0 seconds")
-    if timeout_s >= must_fail_within_s:
-        return Check(False, f"a timeout of {timeout_s:g} s cannot fire within {must_fail_within_s:g} s of launch: "
-                            "the job also needs a few seconds to start (imports, rendezvous)")
+    if timeout_s >= TIMEOUT_PATIENCE_S:
+        return Check(False, f"with {timeout_s:g} s ddplab does not wait for PyTorch: it judges the job hung itself once no "
+                            f"rank made progress for the stall window; it waits for PyTorch's own timeout only when that "
+                            f"fires within {TIMEOUT_PATIENCE_S:g} s")
     r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)], **run_kw)
-    if r.status == "failed" and r.signature == "collective-timeout" and r.wall_s <= must_fail_within_s:
+    said = f"{round(timeout_s * 1000)}ms" in (r.cause.message if r.cause else "")
+    if r.status == "failed" and r.signature == "collective-timeout" and said:
         return Check(True, f"PyTorch raised its own timeout error after {r.wall_s:.1f} s: {_short(r)}")
-    return Check(False, f"the run ended {r.status} ({r.signature}) after {r.wall_s:.1f} s; "
-                 f"it must fail with collective-timeout within {must_fail_within_s:g} s: see the time-to-answer rows above")
+    return Check(False, f"the run ended {r.status} ({r.signature}), not with PyTorch's timeout error for {timeout_s:g} s: "
+                        "see the time-to-answer rows above")
 
 
 EXERCISES = {"waiting-rank": check_waiting_rank, "timeout": check_timeout_answer}
