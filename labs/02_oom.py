@@ -44,7 +44,7 @@ LAB = {
     "variants": {
         "oom": {"expect": "failed", "signature": "cpu-oom",
                 "about": "the last rank's padded batch does not fit; the allocation fails and torchrun ends the others"},
-        "oom-killer": {"expect": "failed", "signature": "peer-lost",
+        "oom-killer": {"expect": "failed", "signature": "rank-killed",
                        "about": "a cgroup memory limit on the last rank: the kernel's OOM killer SIGKILLs it, no Python error (needs a writable memory cgroup)"},
         "skip-batch": {"expect": "hung", "signature": "hang-different-collectives",
                        "about": "catch the OOM and skip the batch on that rank only: the others wait in DDP's all-reduce"},

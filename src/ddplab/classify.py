@@ -94,6 +94,8 @@ def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
         return causes[0]
     if ev.fatal:  # a rank that died on a fatal signal (gloo's SIGABRT) before a peer's "connection closed"
         return min(ev.fatal)
+    if killed_from_outside(ev):  # SIGKILL with no record (the OOM killer) before a peer's "connection closed"
+        return min(killed_from_outside(ev))
     if recorded:
         return recorded[0][1]
     # A SIGTERM is what torchrun (or ddplab) sends the others once one rank failed; torchrun's
@@ -108,6 +110,16 @@ def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
         return failed[0][2]
     root = (ev.torchrun or {}).get("torchrun_root_cause")
     return int(root) if root is not None else None
+
+
+def killed_from_outside(ev: RunEvidence) -> list[int]:
+    """Ranks that ended on SIGKILL and left no exception record, while every rank that did leave
+    one only lost a peer: killed from outside Python (the kernel's OOM killer, kill -9), not by
+    torchrun stopping the others (it sends SIGTERM first, and those ranks record nothing or a
+    consequence after the killed rank)."""
+    if any(not _is_consequence(ev, r) for r in ev.errors):
+        return []
+    return sorted(r for r, f in ev.exits.items() if f.get("signal") == "SIGKILL" and r not in ev.errors)
 
 
 def _rank_text(ev: RunEvidence, rank: int) -> str:
@@ -188,7 +200,9 @@ def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvi
     if status == "failed":
         first = first_failure(ev, ranks)
         signature, excerpt = failed_signature(ev, first)
-        if signature in CONSEQUENCES and left_early(ranks, div, ev):
+        if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
+            signature = "rank-killed"
+        elif signature in CONSEQUENCES and left_early(ranks, div, ev):
             # Nothing failed on its own: a rank finished (a clean exit, fewer collectives) while
             # its peer still waited in a collective, and gloo closed the peer's connection.
             signature = "rank-exited-early"

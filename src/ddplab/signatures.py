@@ -165,6 +165,12 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01"),
     Signature(
+        "rank-killed", "A rank was killed from outside (SIGKILL) without a Python error",
+        (),
+        "A rank ended on SIGKILL and left no exception: something outside Python killed it (the kernel's OOM killer when a memory limit is reached, a scheduler, kill -9). Its peers then lost their connection.\n"
+        "Look in the kernel log (dmesg: 'Out of memory: Killed process <pid>' or 'memory cgroup out of memory') and lower that rank's memory use, or raise the limit.",
+        "02"),
+    Signature(
         "hang-different-collectives", "Ranks wait in different collectives",
         (),
         "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"
