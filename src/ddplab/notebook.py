@@ -39,21 +39,6 @@ class ClaimSpec:
 
 
 @dataclass(frozen=True)
-class Claim:
-    """LEGACY row (claim text, source, measured, a verdict written by hand): being replaced by
-    ClaimSpec/ClaimResult lab by lab during issue 15; deleted when no lab module uses it."""
-    claim: str
-    source: str
-    measured: str
-    verdict: str
-    spec = None
-    imitation = None
-
-    def to_dict(self) -> dict:
-        return {"claim": self.claim, "source": self.source, "measured": self.measured, "verdict": self.verdict}
-
-
-@dataclass(frozen=True)
 class ClaimResult:
     """A claim's row for this execution: the spec, what was measured (made from the run's fields),
     the verdict computed by ``ClaimSpec.judge`` and the parts it was computed from."""
@@ -110,8 +95,8 @@ class ClaimCheck:
                 f"<th>verdict</th></tr>{rows}</table>")
 
 
-def _criterion(c) -> str:
-    return c.spec.criterion if c.spec is not None else "(not stated)"
+def _criterion(c: ClaimResult) -> str:
+    return c.spec.criterion
 
 
 @dataclass(frozen=True)
