@@ -114,9 +114,9 @@ def unreachable_master(rank: int, world: int, addr: str, a) -> None:
     where = a.master_addr
     if rank != 0 and where.startswith("127."):
         port = dead                    # loopback fallback: a port where nothing listens (refused, not dropped)
-    lab.record("dials", master_addr=addr if rank == 0 else where, port=port)
-    init(rank, world, addr if rank == 0 else where, port,               # BROKEN: nothing answers there
-         a.timeout_s * 3 if rank == 0 else a.timeout_s)  # rank 0 waits longer so rank 1's own error shows
+    timeout_s = a.timeout_s * 3 if rank == 0 else a.timeout_s  # rank 0 waits longer so rank 1's own error shows
+    lab.record("dials", master_addr=addr if rank == 0 else where, port=port, timeout_s=timeout_s)
+    init(rank, world, addr if rank == 0 else where, port, timeout_s)    # BROKEN: nothing answers there
 
 
 def env_mismatch(rank: int, world: int, addr: str, a) -> None:

@@ -229,7 +229,11 @@ def test_check_smallest_timeout(jobs, answer, passed):
 ])
 def test_check_give_up(jobs, answer, passed):
     r = jobs["variant:unreachable-master"].result()
-    assert 3.0 <= lab06.give_up_seconds(r, 1) < 5.0            # the premise of the table above (timeout 3 s)
+    # the premise of the table above: rank 1 dialled with timeout=3 s, rank 0 with 9 s, and rank 1 gave up no
+    # sooner than its timeout (how much later depends on the machine's load: no upper bound asserted)
+    dials = {d["rank"]: d["timeout_s"] for d in r.records_of("dials")}
+    assert dials == {0: 9.0, 1: 3.0}
+    assert lab06.give_up_seconds(r, 1) >= 3.0 * 0.85
     c = lab06.check_give_up(answer, r)
     assert c.passed is passed, c
     if not passed:

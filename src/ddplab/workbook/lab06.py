@@ -419,20 +419,28 @@ def check_smallest_timeout(answer, sweep: Sweep, delay_s: float | None = None) -
                         f"sweep's outcome column for delay {delay_s:g} s")
 
 
-def check_give_up(answer, unreachable, tolerance: float = 0.35) -> Check:
-    """Exercise "give-up" (predicted before the run): how many seconds rank 1 spent dialing the silent
-    master before giving up; within ``tolerance`` of the measured time."""
-    measured = give_up_seconds(unreachable, 1)
-    if measured is None:
+def check_give_up(answer, unreachable, tolerance: float = 0.15) -> Check:
+    """Exercise "give-up" (predicted before the run): how many seconds rank 1 spends dialing the silent
+    master before it gives up. Right: from the timeout rank 1 was given (the bound PyTorch documents)
+    up to what it measured (on a loaded machine the client's retry takes longer), each with
+    ``tolerance``. Another rank's timeout is refused by name, whatever the measurement."""
+    fails = {f["rank"]: f for f in init_failures(unreachable)}
+    mine = fails.get(1, {})
+    measured, given = mine.get("seconds"), mine.get("timeout_s")
+    if measured is None or given is None:
         return Check(False, "the unreachable-master run recorded no give-up time for rank 1; run it again")
     why = _seconds(answer)
     if why:
         return Check(False, why)
     a = float(answer)
-    if abs(a - measured) <= tolerance * measured:
-        return Check(True, f"measured {measured:.2f} s; your {a:g} s is within {tolerance:.0%} of it")
-    return Check(False, f"{a:g} s is not within {tolerance:.0%} of what rank 1 measured: which timeout did rank 1 "
-                        "call init_process_group with (lab06.init_failures(unreach)), and is that the one that bounds "
+    others = {d["timeout_s"] for d in unreachable.records_of("dials") if d["rank"] != 1 and d.get("timeout_s")}
+    if any(abs(a - t) <= 0.05 * t for t in others) and abs(a - given) > 0.05 * given:
+        return Check(False, f"{a:g} s is another rank's timeout in this variant; the question is about rank 1")
+    if given * (1 - tolerance) <= a <= max(given, measured) * (1 + tolerance):
+        return Check(True, f"rank 1 was given timeout={given:g} s and gave up after {measured:.2f} s "
+                           "(the client retries once more on a busy machine); your {a:g} s fits")
+    return Check(False, f"{a:g} s does not fit what rank 1 measured: which timeout did rank 1 call "
+                        "init_process_group with (lab06.init_failures(unreach)), and is that the one that bounds "
                         "its dialling?")
 
 
