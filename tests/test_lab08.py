@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from conftest import assert_nothing_left
 
-import ddplab
 from ddplab import DdplabError, signatures
 from ddplab.workbook import lab08
 

@@ -2,7 +2,6 @@
 runs the two failures and one fix here; every variant (and the rate sweep) runs in the notebook."""
 import pytest
 
-import ddplab
 from conftest import assert_nothing_left
 from ddplab import catalog, cluster
 from ddplab.errors import DdplabError

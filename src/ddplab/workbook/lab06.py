@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -438,7 +437,7 @@ def check_give_up(answer, unreachable, tolerance: float = 0.15) -> Check:
         return Check(False, f"{a:g} s is another rank's timeout in this variant; the question is about rank 1")
     if given * (1 - tolerance) <= a <= max(given, measured) * (1 + tolerance):
         return Check(True, f"rank 1 was given timeout={given:g} s and gave up after {measured:.2f} s "
-                           "(the client retries once more on a busy machine); your {a:g} s fits")
+                           f"(the client retries once more on a busy machine); your {a:g} s fits")
     return Check(False, f"{a:g} s does not fit what rank 1 measured: which timeout did rank 1 call "
                         "init_process_group with (lab06.init_failures(unreach)), and is that the one that bounds "
                         "its dialling?")
