@@ -48,6 +48,7 @@ TIMEOUT_GRACE_S = 3.0         # ... plus this, for the error to be raised and th
 # timeout=..., delay=...)"), so it raises after about 2-2.5x the timeout it was given (measured: 3 s ->
 # 5.7-7.2 s, 8 s -> 19.5 s). A rendezvous timeout is expected to fire within this multiple of it.
 RDZV_TIMEOUT_FACTOR = 2.5
+RDZV_PROBE_PATIENCE_S = 3.0  # how long a rank's worker server may take to say where it dials, at a verdict
 GRACE_S = 1.5                 # SIGTERM to SIGKILL
 
 
@@ -286,8 +287,16 @@ class Supervisor:
             if p is not None and p.timeout_ms:
                 ends.append(p.created_ns / 1e9 - self.wall_offset + p.timeout_ms / 1000)
             if w.sock and not w.ledger:
-                if now - w.rdzv_t >= 1.0:
-                    w.rdzv_t, w.rdzv = now, probe.rendezvous_target(w.sock, timeout_s=1.0)
+                # Read once more at every new idle period, with time to answer: a probe that timed out
+                # on a loaded machine (or was last read before the rank moved) must not turn a
+                # rendezvous that PyTorch will time out into a hang verdict. Within the same idle
+                # period a failed read keeps what was read before (the rank has not moved).
+                fresh = w.rdzv_t >= w.last_progress
+                if now - w.rdzv_t >= 1.0 or not fresh:
+                    got = probe.rendezvous_target(w.sock, timeout_s=1.0 if fresh else RDZV_PROBE_PATIENCE_S)
+                    if got is not None or not fresh:
+                        w.rdzv = got
+                    w.rdzv_t = now
                 if w.rdzv and w.rdzv.get("timeout_s"):
                     ends.append(w.last_progress + RDZV_TIMEOUT_FACTOR * float(w.rdzv["timeout_s"]))
             for end in ends:
