@@ -59,15 +59,19 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def _tree(p: psutil.Process) -> list[psutil.Process]:
+    """A rank and its children (DataLoader workers), as far as they can be read."""
+    try:
+        return [p] + p.children(recursive=True)
+    except psutil.Error:
+        return [p]
+
+
 def waiting_for_cpu(p: psutil.Process) -> bool:
     """Some thread of the rank (or of its children) is runnable or in uninterruptible I/O (Linux
     state R or D): the kernel owes it time. On a loaded machine such a rank may gain no CPU time for
     seconds, yet it is not blocked on its peers. Linux reads /proc; elsewhere the process state."""
-    try:
-        procs = [p] + p.children(recursive=True)
-    except psutil.Error:
-        procs = [p]
-    for q in procs:
+    for q in _tree(p):
         try:
             tasks = os.listdir(f"/proc/{q.pid}/task")
         except OSError:
@@ -194,11 +198,7 @@ class Supervisor:
 
     def _tree_cpu(self, p: psutil.Process) -> float:
         total = 0.0
-        try:
-            procs = [p] + p.children(recursive=True)
-        except psutil.Error:
-            procs = [p]
-        for q in procs:
+        for q in _tree(p):
             try:
                 t = q.cpu_times()
                 total += t.user + t.system
