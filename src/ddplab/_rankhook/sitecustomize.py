@@ -136,16 +136,33 @@ def _start_worker_server(sock):
         if hasattr(c10d, "_register_handler"):
             c10d._register_handler("ddplab_rendezvous", _rendezvous_handler)
         import atexit
+        import threading
+
+        server = _DDPLAB_WORKER_SERVER
+
+        def _shutdown():
+            with _quiet_stderr():
+                server.shutdown()
 
         def stop():
-            with _quiet_stderr():
-                _DDPLAB_WORKER_SERVER.shutdown()
             try:
-                os.unlink(sock)
+                os.unlink(sock)          # no new requests from here on
             except OSError:
                 pass
+            # shutdown() waits for a request in flight; ddplab's rendezvous handler is Python and needs
+            # the GIL, which shutdown() called from the main thread would hold: a rank probed as it
+            # exited hung there (seen in CI). From a helper thread, the main thread waits without it.
+            t = threading.Thread(target=_shutdown, name="ddplab-worker-server-stop", daemon=True)
+            t.start()
+            t.join(2.0)
 
-        atexit.register(stop)
+        # before threading's own shutdown, while a thread may still be started (Python 3.12+ refuses
+        # new threads in atexit handlers)
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            register(stop) if register else atexit.register(stop)
+        except RuntimeError:
+            atexit.register(stop)
     except Exception as e:  # an older torch: the launcher falls back to py-spy and faulthandler
         print(f"[ddplab] no worker server in this rank ({type(e).__name__}: {e})", file=sys.stderr)
 
