@@ -44,6 +44,16 @@ def test_own_script_ok(run_lab):
 
 
 @pytest.mark.timeout(120)
+def test_children_a_rank_forks_do_not_end_it_or_write_its_records(run_lab):
+    # CI: a DataLoader worker ran the hook's exit handler and shut down the rank's own server socket
+    r = run_lab(SCRIPTS / "forked_children.py")
+    assert r.status == "ok" and r.cause is None and r.first_failure is None
+    assert [x.exit_code for x in r.ranks] == [0, 0]
+    assert "child exit code 3" in r.rank(0).log_tail
+    assert not list((Path(r.run_dir) / "ranks").glob("rank*.error.json"))
+
+
+@pytest.mark.timeout(120)
 def test_own_script_crash_names_the_rank_its_exception_and_line(run_lab):
     r = run_lab(SCRIPT, args=["--mode", "crash"])
     assert r.status == "failed"

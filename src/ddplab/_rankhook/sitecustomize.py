@@ -57,7 +57,13 @@ def _install():
 
     previous_hook = sys.excepthook
 
+    owner = os.getpid()
+
     def write(name, rec):
+        # a process forked from the rank (a DataLoader worker) inherits these hooks: its exit or its
+        # error is not the rank's, and must not overwrite the rank's records
+        if os.getpid() != owner:
+            return
         path = os.path.join(folder, f"rank{rank}.{name}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(rec, f)
@@ -139,12 +145,18 @@ def _start_worker_server(sock):
         import threading
 
         server = _DDPLAB_WORKER_SERVER
+        owner = os.getpid()
 
         def _shutdown():
             with _quiet_stderr():
                 server.shutdown()
 
         def stop():
+            # A forked child (a DataLoader worker) inherits threading's atexit list and runs it when
+            # multiprocessing ends it; its copy of the listening socket is the rank's own, and
+            # shutting it down there ended the rank's server with "failed to listen" (SIGABRT).
+            if os.getpid() != owner:
+                return
             try:
                 os.unlink(sock)          # no new requests from here on
             except OSError:
