@@ -7,10 +7,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
+TEST_STAMP = $(VENV)/.installed-test
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
-# notebooks executed at once by make workbook (1: each one's seconds measured alone)
-JOBS ?= 1
+# notebooks executed at once by make workbook (a lab whose verdicts compare times, 07 and 09, runs
+# alone whatever this is); make notebooks stores outputs, and measures each notebook alone
+JOBS ?= 2
 PYTEST_ARGS ?=
 # Where torch comes from when no local wheel is at hand. Linux: PyTorch's CPU wheel index (PyPI's
 # Linux torch pulls several GB of CUDA packages); macOS: PyPI (its wheels are CPU/MPS). A CUDA
@@ -29,8 +31,13 @@ $(STAMP): pyproject.toml constraints.txt
 	else \
 	    $(BIN)/python -m pip install --quiet -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch; \
 	fi
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	touch $(STAMP)
+
+# the test extra (pytest, Playwright, JupyterLab) on top: make workbook does not wait for it
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
@@ -40,12 +47,12 @@ workbook: $(STAMP)
 	$(BIN)/python -m ddplab.workbook.build --out build --jobs $(JOBS) $(WORKBOOK_ARGS)
 
 notebooks: $(STAMP)
-	$(BIN)/python -m ddplab.workbook.build --out build --store --jobs $(JOBS) $(WORKBOOK_ARGS)
+	$(BIN)/python -m ddplab.workbook.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
 
 # Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
 # (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in
 # tests/test_notebooks.py, which also checks their NBVAL_CHECK_OUTPUT cells.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
 
 lab: $(STAMP)

@@ -36,6 +36,8 @@ LAB = {
     "article": "002_3b7eff0f44992b59.txt",
     "nproc": 2,
     "min_nproc": 1,
+    # make workbook executes notebooks two at a time; this one runs with nothing beside it
+    "measured_alone": "its verdicts compare step times: another job on the same cores would be measured too",
     "variants": {
         "broken": {"expect": "ok", "signature": None,
                    "about": "large model, small per-rank batch: the gradient all-reduce dominates the step"},

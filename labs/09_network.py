@@ -38,6 +38,8 @@ LAB = {
     "article": "000_5eac2459042e419e.txt",
     "nproc": 1,
     "min_nproc": 1,
+    # make workbook executes notebooks two at a time; this one runs with nothing beside it
+    "measured_alone": "its verdicts compare step times across link rates: another job on the same cores would be measured too",
     "variants": {
         "slow-link": {"expect": "ok", "signature": None,
                       "about": "DDP over a 100 Mbit/s link: the all-reduce dominates the step"},

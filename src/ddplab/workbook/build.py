@@ -305,15 +305,43 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
         print(f"{'  ' if run.status == 'ok' else '!!'} notebook {run.name:<28} {run.seconds:6.1f} s  "
               f"{run.runs:3d} runs  {run.status}", flush=True)
 
-    if jobs <= 1:
-        for nb in chosen:
-            _report(*execute_one(nb, out, parameters))
-    else:
+    together, alone = schedule(chosen, jobs)
+    if together:
         from concurrent.futures import ProcessPoolExecutor, as_completed
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for f in as_completed([pool.submit(execute_one, nb, out, parameters) for nb in chosen]):
+            for f in as_completed([pool.submit(execute_one, nb, out, parameters) for nb in together]):
                 _report(*f.result())
+    for nb in alone:          # nothing else runs beside these: their verdicts compare times
+        _report(*execute_one(nb, out, parameters))
     return [done[nb.name] for nb in chosen if nb.name in done], results
+
+
+def measured_alone(nb: Path) -> str | None:
+    """Why this notebook's lab must run with nothing beside it (its LAB dict's "measured_alone"), or None."""
+    lab = catalog.find_lab(nb.stem.split("_", 1)[0]) if nb.stem[:2].isdigit() else None
+    return lab.extra.get("measured_alone") if lab is not None else None
+
+
+def schedule(chosen: list[Path], jobs: int) -> tuple[list[Path], list[Path]]:
+    """(notebooks executed ``jobs`` at a time, notebooks executed one by one with nothing beside
+    them). With jobs 1 every notebook runs alone, in order; otherwise a lab whose verdicts compare
+    measured times (07's step times, 09's link rates) still runs alone, and the rest share the cores:
+    most of their time is ranks waiting (stall windows, timeouts, torch's import), and their
+    verdicts come from what the ranks did, not from how long it took."""
+    if jobs <= 1:
+        return [], list(chosen)
+    together = [nb for nb in chosen if not measured_alone(nb)]
+    # longest first (by the stored execution's seconds), so the last one to start is a short one
+    together.sort(key=lambda nb: -stored_seconds(nb))
+    return together, [nb for nb in chosen if measured_alone(nb)]
+
+
+def stored_seconds(nb: Path) -> float:
+    """How long the stored execution of this notebook took (metadata.ddplab.seconds; 0 if unknown)."""
+    try:
+        return float(json.loads(nb.read_text())["metadata"]["ddplab"]["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def store(out: Path, names: list[str]) -> list[Path]:
@@ -352,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="a papermill parameter for every notebook that declares it (e.g. -p quick True)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="notebooks executed at once (default 1: each notebook's seconds measured alone)")
+                   help="notebooks executed at once (default 1: each notebook's seconds measured alone; "
+                        "a lab whose LAB dict says measured_alone runs alone whatever this is)")
     p.add_argument("--store", action="store_true",
                    help="copy the executed notebooks into notebooks/ when no notebook failed")
     a = p.parse_args(argv)
