@@ -226,3 +226,17 @@ def test_read_results_reads_every_run_of_a_notebook(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "result.json").write_text("{not json")
     assert sorted(d["variant"] for d in build.read_results(tmp_path)) == ["0", "1"]
+
+
+def test_schedule_keeps_timed_labs_alone_and_one_job_runs_everything_in_order():
+    chosen = build.notebooks(None)
+    together, alone = build.schedule(chosen, 1)
+    assert together == [] and alone == chosen
+    together, alone = build.schedule(chosen, 2)
+    assert sorted(together + alone) == sorted(chosen) and not set(together) & set(alone)
+    timed = {nb.stem[:2] for nb in chosen if build.measured_alone(nb)}
+    assert {"07", "09"} <= timed                        # step-time ratios: nothing may run beside them
+    assert {nb.stem[:2] for nb in alone} == timed
+    assert build.measured_alone(build.NOTEBOOK_DIR / "00_start_here.ipynb") is None
+    seconds = [build.stored_seconds(nb) for nb in together]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0   # longest first
