@@ -51,7 +51,8 @@ notebooks: $(STAMP)
 
 # Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
 # (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in
-# tests/test_notebooks.py, which also checks their NBVAL_CHECK_OUTPUT cells.
+# tests/test_notebooks.py (00-06) and tests/test_notebooks_later.py (07-11, so that both workers
+# execute notebooks), which also check their NBVAL_CHECK_OUTPUT cells.
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
 

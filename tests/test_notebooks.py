@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.workbook import build
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-OUT = ROOT / "build" / "test-notebooks"
+from notebook_check import FIRST, LATER, NOTEBOOKS, ROOT, execute_and_compare
 
 
 def test_every_lab_has_a_notebook():
@@ -36,21 +33,13 @@ def test_notebook_structure(path):
 @pytest.mark.notebook
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", FIRST, ids=[p.stem for p in FIRST])
 def test_notebook_executes_once_and_its_checked_cells_match(path, session_runs_dir):
-    OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / path.name
-    build.execute_notebook(path, out, runs_dir=session_runs_dir / path.stem)
-    nb = json.loads(out.read_text())
-    errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    if path.name[:2] != "00":
-        images = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-        assert images, "a lab notebook plots its measured difference"
-    differ = build.compare_checked(json.loads(path.read_text()), nb)
-    assert not differ, "\n".join(map(str, differ))
-    from conftest import assert_nothing_left
-    assert_nothing_left(str(session_runs_dir))
+    execute_and_compare(path, session_runs_dir)       # 07-11: tests/test_notebooks_later.py
+
+
+def test_the_two_halves_execute_every_notebook():
+    assert FIRST and LATER and sorted(FIRST + LATER) == NOTEBOOKS
 
 
 # --- the checker of marked cells, on made-up notebooks ------------------------------------------
