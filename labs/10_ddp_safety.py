@@ -65,7 +65,7 @@ LAB = {
         "dp-custom-layer": {"expect": "ok", "signature": None,
                             "about": "article 002's custom nn.Parameter layer under DataParallel (real on 2+ GPUs, else a CPU emulation)"},
     },
-    "sizes": {"width": 64, "depth": 24, "batch": 32, "steps": 8, "cost_rounds": 6, "cost_steps": 5,
+    "sizes": {"width": 64, "depth": 24, "batch": 32, "steps": 8, "cost_rounds": 12, "cost_steps": 5,
               "bn_features": 8, "bn_steps": 20, "rank_shift": 3.0, "momentum": 0.1},
 }
 S = LAB["sizes"]
@@ -142,10 +142,11 @@ def unused_fixed(ctx):
         torch.manual_seed(0)
         m = ddp(TwoHeads(**mkw), ctx, **dkw)
         models[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01), m.module.aux.weight.detach().clone())
-    times, got_grad = {name: [] for name in configs}, {}
+    times, rounds, got_grad = {name: [] for name in configs}, {name: [] for name in configs}, {}
     step = 0
     for rnd in range(S["cost_rounds"] + 1):         # rounds interleave the configs (a loaded machine hits all alike)
         for name, (m, opt, _) in models.items():
+            this_round = []
             for _ in range(S["cost_steps"]):
                 step += 1
                 x, y = batch(ctx, step)
@@ -154,11 +155,14 @@ def unused_fixed(ctx):
                     got_grad[name] = m.module.aux.weight.grad is not None
                     opt.step()
                     opt.zero_grad()
-                if rnd > 0:                          # round 0 warms up (static_graph's first step is special)
-                    times[name].append(t.seconds)
+                this_round.append(t.seconds)
+            if rnd > 0:                              # round 0 warms up (static_graph's first step is special)
+                times[name] += this_round
+                rounds[name].append(1e3 * statistics.median(this_round))
     for name, (m, _, aux0) in models.items():
         aux = m.module.aux.weight
-        lab.record("unused_cost", config=name, ms_per_step=1e3 * statistics.median(times[name]), steps=len(times[name]),
+        lab.record("unused_cost", config=name, ms_per_step=1e3 * statistics.median(times[name]),
+                   round_ms=rounds[name], steps=len(times[name]),
                    aux_got_grad=got_grad[name], aux_trained=not torch.equal(aux.detach(), aux0),
                    params_spread=spread(m.parameters()))
 

@@ -229,3 +229,20 @@ def test_schedule_keeps_timed_labs_alone_and_one_job_runs_everything_in_order():
     assert build.measured_alone(build.NOTEBOOK_DIR / "00_start_here.ipynb") is None
     seconds = [build.stored_seconds(nb) for nb in together]
     assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0   # longest first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_opening_quotes_the_recorded_seconds(path):
+    nb = json.loads(path.read_text())
+    first = "".join(nb["cells"][0]["source"])
+    m = build.MEASURED_TIME.search(first)
+    assert m, "the opening cell says how long this notebook took to execute (Measured time: N s)"
+    assert int(m.group(2)) == round(_recorded(path)["seconds"]), "run make notebooks: it writes the recorded seconds"
+
+
+def test_stamp_measured_time_takes_the_metadata_number():
+    nb = {"metadata": {"ddplab": {"seconds": 61.7}},
+          "cells": [{"cell_type": "markdown", "source": "**Measured time:** 53 s, executed headless; 53 s"}]}
+    assert build.stamp_measured_time(nb)["cells"][0]["source"] == "**Measured time:** 62 s, executed headless; 53 s"
+    plain = {"metadata": {"ddplab": {"seconds": 9.4}}, "cells": [{"cell_type": "markdown", "source": ["*Measured time: 12 s, x"]}]}
+    assert build.stamp_measured_time(plain)["cells"][0]["source"] == "*Measured time: 9 s, x"

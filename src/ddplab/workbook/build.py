@@ -21,6 +21,7 @@ import datetime as _dt
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -344,12 +345,30 @@ def stored_seconds(nb: Path) -> float:
         return 0.0
 
 
+MEASURED_TIME = re.compile(r"(Measured time:(?:\*\*)? )(\d+) s")
+
+
+def stamp_measured_time(nb: dict) -> dict:
+    """The opening cell's "Measured time: N s" set to this execution's seconds (metadata.ddplab): the
+    number a learner reads is the one recorded, never typed in by hand."""
+    seconds = (nb.get("metadata", {}).get("ddplab") or {}).get("seconds")
+    cell = nb["cells"][0] if nb.get("cells") else None
+    if seconds is None or cell is None or cell.get("cell_type") != "markdown":
+        return nb
+    text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    cell["source"] = MEASURED_TIME.sub(lambda m: f"{m.group(1)}{round(seconds)} s", text, count=1)
+    return nb
+
+
 def store(out: Path, names: list[str]) -> list[Path]:
-    """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab)."""
+    """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab), each opening
+    with its own measured seconds."""
+    import nbformat
+
     copied = []
     for name in names:
-        src = out / "notebooks" / name
-        shutil.copyfile(src, NOTEBOOK_DIR / name)
+        nb = stamp_measured_time(json.loads((out / "notebooks" / name).read_text()))
+        nbformat.write(nbformat.from_dict(nb), str(NOTEBOOK_DIR / name))
         copied.append(NOTEBOOK_DIR / name)
     return copied
 
