@@ -66,6 +66,18 @@ def test_a_rank_aborted_by_gloo_is_the_first_failure_over_its_peers_consequence(
     assert v.ranks[0].consequence is True
 
 
+def test_a_peer_torchrun_ended_before_its_own_error_is_still_a_consequence():
+    # the same capture, as under load: torchrun's SIGTERM reached rank 0 before gloo's "connection closed"
+    ev, _ = failed("failed_size_abort")
+    ev.errors.pop(0, None)
+    ev.exits[0] = {**ev.exits.get(0, {}), "exitcode": -15, "signal": "SIGTERM"}
+    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    assert v.first_failure == 1 and v.ranks[0].consequence is True
+    ev.fatal.clear()                                  # nobody else failed: a SIGTERM alone proves nothing
+    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    assert v.ranks[0].consequence is False
+
+
 def test_a_rank_that_exited_cleanly_leaves_its_ledger_for_the_comparison():
     ev, v = failed("failed_rank_exited")
     assert 1 in ev.clean_exit and 1 in ev.final_ledgers and 1 not in ev.errors

@@ -20,7 +20,8 @@ def runs(tmp_path_factory):
         "broken": ddplab.run("07", variant="broken", env=ONE_THREAD, run_root=root,
                              args=["--width", "64,768", "--batch", "4,512", "--steps", "3", "--warmup", "1"]),
         "fixed": ddplab.run("07", variant="fixed", env=ONE_THREAD, run_root=root,
-                            args=["--width", "256", "--batch", "8", "--steps", "4", "--warmup", "1", "--accum-k", "4"]),
+                            args=["--width", "256", "--batch", "8", "--steps", "4", "--warmup", "1", "--accum-k", "4",
+                                  "--rounds", "5"]),
         "link": ddplab.run("07", variant="link", env=ONE_THREAD, run_root=root,
                            args=["--sizes", "1024,65536,4194304", "--reps", "3"]),
     }
@@ -64,6 +65,9 @@ def test_fixed_variant_bytes_and_loss(runs):
     assert rows["bucket"]["loss_gap"] == 0 and rows["static"]["loss_gap"] == 0       # same arithmetic
     assert rows["fp16"]["loss_gap"] < 1e-2 and rows["bf16"]["loss_gap"] < 1e-2       # compression stays close
     assert len(rows["none"]["losses"]) == 4
+    # 5 interleaved rounds: each fix paired with the baseline of the same round
+    assert all(len(x["round_samples_per_s"]) == 5 and len(x["round_speedups"]) == 5 for x in rows.values())
+    assert rows["none"]["round_speedups"] == [1.0] * 5
 
 
 @pytest.mark.multiprocess
@@ -94,6 +98,9 @@ def test_claim_check_is_computed_from_the_runs(runs):
     assert [c.spec for c in cc.claims] == list(L.CLAIMS)
     # 4x the samples per all-reduce at a small model and batch: far more than 10% faster
     assert rows["frequent-allreduce"].parts["fewer_allreduces_faster"] is True
+    by = {r["fix"]: r for r in frows}
+    smaller = [L.sign_test_p(sum(x > L.GAIN for x in by[f]["round_speedups"]), 5) for f in ("fp16", "bf16")]
+    assert rows["frequent-allreduce"].parts["fewer_bytes_faster"] == (min(smaller) <= L.SIGN_TEST_P)
     assert v["frequent-allreduce"] in ("holds", "partly")
     # no DataParallel on GPUs, no congested network here: those claims are not judged on DDP/loopback runs
     if L.gpu_count() < 2:

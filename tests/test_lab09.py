@@ -31,6 +31,15 @@ def test_each_run_ends_as_the_lab_says(runs):
         assert r.nproc == 2 and {k.rank for k in r.ranks} == {0, 1}
 
 
+def test_step_times_are_every_timed_step_of_the_slowest_rank(runs):
+    r = runs["fixed-interface"]
+    rows = [x["all_ms"] for x in r.records_of("steps")]
+    assert len(rows) == 2 and all(len(x) == 2 for x in rows)          # steps=2 on each of the 2 ranks
+    assert lab09.step_times(r) == [max(a, b) for a, b in zip(*rows)]
+    with pytest.raises(DdplabError, match="no step times"):
+        lab09.step_times(runs["firewall"])
+
+
 def test_firewall_stalls_in_init_with_an_unanswered_connection(runs):
     f = lab09.firewall_facts(runs["firewall"])
     assert f.status == "hung" and f.signature == "hang-data-port-blocked"
@@ -91,3 +100,14 @@ def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
     assert all(n["data"]["state"] == "open" for n in wi.values())        # the network itself is fine
     fixed = lab09.preflight("fixed-interface")
     assert all(n["ok"] and n["gloo_address"].startswith("10.213.0.") for n in fixed.values())
+
+
+def test_rank_sum_p_is_the_exact_one_sided_mann_whitney():
+    assert lab09.rank_sum_p([10, 11, 12, 13], [1, 2, 3, 4]) == pytest.approx(1 / 70)   # the most extreme of C(8,4)
+    assert lab09.rank_sum_p([1, 2, 3, 4], [10, 11, 12, 13]) == 1.0
+    assert lab09.rank_sum_p([5, 5, 5], [5, 5, 5]) == 1.0                                # all tied: no evidence
+    interleaved = lab09.rank_sum_p([1, 3, 5, 7, 9, 11, 13, 15], [2, 4, 6, 8, 10, 12, 14, 16])
+    assert lab09.RANK_SUM_P < interleaved < 1.0
+    # one slow outlier (a retransmission timeout) among otherwise equal steps is not "slower"
+    assert lab09.rank_sum_p([5, 5, 5, 5, 5, 5, 5, 400], [5] * 8) > lab09.RANK_SUM_P
+    assert lab09.rank_sum_p([], [1.0]) == 1.0

@@ -54,6 +54,17 @@ def test_children_a_rank_forks_do_not_end_it_or_write_its_records(run_lab):
 
 
 @pytest.mark.timeout(120)
+def test_a_rank_that_raised_and_is_slow_to_exit_makes_the_job_failed_not_hung(run_lab):
+    # CI: lab 06 late-rank's rank 0 recorded DistStoreError, then sat in interpreter shutdown while
+    # its peer lingered in time.sleep; the stall window passed and the job was called hung.
+    r = run_lab(SCRIPTS / "slow_exit.py", stall_s=2.0)
+    assert r.status == "failed" and r.first_failure == 1
+    assert r.cause.type == "ConnectionError" and r.cause.message == "rank 1 lost its data server"
+    assert r.stall is not None                 # ddplab ended it at the stall (rank 1 was still exiting)
+    assert r.rank(1).state == "hung" and r.rank(1).error is not None
+
+
+@pytest.mark.timeout(120)
 def test_own_script_crash_names_the_rank_its_exception_and_line(run_lab):
     r = run_lab(SCRIPT, args=["--mode", "crash"])
     assert r.status == "failed"

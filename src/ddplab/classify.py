@@ -49,7 +49,8 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
                  if info.get("master_port") else None)
         log = ev.logs.get(rank, "")
         common = dict(rank=rank, pid=info.get("pid"), error=ev.errors.get(rank), cpu_s=cpu.get(rank),
-                      consequence=rank in ev.errors and _is_consequence(ev, rank),
+                      consequence=(_is_consequence(ev, rank) if rank in ev.errors
+                                   else _ended_for_another(ev, rank)),
                       given=given, records=tuple(records.get(rank, ())),
                       log_tail="\n".join(log.splitlines()[-15:]))
         if rank in live:
@@ -128,6 +129,13 @@ def _rank_text(ev: RunEvidence, rank: int) -> str:
     return own + ev.logs.get(rank, "")
 
 
+def _ended_for_another(ev: RunEvidence, rank: int) -> bool:
+    """A rank that raised nothing of its own and that torchrun ended (SIGTERM) after another rank
+    failed: under load torchrun's SIGTERM can arrive before the peer's "connection closed"."""
+    others_failed = any(r != rank for r in ev.errors) or any(r != rank for r in ev.fatal)
+    return ev.exits.get(rank, {}).get("signal") == "SIGTERM" and others_failed
+
+
 def _is_consequence(ev: RunEvidence, rank: int) -> bool:
     e = ev.errors.get(rank)
     text = f"{e.type}: {e.message}" if e else ev.logs.get(rank, "")
@@ -191,7 +199,10 @@ def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvi
     if ended_by == "interrupt":
         status = "interrupted"
     elif ended_by == "stall":
-        status = "hung"
+        # A rank whose uncaught exception is recorded is terminating: the job has failed, even when
+        # that rank's interpreter shutdown (seen: blocked in garbage collection while its peer still
+        # held the store connection) or a peer lingering in time.sleep outlasted the stall window.
+        status = "failed" if ev.errors else "hung"
     elif ended_by == "deadline":
         status = "deadline"
     else:

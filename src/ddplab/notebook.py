@@ -95,6 +95,17 @@ class ClaimCheck:
                 f"<th>verdict</th></tr>{rows}</table>")
 
 
+SIGN_TEST_P = 0.05
+
+
+def sign_test_p(k: int, n: int) -> float:
+    """One-sided sign test: the chance of k or more of n paired rounds going one way if either way
+    were equally likely. A claim about a small timing effect is judged by rounds that ran its two
+    configurations back to back (the same machine load on both), never by one ratio."""
+    from math import comb
+    return sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
+
+
 def _criterion(c: ClaimResult) -> str:
     return c.spec.criterion
 

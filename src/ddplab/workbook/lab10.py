@@ -11,11 +11,10 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.notebook import SIGN_TEST_P, Check, ClaimCheck, ClaimSpec, sign_test_p
 
 LAB = "10"
 SAME = 1e-6          # ranks "agree" when no element differs by more than this (float64)
-SIGN_TEST_P = 0.05   # "slower" when a one-sided sign test over the interleaved rounds rules out chance at this level
 EMULATION = ("an emulation of DataParallel's replicate() on one CPU (the meta device stands in for GPU 1), "
              "not nn.DataParallel on GPUs")
 
@@ -90,12 +89,6 @@ def slower_rounds(r, config: str = "find_unused_parameters=True") -> tuple[int, 
     mean = {k: [sum(col) / len(col) for col in zip(*v)] for k, v in by.items()}
     pairs = list(zip(mean[config], mean[REFERENCE]))
     return sum(a > b for a, b in pairs), len(pairs)
-
-
-def sign_test_p(k: int, n: int) -> float:
-    """One-sided sign test: the chance of k or more of n rounds slower if neither config were."""
-    from math import comb
-    return sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n if n else 1.0
 
 
 def _vec_spread(rows: list[list[float]]) -> float:
