@@ -331,10 +331,11 @@ def schedule(chosen: list[Path], jobs: int) -> tuple[list[Path], list[Path]]:
     verdicts come from what the ranks did, not from how long it took."""
     if jobs <= 1:
         return [], list(chosen)
-    together = [nb for nb in chosen if not measured_alone(nb)]
+    alone = [nb for nb in chosen if measured_alone(nb)]       # each call parses the lab scripts: once each
+    together = [nb for nb in chosen if nb not in alone]
     # longest first (by the stored execution's seconds), so the last one to start is a short one
     together.sort(key=lambda nb: -stored_seconds(nb))
-    return together, [nb for nb in chosen if measured_alone(nb)]
+    return together, alone
 
 
 def stored_seconds(nb: Path) -> float:
