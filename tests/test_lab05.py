@@ -49,8 +49,10 @@ def runs(tmp_path_factory):
            # no deadline: the stall rule ends it (the article's sleep is 60 s, rank 1's init timeout 30 min)
            "article": lab05.run_article_retry(port=port, run_root=root / "article"),
            "race": [lab05.pair("two-jobs", run_root=root / "race", args=["--steps", "100"])],   # 5 s overlap
-           "fixed": lab05.two_jobs("fixed-free-port", repetitions=1, run_root=root / "fixed")}
-    for r in (out["taken"], out["article"], *(x for p in out["race"] + out["fixed"] for x in p.results)):
+           "fixed": lab05.two_jobs("fixed-free-port", repetitions=1, run_root=root / "fixed"),
+           # one job by itself on a hand-chosen free port: the other half of "choose an available port"
+           "alone": lab05.run_variant("two-jobs", run_root=root / "alone")}
+    for r in (out["taken"], out["article"], out["alone"], *(x for p in out["race"] + out["fixed"] for x in p.results)):
         assert r.leftover == (), f"{r.variant}: launcher reported leftovers: {r.leftover}"
     assert_nothing_left(str(root))
     return out
@@ -113,10 +115,12 @@ def test_claim_check_is_computed_from_the_runs(runs):
     with lab05.hold_port() as held:
         taken = lab05.article_netstat(held)
     free = lab05.article_netstat(held)
-    cc = lab05.claim_check(runs["taken"], runs["article"], runs["fixed"], runs["race"], taken, free)
+    cc = lab05.claim_check(runs["taken"], runs["article"], runs["fixed"], runs["race"], taken, free, runs["alone"])
     v = cc.verdicts()
     assert v["sleep-to-report"] == "wrong"                   # rank 1: no error, 1800 s timeout > 60 s sleep
-    assert v["choose-a-port"] in ("partly", "wrong")         # a race: the pair never both joined (test above)
+    # the job alone joins; the racing pair never both joined (test above), whatever way it went
+    assert cc.claims[0].parts == {"alone_joins": True, "two_at_once_join": False}
+    assert v["choose-a-port"] == "partly"
     assert v["netstat-check"] == "wrong"                     # "successful" on a taken port, or netstat missing
     assert [c.spec for c in cc.claims] == list(lab05.CLAIMS)
     assert "1800" in cc.claims[1].measured and "60" in cc.claims[1].measured
@@ -168,9 +172,9 @@ def test_fixed_retry_succeeds_on_another_port(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_two_jobs_alone_succeeds(run_lab):
+def test_two_jobs_alone_succeeds(runs):
     # fixed-free-port alone: covered by the pair test below (each of its jobs is checked the same way).
-    r = run_lab("05", variant="two-jobs", args=["--master-port", str(ports.free_port())])
+    r = runs["alone"]
     assert (r.status, r.signature) == ("ok", None)
     assert all(d["same_weights"] for d in r.records_of("done")) and len(r.records_of("done")) == 2
 

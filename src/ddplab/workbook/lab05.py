@@ -299,7 +299,8 @@ CLAIMS = (
         "choose-a-port", "003",
         "os.environ['MASTER_PORT'] = '12355'  # Choose an available port",
         "holds if a port chosen by hand (free when chosen) serves every job that chose it: a job alone on it "
-        "joins, and two jobs started at once on it both join; wrong if neither",
+        "joins (its own run), and two jobs started at once on it both join (every pair); partly if only one; "
+        "wrong if neither",
         parts=("alone_joins", "two_at_once_join")),
     ClaimSpec(
         "sleep-to-report", "003",
@@ -319,12 +320,13 @@ CLAIMS = (
 
 
 def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCheck,
-                netstat_free: NetstatCheck) -> ClaimCheck:
-    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge."""
+                netstat_free: NetstatCheck, alone) -> ClaimCheck:
+    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge.
+    ``alone``: one two-jobs job by itself on a hand-chosen free port."""
     c_port, c_sleep, c_netstat = CLAIMS
     d = diagnose(taken)
     c2 = counts(two_pairs)
-    alone = [r for p in two_pairs for r in p.results if r.status == "ok"]
+    joined = [r for p in two_pairs for r in p.results if r.status == "ok"]
     two = ", ".join(f"{k}: {v}" for k, v in c2.items() if v)
     pic = retry_picture(article)
     start = {rec["rank"]: rec for rec in article.records_of("init_start")}
@@ -338,10 +340,12 @@ def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCh
     return ClaimCheck([
         c_port.judge(
             f"port taken by another listener: job {taken.status} [{taken.signature}] ({'EADDRINUSE' if 'EADDRINUSE' in (d.error or '') else d.error} "
-            f"after {d.seconds_to_error} s on rank 0); {len(two_pairs)} pair(s) of jobs started at once on one free "
-            f"port: {two}; jobs that joined: {len(alone)} of {2 * len(two_pairs)}. Port 0 from the launcher "
+            f"after {d.seconds_to_error} s on rank 0); one job alone on a hand-chosen free port: {alone.status}; "
+            f"{len(two_pairs)} pair(s) of jobs started at once on one free "
+            f"port: {two}; jobs that joined: {len(joined)} of {2 * len(two_pairs)}. Port 0 from the launcher "
             f"(fixed-free-port): {counts(fixed_pairs)['both ok']} of {len(fixed_pairs)} pair(s) both ok",
-            alone_joins=bool(alone), two_at_once_join=bool(two_pairs) and c2["both ok"] == len(two_pairs)),
+            alone_joins=alone.status == "ok",
+            two_at_once_join=bool(two_pairs) and c2["both ok"] == len(two_pairs)),
         c_sleep.judge(
             f"article-retry: {article.status} [{article.signature}]; {where}; rank 0's error came "
             f"{pic.knew_after_s} s after its init_process_group call; errors from the other rank: "
