@@ -100,7 +100,7 @@ def test_claim_check_is_computed_from_the_runs(runs):
     assert rows["frequent-allreduce"].parts["fewer_allreduces_faster"] is True
     by = {r["fix"]: r for r in frows}
     smaller = [L.sign_test_p(sum(x > L.GAIN for x in by[f]["round_speedups"]), 5) for f in ("fp16", "bf16")]
-    assert rows["frequent-allreduce"].parts["fewer_bytes_faster"] == (min(smaller) <= L.SIGN_TEST_P)
+    assert rows["frequent-allreduce"].parts["fewer_bytes_faster"] == (min(smaller) <= L.P_LEVEL)
     assert v["frequent-allreduce"] in ("holds", "partly")
     # no DataParallel on GPUs, no congested network here: those claims are not judged on DDP/loopback runs
     if L.gpu_count() < 2:

@@ -165,7 +165,7 @@ def test_claim_check_is_computed_from_the_runs(runs):
     assert man["deadlock"] and man["inconsistent_states"] and man["runtime_error"]
     k, n = lab10.slower_rounds(runs["unused-fixed"])
     assert n == lab10.catalog.find_lab(lab10.LAB).extra["sizes"]["cost_rounds"] and 0 <= k <= n
-    assert man["slow_training"] == (lab10.sign_test_p(k, n) <= lab10.SIGN_TEST_P)
+    assert man["slow_training"] == (lab10.sign_test_p(k, n) <= lab10.P_LEVEL)
     assert rows["inconsistent-states"].parts == {"seeded_parameters_differ": False, "plain_attribute_differs": True,
                                                  "reinit_after_wrap_differs": True}
     assert rows["inconsistent-states"].verdict == "partly"
@@ -238,5 +238,5 @@ def test_sign_test_p():
     assert lab10.sign_test_p(12, 12) == 1 / 4096
     assert lab10.sign_test_p(0, 12) == 1.0
     assert abs(lab10.sign_test_p(10, 12) - 79 / 4096) < 1e-12       # 10 of 12 rounds: p = 0.019
-    assert lab10.sign_test_p(9, 12) > lab10.SIGN_TEST_P               # 9 of 12 could be chance
+    assert lab10.sign_test_p(9, 12) > lab10.P_LEVEL               # 9 of 12 could be chance
     assert lab10.sign_test_p(0, 0) == 1.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import SIGN_TEST_P, Check, ClaimCheck, ClaimSpec, sign_test_p
+from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, sign_test_p
 
 LAB = "07"
 FIXES = ("batch", "accumulate", "bucket", "static", "fp16", "bf16")
@@ -456,7 +456,7 @@ CLAIMS = (
         "(every configuration runs in turn in each round): (1) fewer all-reduces per sample (batch x k, or no_sync "
         "accumulation) raise samples/s by more than 10%; (2) fewer bytes per all-reduce (fp16/bf16 compression "
         f"hook) raise samples/s by more than 10%; a part holds if one of its fixes does so in so many rounds that a "
-        f"sign test rules out chance (p <= {SIGN_TEST_P})",
+        f"sign test rules out chance (p <= {P_LEVEL})",
         parts=("fewer_allreduces_faster", "fewer_bytes_faster")),
     ClaimSpec(
         "dp-transfer-dominates", "002",
@@ -485,9 +485,11 @@ CLAIMS = (
 GAIN = 1.1   # "raise samples/s by more than 10%"
 
 
-def _gains(r: dict) -> tuple[int, int]:
-    """(rounds in which this fix's samples/s beat the baseline's of the same round by more than GAIN, rounds)."""
-    return sum(x > GAIN for x in r["round_speedups"]), len(r["round_speedups"])
+def _gains(r: dict) -> tuple[int, int, float]:
+    """(rounds in which this fix's samples/s beat the baseline's of the same round by more than GAIN,
+    rounds, the sign test's p-value)."""
+    k, n = sum(x > GAIN for x in r["round_speedups"]), len(r["round_speedups"])
+    return k, n, sign_test_p(k, n)
 
 
 def claim_check(grid, srows, frows, link, copy_bw, mrows, dp=None) -> ClaimCheck:
@@ -513,15 +515,16 @@ def claim_check(grid, srows, frows, link, copy_bw, mrows, dp=None) -> ClaimCheck
                f"no DataParallel run on 2+ GPUs here ({gpu_count()} GPU(s)). Measured instead, DDP on CPU: "
                f"{lm['params']:,} params, batch {lm['batch']}: exposed communication {100 * lm['comm_frac']:.0f}% of the "
                f"step; {sm['params']:,} params, batch {sm['batch']}: {100 * sm['comm_frac']:.0f}%")
+    gains = {r["label"]: _gains(r) for r in fewer + smaller}
     return ClaimCheck([
         c_freq.judge(
             "; ".join(f"{r['label']}: {r['speedup']:.2f}x samples/s ({r['bytes_ratio']:.2f}x bytes per sample), "
-                      f"over 1.1x in {_gains(r)[0]} of {_gains(r)[1]} rounds (p = {sign_test_p(*_gains(r)):.3f})"
-                      for r in fewer + smaller)
+                      f"over 1.1x in {gains[r['label']][0]} of {gains[r['label']][1]} rounds "
+                      f"(p = {gains[r['label']][2]:.3f})" for r in fewer + smaller)
             + f"; baseline: {by['none']['samples_per_s']:,.0f} samples/s, communication {100 * by['none']['comm_frac']:.0f}% "
               f"of the step",
-            fewer_allreduces_faster=any(sign_test_p(*_gains(r)) <= SIGN_TEST_P for r in fewer),
-            fewer_bytes_faster=any(sign_test_p(*_gains(r)) <= SIGN_TEST_P for r in smaller)),
+            fewer_allreduces_faster=any(gains[r["label"]][2] <= P_LEVEL for r in fewer),
+            fewer_bytes_faster=any(gains[r["label"]][2] <= P_LEVEL for r in smaller)),
         c_dp.judge(
             dp_text,
             imitation=None if real_dp else "DDP ranks on CPU, not nn.DataParallel on GPUs",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab.notebook import SIGN_TEST_P, Check, ClaimCheck, ClaimSpec, sign_test_p
+from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, sign_test_p
 
 LAB = "10"
 SAME = 1e-6          # ranks "agree" when no element differs by more than this (float64)
@@ -247,7 +247,7 @@ CLAIMS = (
         "four: a deadlock (eval-rank0 judged hung with every rank blocked in a collective), inconsistent states "
         "(module-forward ends ok with the ranks' parameters apart), slower training "
         "(find_unused_parameters=True's step slower than the reference's in so many of the interleaved rounds "
-        f"that a sign test rules out chance, p <= {SIGN_TEST_P}) and a runtime error "
+        f"that a sign test rules out chance, p <= {P_LEVEL}) and a runtime error "
         "(unused-params fails with DDP's own RuntimeError)",
         parts=("deadlock", "inconsistent_states", "slow_training", "runtime_error")),
     ClaimSpec(
@@ -285,7 +285,7 @@ def claim_check(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp) 
     diverged = r_module.status == "ok" and rows[-1]["broken"] > SAME
     sd = slowdown(r_cost)
     k, n = slower_rounds(r_cost)
-    slow = sign_test_p(k, n) <= SIGN_TEST_P
+    slow = sign_test_p(k, n) <= P_LEVEL
     err = r_unused.cause
     runtime_error = (r_unused.status == "failed" and err is not None and err.type == "RuntimeError"
                      and r_unused.signature == "unused-parameters")
