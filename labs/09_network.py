@@ -104,37 +104,42 @@ VARIANTS = {"slow-link": plain, "fixed-compress": compressed, "firewall": plain,
             "wrong-interface": plain, "fixed-interface": plain, "lossy-link": plain}
 
 
-def main(variant: str, steps: int = 8, hook: str = "fp16") -> None:
+def main(variant: str, steps: int = 8, hook: str = "fp16", compare: tuple = ()) -> None:
     t0 = time.perf_counter()
     ctx = lab.setup()                                     # init_process_group: gloo connects to every peer here
     lab.record("joined", init_s=time.perf_counter() - t0)
-    powersgd_run = variant == "fixed-compress" and hook == "powersgd"
-    # PowerSGD issues its all-reduces from futures' callbacks; with two buckets (DDP's default first
-    # bucket is 1 MB) the ranks issued them in different orders and gloo aborted ("Received data size
-    # doesn't match expected size", measured). One bucket keeps the order the same on every rank.
-    model = DDP(build_model(), bucket_cap_mb=16 if powersgd_run else None)
-    used = VARIANTS[variant](model, hook) if variant == "fixed-compress" else VARIANTS[variant](model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    models = {}
+    first = hook if VARIANTS[variant] is compressed else "none"      # this variant's own model first
+    for h in dict.fromkeys([first, *compare]):
+        # PowerSGD issues its all-reduces from futures' callbacks; with two buckets (DDP's default first
+        # bucket is 1 MB) the ranks issued them in different orders and gloo aborted ("Received data size
+        # doesn't match expected size", measured). One bucket keeps the order the same on every rank.
+        model = DDP(build_model(), bucket_cap_mb=16 if h == "powersgd" else None)
+        used = compressed(model, h) if h != "none" else plain(model)
+        models[used] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
     g = torch.Generator().manual_seed(ctx.rank)
     x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
-    step_s, compute_s = [], []
+    step_s, compute_s = {h: [] for h in models}, []
     for i in range(steps + 2):                            # 2 warm-up steps (PowerSGD starts at step 2)
-        with lab.StepTimer() as t:
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-        if i >= 2:
-            step_s.append(t.seconds)
+        for h, (model, opt) in models.items():            # --compare: each hook's step in turn, same link, same load
+            with lab.StepTimer() as t:
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            if i >= 2:
+                step_s[h].append(t.seconds)
+    model = next(iter(models.values()))[0]
     with model.no_sync():                                 # the same step without communication: compute only
         for _ in range(max(3, steps)):
             with lab.StepTimer() as t:
                 nn.functional.mse_loss(model(x), y).backward()
             compute_s.append(t.seconds)
     params = sum(p.numel() for p in model.parameters())
-    # The fastest step is the one least disturbed by other work on a shared machine; the median too.
-    lab.record("steps", hook=used, steps=steps, step_ms=statistics.median(step_s) * 1e3, best_ms=min(step_s) * 1e3,
-               compute_ms=min(compute_s) * 1e3, grad_mb=params * 4 / 2**20,
-               all_ms=[round(s * 1e3, 3) for s in step_s])    # every timed step: what packet loss delays
+    for h, times in step_s.items():
+        # The fastest step is the one least disturbed by other work on a shared machine; the median too.
+        lab.record("steps", hook=h, steps=steps, step_ms=statistics.median(times) * 1e3, best_ms=min(times) * 1e3,
+                   compute_ms=min(compute_s) * 1e3, grad_mb=params * 4 / 2**20,
+                   all_ms=[round(s * 1e3, 3) for s in times])    # every timed step: what packet loss delays
     lab.record("done")
     lab.teardown()
 
@@ -150,5 +155,11 @@ if __name__ == "__main__":
                    help="timed training steps")
     p.add_argument("--hook", choices=list(HOOKS), default="fp16",
                    help="fixed-compress: the gradient compression hook")
+    p.add_argument("--compare", default="", metavar="HOOK,...",
+                   help="also time these hooks in the same job, each on its own copy of the model, their steps "
+                        f"in turn (the workbook's rate sweep): any of {', '.join(HOOKS)}")
     a = p.parse_args()
-    main(a.variant, a.steps, a.hook)
+    compare = tuple(h for h in a.compare.split(",") if h)
+    if bad := [h for h in compare if h not in HOOKS]:
+        p.error(f"--compare {a.compare}: {', '.join(bad)} is not a hook ({', '.join(HOOKS)})")
+    main(a.variant, a.steps, a.hook, compare)

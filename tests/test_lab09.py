@@ -13,7 +13,9 @@ pytestmark = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cl
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab09")
-    out = {v: lab09.run_variant(v, steps=2, run_root=root, progress=None)
+    out = {v: lab09.run_variant(v, steps=2, run_root=root, progress=None,
+                                # the fix's run also times the fp16 hook beside it (the sweep's pairing)
+                                compare=("fp16",) if v == "fixed-interface" else ())
            for v in ("firewall", "wrong-interface", "fixed-interface")}
     for r in out.values():
         assert r.leftover == ()
@@ -33,9 +35,13 @@ def test_each_run_ends_as_the_lab_says(runs):
 
 def test_step_times_are_every_timed_step_of_the_slowest_rank(runs):
     r = runs["fixed-interface"]
-    rows = [x["all_ms"] for x in r.records_of("steps")]
-    assert len(rows) == 2 and all(len(x) == 2 for x in rows)          # steps=2 on each of the 2 ranks
-    assert lab09.step_times(r) == [max(a, b) for a, b in zip(*rows)]
+    by_hook = {h: [x["all_ms"] for x in r.records_of("steps") if x["hook"] == h] for h in ("none", "fp16")}
+    assert {x["hook"] for x in r.records_of("steps")} == {"none", "fp16"}
+    for hook, rows in by_hook.items():
+        assert len(rows) == 2 and all(len(x) == 2 for x in rows)      # steps=2 on each of the 2 ranks
+        assert lab09.step_times(r, hook) == [max(a, b) for a, b in zip(*rows)]
+    assert lab09.step_times(r) == lab09.step_times(r, "none")          # the run's own model: plain
+    assert lab09.step_facts(r, "fp16")["hook"] == "fp16" and lab09.step_facts(r)["hook"] == "none"
     with pytest.raises(DdplabError, match="no step times"):
         lab09.step_times(runs["firewall"])
 
@@ -80,7 +86,8 @@ def test_check_dialled_address(runs):
 
 
 @pytest.mark.parametrize("kw", [{"rate_mbit": 0}, {"rate_mbit": "fast"}, {"rate_mbit": True}, {"drop_percent": 90},
-                                {"drop_percent": 2.5}, {"steps": 0}, {"hook": "int8"}])
+                                {"drop_percent": 2.5}, {"steps": 0}, {"hook": "int8"}, {"compare": "fp16"},
+                                {"compare": ["fp16", "int8"]}])
 def test_bad_requests_say_what_to_do(kw):
     with pytest.raises(DdplabError):
         lab09.run_variant("slow-link", **kw)
@@ -100,14 +107,3 @@ def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
     assert all(n["data"]["state"] == "open" for n in wi.values())        # the network itself is fine
     fixed = lab09.preflight("fixed-interface")
     assert all(n["ok"] and n["gloo_address"].startswith("10.213.0.") for n in fixed.values())
-
-
-def test_rank_sum_p_is_the_exact_one_sided_mann_whitney():
-    assert lab09.rank_sum_p([10, 11, 12, 13], [1, 2, 3, 4]) == pytest.approx(1 / 70)   # the most extreme of C(8,4)
-    assert lab09.rank_sum_p([1, 2, 3, 4], [10, 11, 12, 13]) == 1.0
-    assert lab09.rank_sum_p([5, 5, 5], [5, 5, 5]) == 1.0                                # all tied: no evidence
-    interleaved = lab09.rank_sum_p([1, 3, 5, 7, 9, 11, 13, 15], [2, 4, 6, 8, 10, 12, 14, 16])
-    assert lab09.RANK_SUM_P < interleaved < 1.0
-    # one slow outlier (a retransmission timeout) among otherwise equal steps is not "slower"
-    assert lab09.rank_sum_p([5, 5, 5, 5, 5, 5, 5, 400], [5] * 8) > lab09.RANK_SUM_P
-    assert lab09.rank_sum_p([], [1.0]) == 1.0

@@ -1,7 +1,6 @@
 """The tests timing claims are judged by (ddplab.notebook): checked against brute force."""
 import random
 from itertools import combinations
-from math import comb
 
 import pytest
 

@@ -15,7 +15,7 @@ import ddplab
 from ddplab import catalog, classify
 from ddplab import cluster as cluster_mod
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, rank_sum_p
 
 LAB = "09"
 RATES_MBIT = (None, 1000, 300, 100)        # None: no cap (the namespace link's own speed)
@@ -37,7 +37,7 @@ def network(variant: str) -> dict:
     return dict(spec[variant])
 
 
-def _check(rate_mbit, drop_percent, steps, hook) -> None:
+def _check(rate_mbit, drop_percent, steps, hook, compare=()) -> None:
     if rate_mbit is not None and (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float))
                                   or not 1 <= rate_mbit <= 100_000):
         raise DdplabError(f"rate_mbit must be a number of Mbit/s from 1 to 100000 (or None), not {rate_mbit!r}",
@@ -50,65 +50,55 @@ def _check(rate_mbit, drop_percent, steps, hook) -> None:
         raise DdplabError(f"steps must be a whole number from 1 to 200, not {steps!r}", hint="for example steps=8")
     if hook not in HOOKS:
         raise DdplabError(f"hook must be one of {', '.join(HOOKS)}, not {hook!r}", hint="for example hook='fp16'")
+    if isinstance(compare, str) or any(h not in HOOKS for h in compare):
+        raise DdplabError(f"compare must be a list of hooks from {', '.join(HOOKS)}, not {compare!r}",
+                          hint="for example compare=['fp16', 'powersgd']")
 
 
 def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percent: int | None = None,
-                steps: int = 8, hook: str = "fp16", **kw) -> ddplab.RunResult:
+                steps: int = 8, hook: str = "fp16", compare=(), **kw) -> ddplab.RunResult:
     """One real two-node run of lab 09 on the variant's network (LAB["network"]); ``rate_mbit``
-    (None: no cap) and ``drop_percent`` override the variant's link. Other keywords go to ddplab.run."""
+    (None: no cap) and ``drop_percent`` override the variant's link; ``compare``: other hooks timed in
+    the same job, their steps in turn with the variant's own. Other keywords go to ddplab.run."""
     spec = network(variant)
     if rate_mbit != "lab":
         spec["rate_mbit"] = rate_mbit
-    _check(spec.get("rate_mbit"), drop_percent, steps, hook)
+    _check(spec.get("rate_mbit"), drop_percent, steps, hook, compare)
     if drop_percent is not None:
         spec["firewall"] = {"1": {"drop_percent": drop_percent}} if drop_percent else {}
     cluster_mod.require()
     env = {**spec.get("env", {}), **kw.pop("env", {})}
     with cluster_mod.Cluster.from_spec(spec) as c:
-        return ddplab.run(LAB, variant=variant, args=["--steps", str(steps), "--hook", hook], env=env, cluster=c,
-                          **kw)
+        args = ["--steps", str(steps), "--hook", hook] + (["--compare", ",".join(compare)] if compare else [])
+        return ddplab.run(LAB, variant=variant, args=args, env=env, cluster=c, **kw)
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading the runs
 # ----------------------------------------------------------------------------------------------
 
-RANK_SUM_P = 0.05
+def _steps(result, hook: str | None) -> list[dict]:
+    """Each rank's "steps" record for ``hook`` (None: the run's own model, the first it timed)."""
+    recs = result.records_of("steps")
+    hook = hook or (recs[0]["hook"] if recs else None)
+    return [s for s in recs if s["hook"] == hook]
 
 
-def step_times(result) -> list[float]:
-    """Every timed step of a run, in ms: at each step the slowest rank's time (the job waits for it)."""
-    rows = [s["all_ms"] for s in result.records_of("steps") if s.get("all_ms")]
+def step_times(result, hook: str | None = None) -> list[float]:
+    """Every timed step of a run, in ms: at each step the slowest rank's time (the job waits for it).
+    ``hook``: the model timed with that hook in a run that compared several (None: the run's own)."""
+    rows = [s["all_ms"] for s in _steps(result, hook) if s.get("all_ms")]
     if len(rows) != result.nproc:
         raise DdplabError(f"this run has no step times ({result.headline()})",
                           hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
     return [max(col) for col in zip(*rows)]
 
 
-def rank_sum_p(slower: list[float], than: list[float]) -> float:
-    """One-sided Mann-Whitney rank-sum test, exact: the chance that ``slower``'s steps rank at least
-    this high among all steps if both runs' steps came from one distribution (ties share ranks)."""
-    from itertools import combinations
-    both = sorted(slower + than)
-    rank = {}
-    for i, v in enumerate(both):                # average rank for ties
-        rank.setdefault(v, []).append(i + 1)
-    r = [sum(rank[v]) / len(rank[v]) for v in both]
-    observed = sum(sum(rank[v]) / len(rank[v]) for v in slower)
-    n, total = len(slower), 0
-    if not n or not than:
-        return 1.0
-    hits = 0
-    for pick in combinations(range(len(both)), n):
-        total += 1
-        hits += sum(r[i] for i in pick) >= observed - 1e-9
-    return hits / total
-
-
-def step_facts(result) -> dict:
+def step_facts(result, hook: str | None = None) -> dict:
     """The slowest rank's fastest step (``step_ms``: on a shared machine the least disturbed one; the
-    median too), its fastest compute-only step (no_sync) and init_process_group's seconds."""
-    steps = result.records_of("steps")
+    median too), its fastest compute-only step (no_sync) and init_process_group's seconds; ``hook`` as
+    for step_times."""
+    steps = _steps(result, hook)
     joined = result.records_of("joined")
     if len(steps) != result.nproc:
         raise DdplabError(f"this run has no step times ({result.headline()})",
@@ -138,17 +128,18 @@ class Point:
 
 def sweep(rates=RATES_MBIT, compress_at=(None, "lowest"), hooks=("fp16", "powersgd"), steps: int = 8,
           **kw) -> list[Point]:
-    """Plain DDP at each link rate, then each compression hook at the rates in ``compress_at``
-    ("lowest": the lowest cap). Every point is its own two-node run."""
+    """Plain DDP at each link rate, and each compression hook at the rates in ``compress_at``
+    ("lowest": the lowest cap). One two-node run per rate: the hooks measured at a rate are timed in
+    that run beside plain DDP, their steps in turn (``compare``), so each comparison is paired."""
     caps = [r for r in rates if r is not None]
     where = [min(caps) if r == "lowest" else r for r in compress_at]
-    plan = [(r, "none") for r in rates] + [(r, h) for r in where for h in hooks]
     out = []
-    for rate, hook in plan:
-        variant = "slow-link" if hook == "none" else "fixed-compress"
-        res = run_variant(variant, rate_mbit=rate, steps=steps, hook=hook if hook != "none" else "fp16", **kw)
-        f = step_facts(res) if res.status == "ok" else {}
-        out.append(Point(rate, hook, res.status, f.get("step_ms"), f.get("compute_ms"), f.get("init_s")))
+    for rate in rates:
+        compare = [h for h in hooks if h != "none"] if rate in where else []
+        res = run_variant("slow-link", rate_mbit=rate, steps=steps, compare=compare, **kw)
+        for hook in ["none", *compare]:
+            f = step_facts(res, hook) if res.status == "ok" else {}
+            out.append(Point(rate, hook, res.status, f.get("step_ms"), f.get("compute_ms"), f.get("init_s")))
     return out
 
 
@@ -284,7 +275,7 @@ CLAIMS = (
         "Packets might be dropped or delayed, causing processes to stall indefinitely while waiting for others.",
         "with a share of node 1's incoming packets dropped, against the same job without loss run just before: the "
         "'dropped' half holds if the lossy job's steps are slower (every timed step, the slowest rank's time at "
-        f"each; a one-sided rank-sum test, p <= {RANK_SUM_P}: the delays of retransmission are in the slow steps, "
+        f"each; a one-sided rank-sum test, p <= {P_LEVEL}: the delays of retransmission are in the slow steps, "
         "which a fastest step would hide); the 'stall indefinitely' half holds if the job is judged hung (no rank "
         "made progress for the stall window); partly if only one holds",
         parts=("slower", "stalls")),
@@ -315,7 +306,7 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
     if free is None or low is None:
         raise DdplabError("the sweep has no uncapped or no capped plain-DDP point",
                           hint="run sweep() with rates that include None and at least one cap")
-    lossy_f = step_facts(lossy) if lossy.status == "ok" else None
+    lossy_f = lossy.status == "ok"
     base_steps = step_times(lossless)
     if lossy_f:
         lossy_steps = step_times(lossy)
@@ -335,7 +326,7 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
                f"{len(lossy_steps)} and {len(base_steps)} steps, rank-sum p = {p_slower:.3f}" if lossy_f else "")
             + ("; judged hung: no rank made progress for the stall window" if lossy.status == "hung" else
                "; every rank kept making progress: TCP retransmitted what was dropped"),
-            slower=(bool(lossy_f) and p_slower <= RANK_SUM_P) or lossy.status == "hung",
+            slower=(lossy_f and p_slower <= P_LEVEL) or lossy.status == "hung",
             stalls=lossy.status == "hung"),
         c_fw.judge(
             f"node 0 accepts port {fw.rdzv_port} only: job {fw.status} [{fw.signature}]; unanswered connections: "
