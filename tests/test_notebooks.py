@@ -206,6 +206,23 @@ def test_summary_takes_notebook_runs_and_runs_only_what_no_notebook_showed(tmp_p
     assert_nothing_left(str(tmp_path))
 
 
+def test_variants_no_stored_notebook_shows_are_foreseen_from_their_runs(tmp_path):
+    """The build runs beside the notebooks the variants that the stored notebooks' runs (listed in
+    metadata.ddplab.runs) did not show as the catalog expects; nothing is foreseen when a notebook
+    does not list its runs."""
+    def nb(name, runs):
+        meta = {"ddplab": {"commit": "x"} if runs is None else {"commit": "x", "runs": runs}}
+        (tmp_path / name).write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
+        return tmp_path / name
+    a = nb("01_hang.ipynb", [["01_hang", "broken", "hung", "hang-different-collectives"],
+                             ["01_hang", "fixed-sampler", "ok", None],
+                             ["01_hang", "fixed-join", "hung", "hang-different-collectives"],   # a knob turned
+                             ["my_script", None, "ok", None]])
+    start = nb("00_start_here.ipynb", [["01_hang", "rank-conditional", "failed", "collective-timeout"]])
+    assert build.shown_by_stored([start, a]) == [("01", "rank-conditional"), ("01", "fixed-join")]
+    assert build.shown_by_stored([start, a, nb("02_oom.ipynb", None)]) is None
+
+
 def test_read_results_reads_every_run_of_a_notebook(tmp_path):
     for i, name in enumerate(["01_hang/a/result.json", "01_hang/b/result.json", "x/broken.json"]):
         p = tmp_path / name

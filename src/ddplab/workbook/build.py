@@ -231,9 +231,26 @@ def _runner(number: str):
     return fn if fn is not None else (lambda variant: run(number, variant=variant, progress=None))
 
 
-def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]], out: Path) -> list[Row]:
+def run_here(number: str, variant: str, out: Path) -> dict:
+    """One run of a variant with the lab's defaults, made by the build (its runs in out/runs/_build/,
+    its result in out/results/); the result as saved."""
+    lab = catalog.find_lab(number)
+    with _runs_dir(out / "runs" / "_build"):
+        r: RunResult = _runner(lab.number)(variant)
+    r.save(out / "results" / f"{lab.id}-{variant}.json")
+    return json.loads((out / "results" / f"{lab.id}-{variant}.json").read_text())
+
+
+def _print_here(lab: str, variant: str, d: dict, ok: bool, when: str) -> None:
+    print(f"{'  ' if ok else '!!'} {lab} {variant:<24} {d['status']:<7} {d.get('signature') or '':<28} "
+          f"{float(d.get('wall_s') or 0):6.1f} s (no notebook run shows it: run here{when})", flush=True)
+
+
+def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]], out: Path,
+                   ran_here: list[dict] | None = None) -> list[Row]:
     """One row per catalog variant: a notebook's run that showed the expected outcome, else a run
-    made here with the lab's defaults (printed as it finishes)."""
+    the build made beside the notebooks (``ran_here``), else a run made now with the lab's defaults
+    (printed as it finishes)."""
     rows = []
     (out / "results").mkdir(parents=True, exist_ok=True)
     for lab in catalog.labs():
@@ -249,15 +266,32 @@ def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]]
                 row = Row(lab.number, v.name, _expected(v), d["status"], d.get("signature"),
                           float(d.get("wall_s") or 0.0), True, nb, listed)
             else:
-                with _runs_dir(out / "runs" / "_build"):
-                    r: RunResult = _runner(lab.number)(v.name)
-                r.save(out / "results" / f"{lab.id}-{v.name}.json")
-                row = Row(lab.number, v.name, _expected(v), r.status, r.signature, r.wall_s,
-                          _matches(v, r.status, r.signature), "build", listed)
-                print(f"{'  ' if row.as_expected else '!!'} {lab.number} {v.name:<24} {r.status:<7} "
-                      f"{r.signature or '':<28} {r.wall_s:6.1f} s (no notebook run showed it: run here)", flush=True)
+                d = next((d for d in ran_here or () if d.get("target") == lab.id and d.get("variant") == v.name), None)
+                if d is None:
+                    d = run_here(lab.number, v.name, out)
+                    _print_here(lab.number, v.name, d, _matches(v, d["status"], d.get("signature")), "")
+                row = Row(lab.number, v.name, _expected(v), d["status"], d.get("signature"),
+                          float(d.get("wall_s") or 0.0), _matches(v, d["status"], d.get("signature")), "build", listed)
             rows.append(row)
     return rows
+
+
+def shown_by_stored(chosen: list[Path]) -> list[tuple[str, str]] | None:
+    """The variants (lab number, name) that no stored notebook among ``chosen`` showed as the catalog
+    expects, by the runs their metadata lists; None when a stored notebook does not list its runs
+    (then nothing is foreseen, and they are run after the notebooks)."""
+    expect = {(lab.id, v.name): v for lab in catalog.labs() for v in lab.variants}
+    shown = set()
+    for nb in chosen:
+        try:
+            runs = json.loads(nb.read_text())["metadata"]["ddplab"]["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        shown.update((t, v) for t, v, status, sig in runs
+                     if (t, v) in expect and _matches(expect[(t, v)], status, sig))
+    numbers = {nb.name[:2] for nb in chosen}
+    return [(lab.number, v.name) for lab in catalog.labs() if lab.number in numbers
+            for v in lab.variants if (lab.id, v.name) not in shown]
 
 
 def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["NotebookRun", list[dict]]:
@@ -279,6 +313,7 @@ def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["N
         text = str(e).strip()
         status = f"failed: {text.splitlines()[-1][:120] if text else type(e).__name__}"
     seconds = time.monotonic() - t0
+    results = read_results(runs_dir)
     if target.exists():
         executed = json.loads(target.read_text())
         if status == "ok":
@@ -286,14 +321,17 @@ def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["N
             if bad:
                 status = f"checked output differs: {bad[0]}"[:300]
         executed["metadata"]["ddplab"] = {**meta, "seconds": round(seconds, 1),
-                                          "parameters": executed["metadata"].get("papermill", {}).get("parameters", {})}
+                                          "parameters": executed["metadata"].get("papermill", {}).get("parameters", {}),
+                                          # what its runs showed: the next build runs the variants no
+                                          # notebook shows beside the notebooks, not after them
+                                          "runs": [[d.get("target"), d.get("variant"), d.get("status"),
+                                                    d.get("signature")] for d in results]}
         nbformat.write(nbformat.from_dict(executed), str(target))
-    results = read_results(runs_dir)
     return NotebookRun(nb.name, status, seconds, len(results)), results
 
 
 def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None = None, jobs: int = 1
-                  ) -> tuple[list[NotebookRun], dict[str, list[dict]]]:
+                  ) -> tuple[list[NotebookRun], dict[str, list[dict]], list[dict]]:
     """Execute each notebook once (``jobs`` at a time, each in its own process when more than one),
     printing each one's seconds as it finishes."""
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -307,14 +345,27 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
               f"{run.runs:3d} runs  {run.status}", flush=True)
 
     together, alone = schedule(chosen, jobs)
+    ran_here: list[dict] = []
     if together:
         from concurrent.futures import ProcessPoolExecutor, as_completed
+        # the variants the stored notebooks did not show go last into the pool: short runs that
+        # fill the cores while the last notebooks finish
+        extra = shown_by_stored(chosen) or []
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for f in as_completed([pool.submit(execute_one, nb, out, parameters) for nb in together]):
-                _report(*f.result())
+            futures = {pool.submit(execute_one, nb, out, parameters): None for nb in together}
+            futures.update({pool.submit(run_here, n, v, out): (n, v) for n, v in extra})
+            for f in as_completed(futures):
+                if futures[f] is None:
+                    _report(*f.result())
+                    continue
+                n, v = futures[f]
+                d = f.result()
+                ran_here.append(d)
+                _print_here(n, v, d, _matches(catalog.find_lab(n).variant(v), d["status"], d.get("signature")),
+                            " beside the notebooks")
     for nb in alone:          # nothing else runs beside these: their verdicts compare times
         _report(*execute_one(nb, out, parameters))
-    return [done[nb.name] for nb in chosen if nb.name in done], results
+    return [done[nb.name] for nb in chosen if nb.name in done], results, ran_here
 
 
 def measured_alone(nb: Path) -> str | None:
@@ -415,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [] if a.no_notebooks else notebooks(a.labs)
     print(f"ddplab workbook: {len(chosen)} notebooks, once each; then any variant no notebook showed "
           f"({len(catalog.labs())} labs)", flush=True)
-    nbs, results = run_notebooks(a.labs, out, params, max(1, a.jobs)) if chosen else ([], {})
-    rows = summarise_runs(a.labs, results, out)
+    nbs, results, ran_here = run_notebooks(a.labs, out, params, max(1, a.jobs)) if chosen else ([], {}, [])
+    rows = summarise_runs(a.labs, results, out, ran_here)
     text = summary(rows, nbs)
     (out / "summary.md").write_text(text)
     (out / "summary.json").write_text(json.dumps({"runs": [r.to_dict() for r in rows],
