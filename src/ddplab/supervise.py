@@ -271,12 +271,36 @@ class Supervisor:
             return False                     # every rank exited: torchrun is finishing
         if self.idle_s(now) < self.stall_s:
             return False
+        if self._looked_again(now):
+            return False
         expiry = self._own_timeout(now)
         if expiry is not None:
             if now < expiry:
                 return False
             self.waited_for_timeout_s = round(now - (self.job_progress + self.stall_s), 1)
         return True
+
+    def _looked_again(self, now: float) -> bool:
+        """Before a stall verdict, a fresh look at the stack of every live rank not looked at within
+        SAMPLE_S: True (progress) if one changed since its last fingerprint. An idle rank's stack is
+        sampled once a second through its worker server, and a probe that timed out on a loaded
+        machine is a missed sample: notebook 06's missing-rank was judged hung while its ranks had
+        left the rendezvous (raised, then slept in the lab's report) unseen."""
+        moved = False
+        for w in self.live():
+            if now - w.stack_t < SAMPLE_S:
+                continue
+            w.stack_t = now
+            frames = self._stack(w)
+            if frames is None:
+                continue
+            fp = tuple((f.file, f.line, f.func) for f in frames)
+            if w.stack_fp is not None and fp != w.stack_fp:
+                w.last_progress = now
+                self.job_progress = max(self.job_progress, now)
+                moved = True
+            w.stack_fp = fp
+        return moved
 
     def _own_timeout(self, now: float) -> float | None:
         """When PyTorch's own timeout of a blocked rank fires (monotonic), if within the patience."""
