@@ -10,8 +10,8 @@ STAMP   = $(VENV)/.installed
 TEST_STAMP = $(VENV)/.installed-test
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
-# notebooks executed at once by make workbook (a lab whose verdicts compare times, 07 and 09, runs
-# alone whatever this is); make notebooks stores outputs, and measures each notebook alone
+# notebooks executed at once by make workbook (a run whose verdicts compare times still has the
+# machine alone: ddplab.turns); make notebooks stores outputs, and measures each notebook alone
 JOBS ?= 2
 PYTEST_ARGS ?=
 # Where torch comes from when no local wheel is at hand. Linux: PyTorch's CPU wheel index (PyPI's

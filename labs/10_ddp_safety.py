@@ -50,7 +50,7 @@ LAB = {
     "variants": {
         "unused-params": {"expect": "failed", "signature": "unused-parameters",
                           "about": "a head forward() never uses: DDP raises 'Expected to have finished reduction' at iteration 2"},
-        "unused-fixed": {"expect": "ok", "signature": None,
+        "unused-fixed": {"expect": "ok", "signature": None, "measured": "rounds of ms per step, paired",
                          "about": "find_unused_parameters=True vs static_graph=True: both train; ms per step measured"},
         "batchnorm": {"expect": "ok", "signature": None,
                       "about": "BatchNorm running stats across non-IID ranks: buffer sync on/off, averaged, vs the global batch"},

@@ -54,7 +54,7 @@ LAB = {
                                 "about": "the loop inside no_sync(): no all-reduce, rank 1 skips alone, scales and weights diverge"},
         "slow-loader": {"expect": "ok", "signature": None,
                         "about": "rank 1's DataLoader is slow (storage latency + decoding): rank 0 waits seconds in all_reduce; slow, not stuck"},
-        "loader-sweep": {"expect": "ok", "signature": None,
+        "loader-sweep": {"expect": "ok", "signature": None, "measured": "samples/s against the loader's settings",
                          "about": "num_workers, prefetch_factor, pin_memory: data wait and samples/s measured"},
     },
     "sizes": {"width": 512, "micro": 64, "k": 4, "steps": 6, "inf_step": 2,

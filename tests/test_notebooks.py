@@ -233,18 +233,22 @@ def test_read_results_reads_every_run_of_a_notebook(tmp_path):
     assert sorted(d["variant"] for d in build.read_results(tmp_path)) == ["0", "1"]
 
 
-def test_schedule_keeps_timed_labs_alone_and_one_job_runs_everything_in_order():
+def test_schedule_runs_everything_in_order_alone_or_longest_first_together():
     chosen = build.notebooks(None)
     together, alone = build.schedule(chosen, 1)
     assert together == [] and alone == chosen
     together, alone = build.schedule(chosen, 2)
-    assert sorted(together + alone) == sorted(chosen) and not set(together) & set(alone)
-    timed = {nb.stem[:2] for nb in chosen if build.measured_alone(nb)}
-    assert {"07", "09"} <= timed                        # step-time ratios: nothing may run beside them
-    assert {nb.stem[:2] for nb in alone} == timed
-    assert build.measured_alone(build.NOTEBOOK_DIR / "00_start_here.ipynb") is None
+    assert alone == [] and sorted(together) == sorted(chosen)
     seconds = [build.stored_seconds(nb) for nb in together]
     assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0   # longest first
+
+
+def test_the_catalog_marks_the_variants_whose_verdicts_compare_times():
+    from ddplab import catalog
+    measured = {(lab.number, v.name) for lab in catalog.labs() for v in lab.variants if v.measured}
+    assert {("07", v.name) for v in catalog.find_lab("07").variants} <= measured    # step times, every run
+    assert {("09", "lossy-link"), ("10", "unused-fixed"), ("11", "loader-sweep")} <= measured
+    assert ("01", "broken") not in measured and ("09", "firewall") not in measured  # verdicts from evidence
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -30,9 +30,11 @@ class Variant:
     expect: str               # "ok", "failed" or "hung"
     signature: str | None     # the failure signature it must show (None for ok)
     about: str
+    measured: str | None = None   # what it measures, when its verdicts compare times: it runs alone (ddplab.turns)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "expect": self.expect, "signature": self.signature, "about": self.about}
+        return {"name": self.name, "expect": self.expect, "signature": self.signature, "about": self.about,
+                "measured": self.measured}
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def read_lab(path: Path) -> Lab:
     if spec is None:
         raise ValueError(f"{path}: no literal LAB = {{...}} dict at module level")
     variants = tuple(
-        Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""))
+        Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""), v.get("measured"))
         for name, v in spec["variants"].items()
     )
     known = {"title", "article", "variants", "stall_s", "nproc", "min_nproc"}

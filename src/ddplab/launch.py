@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import catalog, classify, evidence, render
+from . import catalog, classify, evidence, render, turns
 from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
@@ -144,6 +144,14 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         with cluster_mod.Cluster.from_spec(spec) as made:
             return run(target, variant, nproc, deadline_s, args, {**spec.get("env", {}), **dict(env or {})}, port,
                        stream, run_root, grace_s, stall_s, progress, cluster=made)
+    measured = lab is not None and lab.variant(variant or lab.default_variant).measured is not None
+    with turns.turn(alone=measured):          # make workbook: a run that measures times has the machine alone
+        return _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s,
+                    progress, cluster)
+
+
+def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s, progress,
+         cluster) -> RunResult:
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s)
     job.run_dir.mkdir(parents=True, exist_ok=True)

@@ -347,6 +347,8 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
     together, alone = schedule(chosen, jobs)
     ran_here: list[dict] = []
     if together:
+        from .. import turns
+        os.environ[turns.ENV] = str(out / "turns")     # the kernels papermill starts inherit it
         from concurrent.futures import ProcessPoolExecutor, as_completed
         # the variants the stored notebooks did not show go last into the pool: short runs that
         # fill the cores while the last notebooks finish
@@ -363,30 +365,20 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
                 ran_here.append(d)
                 _print_here(n, v, d, _matches(catalog.find_lab(n).variant(v), d["status"], d.get("signature")),
                             " beside the notebooks")
-    for nb in alone:          # nothing else runs beside these: their verdicts compare times
+    for nb in alone:
         _report(*execute_one(nb, out, parameters))
     return [done[nb.name] for nb in chosen if nb.name in done], results, ran_here
 
 
-def measured_alone(nb: Path) -> str | None:
-    """Why this notebook's lab must run with nothing beside it (its LAB dict's "measured_alone"), or None."""
-    lab = catalog.find_lab(nb.stem.split("_", 1)[0]) if nb.stem[:2].isdigit() else None
-    return lab.extra.get("measured_alone") if lab is not None else None
-
-
 def schedule(chosen: list[Path], jobs: int) -> tuple[list[Path], list[Path]]:
-    """(notebooks executed ``jobs`` at a time, notebooks executed one by one with nothing beside
-    them). With jobs 1 every notebook runs alone, in order; otherwise a lab whose verdicts compare
-    measured times (07's step times, 09's link rates) still runs alone, and the rest share the cores:
-    most of their time is ranks waiting (stall windows, timeouts, torch's import), and their
-    verdicts come from what the ranks did, not from how long it took."""
+    """(notebooks executed ``jobs`` at a time, notebooks executed one by one). With jobs 1 every
+    notebook runs alone, in order (make notebooks: each one's seconds measured alone); otherwise all
+    share the cores, longest first (by the stored execution's seconds, so the last to start is a short
+    one), and a run whose verdicts compare times has the machine alone (ddplab.turns: the variants
+    the catalog marks ``measured``)."""
     if jobs <= 1:
         return [], list(chosen)
-    alone = [nb for nb in chosen if measured_alone(nb)]       # each call parses the lab scripts: once each
-    together = [nb for nb in chosen if nb not in alone]
-    # longest first (by the stored execution's seconds), so the last one to start is a short one
-    together.sort(key=lambda nb: -stored_seconds(nb))
-    return together, alone
+    return sorted(chosen, key=lambda nb: -stored_seconds(nb)), []
 
 
 def stored_seconds(nb: Path) -> float:
@@ -452,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a papermill parameter for every notebook that declares it (e.g. -p quick True)")
     p.add_argument("--jobs", type=int, default=1,
                    help="notebooks executed at once (default 1: each notebook's seconds measured alone; "
-                        "a lab whose LAB dict says measured_alone runs alone whatever this is)")
+                        "with more, a run whose verdicts compare times still has the machine alone)")
     p.add_argument("--store", action="store_true",
                    help="copy the executed notebooks into notebooks/ when no notebook failed")
     a = p.parse_args(argv)
