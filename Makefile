@@ -19,6 +19,12 @@ PYTEST_ARGS ?=
 # build: make workbook TORCH_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_INDEX ?= $(if $(filter Linux,$(shell uname -s)),https://download.pytorch.org/whl/cpu,)
 
+# Everything but torch goes in with uv when uv installs (parallel downloads, bytecode compiled in
+# parallel: 17 s -> 5 s for the package and its dependencies here), else, or when uv fails, with pip.
+# torch stays with pip: pip's own configuration (a local wheel, a mirror) is where it may come from.
+INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$0/python" --compile-bytecode -c constraints.txt "$$@"; then :; \
+                 else "$$0/python" -m pip install --quiet -c constraints.txt "$$@"; fi' $(BIN)
+
 .PHONY: workbook notebooks test lab install clean benchmark classroom
 
 $(STAMP): pyproject.toml constraints.txt
@@ -31,12 +37,13 @@ $(STAMP): pyproject.toml constraints.txt
 	else \
 	    $(BIN)/python -m pip install --quiet -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch; \
 	fi
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
+	$(BIN)/python -m pip install --quiet uv || echo "uv could not be installed: pip installs the rest"
+	$(INSTALL) -e .
 	touch $(STAMP)
 
 # the test extra (pytest, Playwright, JupyterLab) on top: make workbook does not wait for it
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(INSTALL) -e ".[test]"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -57,7 +64,7 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
 
 lab: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab]"
+	$(INSTALL) -e ".[lab]"
 	$(BIN)/jupyter lab notebooks/
 
 benchmark: $(STAMP)
