@@ -196,6 +196,18 @@ def test_summary_takes_notebook_runs_and_runs_only_what_no_notebook_showed(tmp_p
     assert set(rows) == {v.name for v in lab.variants}
     assert all(r.source == "01_hang" and r.as_expected and r.wall_s == 1.5 for n, r in rows.items() if n != "fixed-join")
     join = rows["fixed-join"]
+    # the same run made beside the notebooks (a fresh build folder: run_here makes its results folder)
+    # is taken as it is, and nothing more is run
+    fresh = tmp_path / "fresh"
+    d = build.run_here("01", "rank-conditional", fresh)
+    assert (fresh / "results" / f"{lab.id}-rank-conditional.json").exists() and d["status"] == "hung"
+    again = {r.variant: r for r in build.summarise_runs(["01"], {"01_hang": []}, fresh,
+                                                        ran_here=[d] + [{**d, "variant": v.name, "status": v.expect,
+                                                                         "signature": v.signature}
+                                                                        for v in lab.variants if v.name != "rank-conditional"])}
+    assert all(r.source == "build" and r.as_expected for r in again.values())
+    assert again["rank-conditional"].wall_s == d["wall_s"]
+    assert len(list((fresh / "runs" / "_build").rglob("result.json"))) == 1
     assert join.source == "build" and join.status == "ok" and join.as_expected
     assert join.notebook_runs == [("01_hang", "hung", "hang-different-collectives")]
     assert (tmp_path / "results" / f"{lab.id}-fixed-join.json").exists()

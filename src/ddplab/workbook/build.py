@@ -235,6 +235,7 @@ def run_here(number: str, variant: str, out: Path) -> dict:
     """One run of a variant with the lab's defaults, made by the build (its runs in out/runs/_build/,
     its result in out/results/); the result as saved."""
     lab = catalog.find_lab(number)
+    (out / "results").mkdir(parents=True, exist_ok=True)
     with _runs_dir(out / "runs" / "_build"):
         r: RunResult = _runner(lab.number)(variant)
     r.save(out / "results" / f"{lab.id}-{variant}.json")
@@ -361,7 +362,11 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
                     _report(*f.result())
                     continue
                 n, v = futures[f]
-                d = f.result()
+                try:
+                    d = f.result()
+                except Exception as e:     # foreseen, not needed yet: summarise_runs runs it again if it is
+                    print(f"!! {n} {v}: could not be run beside the notebooks ({type(e).__name__}: {e})", flush=True)
+                    continue
                 ran_here.append(d)
                 _print_here(n, v, d, _matches(catalog.find_lab(n).variant(v), d["status"], d.get("signature")),
                             " beside the notebooks")
