@@ -126,6 +126,21 @@ def test_every_notebook_was_executed_at_one_commit():
     assert len(set(commits.values())) == 1 and None not in commits.values(), commits
 
 
+def test_the_instructor_route_quotes_the_stored_seconds():
+    """docs/instructor.md's route gives each notebook's seconds as the stored execution recorded them
+    (metadata.ddplab.seconds): a number typed by hand goes stale at the next execution."""
+    import re
+    text = (ROOT / "docs" / "instructor.md").read_text()
+    stored = {p.stem: round(json.loads(p.read_text())["metadata"]["ddplab"]["seconds"]) for p in NOTEBOOKS}
+    quoted = []
+    for names, values in re.findall(r"\| ((?:\d\d_[a-z_]+)(?: or \d\d_[a-z_]+)*) \| ([\d /]+) s \|", text):
+        quoted += zip([n.strip() for n in names.split(" or ")], [int(v) for v in values.split("/")])
+    quoted += [(n, int(v)) for n, v in re.findall(r"(\d\d_[a-z_]+)\s+\((\d+) s", text)]
+    assert len({n for n, _ in quoted}) >= 10, quoted
+    wrong = [(n, v, stored[n]) for n, v in quoted if stored.get(n) != v]
+    assert not wrong, f"docs/instructor.md quotes (notebook, seconds, stored): {wrong}"
+
+
 # --- the GitHub Actions workflow (it cannot run here: checked by tools that install here) ---------
 WORKFLOW = ROOT / ".github" / "workflows" / "workbook.yml"
 
