@@ -232,13 +232,20 @@ class Supervisor:
                     w.last_progress = now
                 w.ledger = new
         if w.idle_s(now) >= STACK_EVERY_S and now - w.stack_t >= STACK_EVERY_S:
-            w.stack_t = now
-            frames = self._stack(w)
-            if frames is not None:
-                fp = tuple((f.file, f.line, f.func) for f in frames)
-                if w.stack_fp is not None and fp != w.stack_fp:
-                    w.last_progress = now
-                w.stack_fp = fp
+            self._look(w, now)
+
+    def _look(self, w: RankWatch, now: float) -> bool:
+        """Fingerprint the rank's stack now; True (and progress) if it differs from the last one."""
+        w.stack_t = now
+        frames = self._stack(w)
+        if frames is None:
+            return False
+        fp = tuple((f.file, f.line, f.func) for f in frames)
+        moved = w.stack_fp is not None and fp != w.stack_fp
+        if moved:
+            w.last_progress = now
+        w.stack_fp = fp
+        return moved
 
     def _stack(self, w: RankWatch):
         """The main thread's frames through the worker server (no ptrace); None if not reachable."""
@@ -288,18 +295,9 @@ class Supervisor:
         left the rendezvous (raised, then slept in the lab's report) unseen."""
         moved = False
         for w in self.live():
-            if now - w.stack_t < SAMPLE_S:
-                continue
-            w.stack_t = now
-            frames = self._stack(w)
-            if frames is None:
-                continue
-            fp = tuple((f.file, f.line, f.func) for f in frames)
-            if w.stack_fp is not None and fp != w.stack_fp:
-                w.last_progress = now
+            if now - w.stack_t >= SAMPLE_S and self._look(w, now):
                 self.job_progress = max(self.job_progress, now)
                 moved = True
-            w.stack_fp = fp
         return moved
 
     def _own_timeout(self, now: float) -> float | None:

@@ -238,8 +238,7 @@ def run_here(number: str, variant: str, out: Path) -> dict:
     (out / "results").mkdir(parents=True, exist_ok=True)
     with _runs_dir(out / "runs" / "_build"):
         r: RunResult = _runner(lab.number)(variant)
-    r.save(out / "results" / f"{lab.id}-{variant}.json")
-    return json.loads((out / "results" / f"{lab.id}-{variant}.json").read_text())
+    return json.loads(r.save(out / "results" / f"{lab.id}-{variant}.json").read_text())
 
 
 def _print_here(lab: str, variant: str, d: dict, ok: bool, when: str) -> None:
