@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 import ddplab
+from ddplab.job import socket_dir
 
 
 # Gone with the deadline-judged engine (a hang is judged by progress now); kept defined, as None,
@@ -90,6 +91,7 @@ def run_lab(tmp_path):
         result = ddplab.run(target, **kw)
         assert result.leftover == (), f"launcher reported leftovers: {result.leftover}"
         assert_nothing_left(str(kw["run_root"]))
+        assert not socket_dir(result.run_dir).exists(), "the ranks' socket folder was left in the temp dir"
         return result
     return _run
 

@@ -201,7 +201,7 @@ def launch_environment(job: Job) -> dict[str, str]:
         "PYTHONFAULTHANDLER": None,  # the hook enables faulthandler into the rank's stack file
         # The rank hook starts torch's worker server on a socket here (a short path: AF_UNIX paths
         # are limited to about 100 bytes, and run directories can be deep).
-        "DDPLAB_SOCKET_DIR": str(socket_dir(job)),
+        "DDPLAB_SOCKET_DIR": str(socket_dir(job.run_dir)),
         "DDPLAB_RANK_PID": None,
     }
     if "TORCH_FR_BUFFER_SIZE" not in os.environ:
@@ -219,9 +219,10 @@ def launch_environment(job: Job) -> dict[str, str]:
 
 
 
-def socket_dir(job: Job) -> Path:
-    """Where the ranks' worker-server sockets go: a short folder of its own under the temp dir."""
+def socket_dir(run_dir: Path | str) -> Path:
+    """Where a run's ranks put their worker-server sockets: a short folder of its own under the temp
+    dir, named after the run directory. The launcher removes it when the run's processes are gone."""
     import hashlib
     import tempfile
-    digest = hashlib.sha1(str(job.run_dir).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"ddplab-{digest}"

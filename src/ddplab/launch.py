@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -156,7 +157,7 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     (job.run_dir / "ranks").mkdir(exist_ok=True)
-    socket_dir(job).mkdir(parents=True, exist_ok=True)
+    socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
     world = job.nproc * (len(cluster.members) if cluster is not None else 1)
     penv = launch_environment(job)
     if cluster is None:
@@ -227,6 +228,8 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
     leftover = sup.terminate(grace_s) if (ended_by is not None or sup.alive_processes()) else ()
     if leftover:
         notes.append(f"processes still alive after cleanup: {list(leftover)}")
+    else:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
+        shutil.rmtree(socket_dir(job.run_dir), ignore_errors=True)
     returncode = proc.returncode if ended_by is None else None
     ev = evidence.read_run(job.run_dir)
     ledgers = sup.ledgers(live, ev.final_ledgers)
