@@ -350,12 +350,14 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
         from .. import turns
         os.environ[turns.ENV] = str(out / "turns")     # the kernels papermill starts inherit it
         from concurrent.futures import ProcessPoolExecutor, as_completed
-        # the variants the stored notebooks did not show go last into the pool: short runs that
-        # fill the cores while the last notebooks finish
+        # the variants the stored notebooks did not show are short runs: they go into the pool
+        # right after the first notebooks, not last, where one of them that has the machine alone
+        # (07's dataparallel) made the build's tail one run at a time (about 20 s)
         extra = shown_by_stored(chosen) or []
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(execute_one, nb, out, parameters): None for nb in together}
+            futures = {pool.submit(execute_one, nb, out, parameters): None for nb in together[:jobs]}
             futures.update({pool.submit(run_here, n, v, out): (n, v) for n, v in extra})
+            futures.update({pool.submit(execute_one, nb, out, parameters): None for nb in together[jobs:]})
             for f in as_completed(futures):
                 if futures[f] is None:
                     _report(*f.result())
