@@ -1,14 +1,19 @@
 """ddplab.turns for real: processes that take turns on one machine (flock), as make workbook's
 notebooks do. A run that wants the machine alone waits for the shared runs in progress, and a shared
-run that comes after it waits for it (the turnstile), so it cannot be starved."""
+run that comes after it waits for it (the turnstile), so it cannot be starved. A measured lab run
+starts its job at once and its ranks wait for the machine before anything is timed."""
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+import ddplab
 from ddplab import turns
 
 HOLDER = """
@@ -96,3 +101,73 @@ def test_without_the_variable_nothing_is_locked(monkeypatch):
     monkeypatch.delenv(turns.ENV, raising=False)
     with turns.turn(alone=True), turns.turn(alone=True):     # no folder: a no-op, even nested
         pass
+
+
+def _rank_frames(run_dir: Path, rank: int) -> list[str]:
+    """The functions on rank ``rank``'s main-thread stack, through its worker server (empty until it is up)."""
+    from ddplab import probe, stacks
+    try:
+        sock = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())["socket"]
+    except (OSError, ValueError, KeyError):
+        return []
+    text = probe.traceback(sock) if sock else None
+    return [f.func for f in stacks.parse_faulthandler_main(text)] if text else []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_measured_run_starts_its_job_at_once_but_its_ranks_wait_for_the_machine(tmp_path, monkeypatch):
+    # make workbook: lab 07's link run measures all-reduce bandwidth. A shared turn is in progress,
+    # so its job starts (agent, ranks, import torch) but no rank may get past ddplab.lab's import
+    # (where anything is timed) until the shared run has ended.
+    lock = tmp_path / "turns"
+    monkeypatch.setenv(turns.ENV, str(lock))
+    s1 = _start("s1", "shared", tmp_path, lock)
+    box = {}
+    try:
+        _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
+        runs = tmp_path / "runs"
+        t = threading.Thread(target=lambda: box.update(r=ddplab.run("07", variant="link", run_root=runs,
+                                                                    progress=None)))
+        t.start()
+        _until(lambda: any(runs.rglob("command.json")), "the measured job is started while s1 runs")
+        d = next(runs.rglob("command.json")).parent
+        for rank in (0, 1):
+            _until(lambda: "wait_for_go" in _rank_frames(d, rank), f"rank {rank} waits for the machine", 120)
+        assert not (d / "machine.go").exists()
+        assert not (d / "ranks" / "rank0.records.jsonl").exists() or not (d / "ranks" / "rank0.records.jsonl").read_text()
+        (tmp_path / "s1.release").touch()
+        t.join(timeout=150)
+        r = box["r"]
+        assert r.status == "ok" and s1.wait(timeout=30) == 0
+        first = min(rec["t"] for k in r.ranks for rec in k.records)
+        assert (d / "machine.go").stat().st_mtime <= first     # the machine was given, then the ranks began
+    finally:
+        (tmp_path / "s1.release").touch()
+        s1.kill()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_run_judged_by_status_only_shares_the_machine(tmp_path, monkeypatch):
+    lock = tmp_path / "turns"
+    monkeypatch.setenv(turns.ENV, str(lock))
+    s1 = _start("s1", "shared", tmp_path, lock)
+    try:
+        _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
+        with turns.judged_by_status():
+            r = ddplab.run("07", variant="link", run_root=tmp_path / "runs", progress=None)
+        assert r.status == "ok" and not (Path(r.run_dir) / "machine.go").exists()
+        assert not (tmp_path / "s1.out").exists()            # s1 was still in its turn all along
+    finally:
+        (tmp_path / "s1.release").touch()
+        assert s1.wait(timeout=30) == 0
+
+
+def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    env = dict(os.environ, **{turns.GO_ENV: f"{tmp_path / 'never'} {dead.pid}"})
+    p = subprocess.run([sys.executable, "-c", "from ddplab import turns; turns.wait_for_go()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and f"launcher (pid {dead.pid})" in p.stderr

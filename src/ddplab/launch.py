@@ -146,13 +146,15 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
             return run(target, variant, nproc, deadline_s, args, {**spec.get("env", {}), **dict(env or {})}, port,
                        stream, run_root, grace_s, stall_s, progress, cluster=made)
     measured = lab is not None and lab.variant(variant or lab.default_variant).measured is not None
-    with turns.turn(alone=measured):          # make workbook: a run that measures times has the machine alone
+    # make workbook: a run that measures times has the machine alone; its job starts at once, its
+    # ranks wait (ddplab.lab) until the runs in progress have ended
+    with turns.turn(alone=measured, early=True) as turn:
         return _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s,
-                    progress, cluster)
+                    progress, cluster, turn)
 
 
 def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s, progress,
-         cluster) -> RunResult:
+         cluster, turn: turns.Turn) -> RunResult:
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s)
     job.run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +172,9 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
         penv.update({k: v for k, v in job.env.items() if k == "GLOO_SOCKET_IFNAME"})
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
             penv["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
+    go = None if turn.ready() else job.run_dir / "machine.go"   # created once the machine is the run's
+    if go is not None:
+        penv[turns.GO_ENV] = f"{go} {os.getpid()}"
     (job.run_dir / "command.json").write_text(json.dumps({"command": cmd, "env": dict(job.env)}, indent=2))
     show = auto_progress() if progress == "auto" else progress
     echo = _Echo(job.run_dir, before_line=getattr(show, "close", None) if isinstance(show, TerminalProgress) else None) \
@@ -188,6 +193,12 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
         while proc.poll() is None:
             now = time.monotonic()
             sup.poll()
+            if go is not None:
+                # waiting for its turn is not a stall: the stall window starts when the ranks may go
+                sup.job_progress = now
+                if turn.ready():
+                    go.touch()
+                    go = None
             if echo:
                 echo()
             if show is not None and now - shown >= PROGRESS_EVERY_S:

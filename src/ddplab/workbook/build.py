@@ -236,7 +236,9 @@ def run_here(number: str, variant: str, out: Path) -> dict:
     its result in out/results/); the result as saved."""
     lab = catalog.find_lab(number)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    with _runs_dir(out / "runs" / "_build"):
+    from .. import turns
+    # judged by status and signature only: it shares the machine even where its variant measures
+    with _runs_dir(out / "runs" / "_build"), turns.judged_by_status():
         r: RunResult = _runner(lab.number)(variant)
     return json.loads(r.save(out / "results" / f"{lab.id}-{variant}.json").read_text())
 
