@@ -114,54 +114,57 @@ def _rank_frames(run_dir: Path, rank: int) -> list[str]:
     return [f.func for f in stacks.parse_faulthandler_main(text)] if text else []
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(180)
-def test_a_measured_run_starts_its_job_at_once_but_its_ranks_wait_for_the_machine(tmp_path, monkeypatch):
-    # make workbook: lab 07's link run measures all-reduce bandwidth. A shared turn is in progress,
-    # so its job starts (agent, ranks, import torch) but no rank may get past ddplab.lab's import
-    # (where anything is timed) until the shared run has ended.
+@pytest.fixture
+def shared_turn(tmp_path, monkeypatch):
+    """make workbook's lock in this test process, and another process ("s1") in a shared turn until
+    the test touches s1.release."""
     lock = tmp_path / "turns"
     monkeypatch.setenv(turns.ENV, str(lock))
     s1 = _start("s1", "shared", tmp_path, lock)
-    box = {}
     try:
         _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
-        runs = tmp_path / "runs"
-        t = threading.Thread(target=lambda: box.update(r=ddplab.run("07", variant="link", run_root=runs,
-                                                                    progress=None)))
-        t.start()
+        yield s1
+    finally:
+        (tmp_path / "s1.release").touch()
+        try:
+            s1.wait(timeout=30)
+        finally:
+            s1.kill()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_measured_run_starts_its_job_at_once_but_its_ranks_wait_for_the_machine(tmp_path, shared_turn):
+    # make workbook: lab 07's link run measures all-reduce bandwidth. A shared turn is in progress,
+    # so its job starts (agent, ranks, import torch) but no rank may get past ddplab.lab's import
+    # (where anything is timed) until the shared run has ended.
+    box = {}
+    runs = tmp_path / "runs"
+    t = threading.Thread(target=lambda: box.update(r=ddplab.run("07", variant="link", run_root=runs, progress=None)))
+    t.start()
+    try:
         _until(lambda: any(runs.rglob("command.json")), "the measured job is started while s1 runs")
         d = next(runs.rglob("command.json")).parent
         for rank in (0, 1):
             _until(lambda: "wait_for_go" in _rank_frames(d, rank), f"rank {rank} waits for the machine", 120)
-        assert not (d / "machine.go").exists()
-        assert not (d / "ranks" / "rank0.records.jsonl").exists() or not (d / "ranks" / "rank0.records.jsonl").read_text()
-        (tmp_path / "s1.release").touch()
-        t.join(timeout=150)
-        r = box["r"]
-        assert r.status == "ok" and s1.wait(timeout=30) == 0
-        first = min(rec["t"] for k in r.ranks for rec in k.records)
-        assert (d / "machine.go").stat().st_mtime <= first     # the machine was given, then the ranks began
+        records = d / "ranks" / "rank0.records.jsonl"
+        assert not (d / "machine.go").exists() and not (records.exists() and records.read_text())
     finally:
         (tmp_path / "s1.release").touch()
-        s1.kill()
+        t.join(timeout=150)
+    r = box["r"]
+    assert r.status == "ok" and shared_turn.wait(timeout=30) == 0
+    first = min(rec["t"] for k in r.ranks for rec in k.records)
+    assert (d / "machine.go").stat().st_mtime <= first     # the machine was given, then the ranks began
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
-def test_a_run_judged_by_status_only_shares_the_machine(tmp_path, monkeypatch):
-    lock = tmp_path / "turns"
-    monkeypatch.setenv(turns.ENV, str(lock))
-    s1 = _start("s1", "shared", tmp_path, lock)
-    try:
-        _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
-        with turns.judged_by_status():
-            r = ddplab.run("07", variant="link", run_root=tmp_path / "runs", progress=None)
-        assert r.status == "ok" and not (Path(r.run_dir) / "machine.go").exists()
-        assert not (tmp_path / "s1.out").exists()            # s1 was still in its turn all along
-    finally:
-        (tmp_path / "s1.release").touch()
-        assert s1.wait(timeout=30) == 0
+def test_a_run_judged_by_status_only_shares_the_machine(tmp_path, shared_turn):
+    with turns.judged_by_status():
+        r = ddplab.run("07", variant="link", run_root=tmp_path / "runs", progress=None)
+    assert r.status == "ok" and not (Path(r.run_dir) / "machine.go").exists()
+    assert shared_turn.poll() is None and not (tmp_path / "s1.out").exists()   # s1 was in its turn all along
 
 
 def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
