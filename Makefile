@@ -45,6 +45,9 @@ $(STAMP): pyproject.toml constraints.txt
 	    $(BIN)/python -m pip install --quiet -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch && \
 	    $(INSTALL) -e .; \
 	fi
+	# the package is installed editable: its bytecode is compiled here once, since every rank and
+	# torchrun agent imports it and an environment may forbid writing it (PYTHONDONTWRITEBYTECODE)
+	$(BIN)/python -m compileall -q src/ddplab
 	touch $(STAMP)
 
 # the test extra (pytest, Playwright, JupyterLab) on top: make workbook does not wait for it

@@ -5,11 +5,11 @@
     r.status, r.signature, r.explain()
 
 Importing ddplab does not import torch (ranks do, through ``ddplab.lab``), so the launcher and the
-CLI start fast.
+CLI start fast; ``run`` and the result classes are imported when first used, since every rank
+(``ddplab.lab``) and every torchrun agent (``ddplab._torchrun``) imports this package and needs
+neither the launcher nor the engine.
 """
 from .errors import DdplabError
-from .launch import run
-from .result import RankResult, RunResult
 
 __all__ = ["run", "RunResult", "RankResult", "DdplabError", "labs"]
 __version__ = "0.1.0"
@@ -20,3 +20,13 @@ def labs():
     from .catalog import labs as _labs
 
     return _labs()
+
+
+def __getattr__(name: str):
+    if name == "run":
+        from .launch import run
+        return run
+    if name in ("RunResult", "RankResult"):
+        from . import result
+        return getattr(result, name)
+    raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
