@@ -174,3 +174,18 @@ def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
     p = subprocess.run([sys.executable, "-c", "from ddplab import turns; turns.wait_for_go()"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and f"launcher (pid {dead.pid})" in p.stderr
+
+
+def test_every_lab_with_a_measured_variant_imports_ddplab_lab_where_its_ranks_wait():
+    # the early alone turn relies on it: a script that never imported ddplab.lab would be timed on a
+    # machine still shared with the runs in progress
+    import ast
+    from ddplab import catalog
+
+    measured = [lab for lab in catalog.labs() if any(v.measured for v in lab.variants)]
+    assert {lab.number for lab in measured} >= {"07", "09", "10", "11"}
+    for lab in measured:
+        tree = ast.parse(lab.path.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ddplab"
+                    for a in n.names} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "lab" in imported or "ddplab.lab" in imported, f"{lab.path.name} does not import ddplab.lab"
