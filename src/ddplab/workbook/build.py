@@ -353,8 +353,8 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
         os.environ[turns.ENV] = str(out / "turns")     # the kernels papermill starts inherit it
         from concurrent.futures import ProcessPoolExecutor, as_completed
         # the variants the stored notebooks did not show are short runs: they go into the pool
-        # right after the first notebooks, not last, where one of them that has the machine alone
-        # (07's dataparallel) made the build's tail one run at a time (about 20 s)
+        # right after the first notebooks. Last, they made the build's tail one run at a time
+        # (about 20 s; 07's dataparallel then had the machine alone, now it shares: run_here)
         extra = shown_by_stored(chosen) or []
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(execute_one, nb, out, parameters): None for nb in together[:jobs]}
