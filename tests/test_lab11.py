@@ -135,7 +135,11 @@ def test_slow_loader_stopped_mid_wait_names_the_dataloader_not_a_hang(r_stopped)
     assert r_stopped.status == "interrupted" and r_stopped.status != "hung"
     assert r_stopped.signature == "rank-waits-for-data"
     w0, w1 = r_stopped.rank(0).where, r_stopped.rank(1).where
-    assert (w0.kind, w0.op, w0.via) == ("collective", "all_reduce", "ddp-backward")
+    # rank 0 waits for rank 1 in one of its two collectives a step: which one it is in when the stacks
+    # are read is a race (CI at a60b4ea, under load: the all-reduce had ended, it was in the next
+    # forward's buffer broadcast); the notebook prints only the kinds for the same reason
+    assert (w0.kind, w0.op, w0.via) in {("collective", "all_reduce", "ddp-backward"),
+                                        ("collective", "broadcast", "ddp-forward-buffers")}
     assert w1.kind == "dataloader" and w1.frame.func == "epoch" and w1.frame.file.endswith("11_amp_input.py")
 
 
@@ -214,15 +218,26 @@ def test_check_unsynced_scale(r_unsynced, answer, ok):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("answer, ok", [
-    (("all_reduce", 1), True), (["all_reduce", 1], True), ((" all_reduce ", 1), True),
-    (("all_reduce", 0), False),   # the other rank
-    (("all_reduce", 2), False),   # neighbouring value
+    (("OP", 1), True), (["OP", 1], True), ((" OP ", 1), True),
+    (("OP", 0), False),   # the other rank
+    (("OP", 2), False),   # neighbouring value
     (("all", 1), False), (("reduce", 1), False), (("", 1), False),       # substrings, empty
-    (("broadcast", 1), False), (("dataloader", 1), False), (("all_gather", 1), False),
-    ("all_reduce", False), (("all_reduce", "1"), False), ((1, "all_reduce"), False), (("all_reduce", True), False),
-    ((), False), (None, False), (("all_reduce", 1, 0), False),
+    (("OTHER", 1), False), (("dataloader", 1), False), (("all_gather", 1), False),
+    ("OP", False), (("OP", "1"), False), ((1, "OP"), False), (("OP", True), False),
+    ((), False), (None, False), (("OP", 1, 0), False),
 ])
 def test_check_where_rank0_waits(r_stopped, answer, ok):
+    # OP: the collective rank 0 was caught in (the backward all-reduce, or the next forward's buffer
+    # broadcast: a race); OTHER: the other one of the two
+    op = r_stopped.rank(0).where.op
+    other = "broadcast" if op == "all_reduce" else "all_reduce"
+
+    def fill(x):
+        if isinstance(x, str):
+            return x.replace("OTHER", other).replace("OP", op)
+        return type(x)(fill(y) for y in x) if isinstance(x, (tuple, list)) else x
+
+    answer = fill(answer)
     c = lab11.check_where_rank0_waits(answer, r_stopped)
     assert c.passed is ok
     if not ok:   # a hint, not the answer
@@ -230,7 +245,7 @@ def test_check_where_rank0_waits(r_stopped, answer, ok):
         msg = c.message
         for part in shown:
             msg = msg.replace(part, "")
-        assert "all_reduce" not in msg
+        assert op not in msg
 
 
 # ------------------------------------------------------------------------------------------------
