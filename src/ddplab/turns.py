@@ -48,6 +48,13 @@ class Turn:
                 pass
         return self._granted
 
+    def wait(self) -> None:
+        """Block (in the kernel's lock wait) until the machine is this turn's."""
+        if not self._granted:
+            import fcntl
+            fcntl.flock(self._machine, fcntl.LOCK_EX)
+            self._granted = True
+
 
 @contextmanager
 def judged_by_status():
@@ -97,10 +104,11 @@ def turn(alone: bool, early: bool = False):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "turnstile"), "a") as gate, open(os.path.join(folder, "machine"), "a") as machine:
         fcntl.flock(gate, fcntl.LOCK_EX)
-        if alone and early:
+        if alone:                                 # holds the turnstile to the end: no run starts after it
             t = Turn(machine)
             try:
-                t.ready()
+                if not early:
+                    t.wait()
                 yield t
             finally:
                 if t._granted:
@@ -108,15 +116,10 @@ def turn(alone: bool, early: bool = False):
                 fcntl.flock(gate, fcntl.LOCK_UN)
             return
         try:
-            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        except BaseException:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-            raise
-        if not alone:
+            fcntl.flock(machine, fcntl.LOCK_SH)
+        finally:
             fcntl.flock(gate, fcntl.LOCK_UN)      # let the next one in; an alone run waiting holds it
         try:
             yield Turn()
         finally:
             fcntl.flock(machine, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import catalog
+from .. import catalog, turns
 from ..launch import run
 from ..result import RunResult
 
@@ -236,7 +236,6 @@ def run_here(number: str, variant: str, out: Path) -> dict:
     its result in out/results/); the result as saved."""
     lab = catalog.find_lab(number)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    from .. import turns
     # judged by status and signature only: it shares the machine even where its variant measures
     with _runs_dir(out / "runs" / "_build"), turns.judged_by_status():
         r: RunResult = _runner(lab.number)(variant)
@@ -349,7 +348,6 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
     together, alone = schedule(chosen, jobs)
     ran_here: list[dict] = []
     if together:
-        from .. import turns
         os.environ[turns.ENV] = str(out / "turns")     # the kernels papermill starts inherit it
         from concurrent.futures import ProcessPoolExecutor, as_completed
         # the variants the stored notebooks did not show are short runs: they go into the pool
