@@ -4,6 +4,9 @@ It is ``torch.distributed.run`` itself (the same argument parser, agent, rendezv
 output); the only addition is that the ``ChildFailedError`` torchrun raises when a worker fails is
 written to RESULT.json as fields (each failed rank's exit code, signal, pid, time and error file)
 before it propagates as usual. ddplab reads that file instead of parsing torchrun's printed summary.
+
+``python -m ddplab._torchrun --warm FD`` is the warm process of ``ddplab.warm``: it imports torch once
+and forks one agent per run, each of which runs ``main`` as above.
 """
 from __future__ import annotations
 
@@ -39,4 +42,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--warm"]:
+        # the warm process that forks each run's agent (ddplab.warm)
+        from ddplab.warm import serve
+        serve(int(sys.argv[2]))
+    else:
+        main(sys.argv[1:])

@@ -40,6 +40,25 @@ def _is_torchrun(p: psutil.Process) -> bool:
         any(c in ("torch.distributed.run", "ddplab._torchrun", "torch.distributed.launch") for c in cmd[:4])
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _is_warm_parent(p: psutil.Process) -> bool:
+    """ddplab.warm's process (its forked agents share its command line; their parent is it)."""
+    cmd = _cmdline(p)
+    if "--warm" not in cmd[3:5]:
+        return False
+    try:
+        parent = p.parent()
+    except psutil.Error:
+        return True
+    return parent is None or _cmdline(parent) != cmd
+
+
 def _env(p: psutil.Process) -> dict:
     try:
         return p.environ()
@@ -99,6 +118,9 @@ def find_job(pid: int) -> Found:
     else:
         raise DdplabError(f"pid {pid} is {_describe(p)}, not a torchrun job or one of its ranks",
                           hint="pass the pid of torchrun or of a rank (a process with RANK and LOCAL_RANK in its environment)")
+    if agent is p and _is_warm_parent(p):
+        raise DdplabError(f"pid {pid} is ddplab's warm process, which forks each run's torchrun agent; it runs no ranks",
+                          hint="pass the pid of one of its children (an agent) or of a rank")
     candidates = agent.children(recursive=False) if agent is not None else [p]
     ranks, world = {}, None
     for c in candidates:

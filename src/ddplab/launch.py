@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import catalog, classify, evidence, render, turns
+from . import catalog, classify, evidence, render, turns, warm
 from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
@@ -175,7 +175,6 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
     go = None if turn.ready() else job.run_dir / "machine.go"   # created once the machine is the run's
     if go is not None:
         penv[turns.GO_ENV] = f"{go} {os.getpid()}"
-    (job.run_dir / "command.json").write_text(json.dumps({"command": cmd, "env": dict(job.env)}, indent=2))
     show = auto_progress() if progress == "auto" else progress
     echo = _Echo(job.run_dir, before_line=getattr(show, "close", None) if isinstance(show, TerminalProgress) else None) \
         if stream else None
@@ -183,8 +182,14 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
     t0 = time.monotonic()
     with open(job.run_dir / "torchrun.log", "wb") as console:
         # Own session: Ctrl-C in a terminal does not reach torchrun directly; ddplab ends it below.
-        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=penv, start_new_session=True)
+        # A single-node job's agent is forked from a process that imported torch already (ddplab.warm).
+        proc = warm.start(cmd, penv, console) if cluster is None else \
+            subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=penv, start_new_session=True)
+    # which agent ran it: forked warm (its parent: ddplab.warm's process) or started cold
+    (job.run_dir / "command.json").write_text(json.dumps(
+        {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
+         "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
     sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0)
     ended_by: str | None = None
     result: RunResult | None = None

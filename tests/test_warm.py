@@ -1,0 +1,97 @@
+"""ddplab.warm for real: each run's torchrun agent forked from a process that imported torch once.
+The forked agent must be torchrun in every way the launcher and a learner can see (status, exit
+code, evidence, nothing left running), go cold when it cannot be warm, and the warm process must
+go when its launcher goes, however the launcher ends."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+import ddplab
+from ddplab import warm
+
+pytestmark = pytest.mark.skipif(not warm.enabled(), reason="warm agents fork after importing torch: Linux only")
+
+
+def _agent(result) -> dict:
+    return json.loads((Path(result.run_dir) / "command.json").read_text())
+
+
+def test_runs_use_one_warm_process_and_judge_as_cold_runs_do(tmp_path, monkeypatch):
+    runs = {}
+    for kind in ("cold", "warm"):
+        monkeypatch.setenv(warm.ENV, "0" if kind == "cold" else "1")
+        runs[kind] = [ddplab.run("01", variant=v, run_root=tmp_path / kind) for v in ("fixed-sampler", "broken")]
+        runs[kind].append(ddplab.run("06", variant="missing-rank", run_root=tmp_path / kind))
+    srv = warm.server()
+    for cold, hot in zip(runs["cold"], runs["warm"]):
+        assert _agent(cold)["warm_parent"] is None
+        assert _agent(hot)["warm_parent"] == srv.proc.pid       # one warm process for every run
+        assert (hot.status, hot.signature, hot.returncode, hot.leftover) == \
+            (cold.status, cold.signature, cold.returncode, cold.leftover)
+        assert [r.where and r.where.kind for r in hot.ranks] == [r.where and r.where.kind for r in cold.ranks]
+        if hot.returncode is not None:   # it ended by itself: ddplab._torchrun's outcome, as data
+            assert json.loads((Path(hot.run_dir) / "torchrun.json").read_text())["returncode"] == hot.returncode
+    ok, hung, failed = runs["warm"]
+    assert (ok.status, ok.returncode) == ("ok", 0)
+    assert hung.status == "hung" and hung.returncode is None and hung.leftover == ()
+    assert failed.status == "failed" and failed.returncode == 1     # torchrun's ChildFailedError: exit 1
+    # the agent's console is the run's torchrun.log, as a cold agent's is
+    assert "ChildFailedError" in (Path(failed.run_dir) / "torchrun.log").read_text()
+    # the ranks were the forked agent's children: fresh processes, not forks of the warm process
+    info = json.loads((Path(ok.run_dir) / "ranks" / "rank0.json").read_text())
+    assert info["pid"] != _agent(ok)["agent_pid"]
+
+
+def test_an_environment_torch_reads_at_import_goes_cold(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm.ENV, "1")
+    r = ddplab.run("01", variant="fixed-sampler", env={"TORCH_CPP_LOG_LEVEL": "INFO"}, run_root=tmp_path)
+    assert r.status == "ok"
+    assert _agent(r)["warm_parent"] is None
+    # the launcher's own per-run variables do not make a run cold
+    assert warm.import_environment({"PYTHONPATH": "x", "TORCH_FR_BUFFER_SIZE": "9", "OMP_NUM_THREADS": "1"}) == {}
+
+
+LAUNCHER = textwrap.dedent("""
+    import os, sys, time
+    import ddplab
+    from ddplab import warm
+    r = ddplab.run("01", variant="fixed-sampler", run_root=sys.argv[1])
+    print(r.status, warm.server().proc.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_the_warm_process_goes_with_its_launcher(tmp_path, how):
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, warm.ENV: "1"})
+    try:
+        status, pid = proc.stdout.readline().split()
+        assert status == "ok"
+        srv = psutil.Process(int(pid))
+        assert srv.ppid() == proc.pid
+        proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs([srv], timeout=30)   # it sees its end of the pair close
+        assert not alive, f"the warm process {pid} outlived its launcher ({how})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_attach_to_the_warm_process_says_what_it_is(tmp_path, monkeypatch):
+    from ddplab.attach import find_job
+    from ddplab.errors import DdplabError
+
+    monkeypatch.setenv(warm.ENV, "1")
+    ddplab.run("01", variant="fixed-sampler", run_root=tmp_path)
+    with pytest.raises(DdplabError, match="warm process"):
+        find_job(warm.server().proc.pid)
