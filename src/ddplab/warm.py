@@ -221,6 +221,15 @@ def server() -> Server | None:
         return _server
 
 
+def prestart() -> None:
+    """Start this process's warm process now, without waiting for it (a notebook imports its lab
+    module a few cells before its first run: the import overlaps them)."""
+    try:
+        server()
+    except Exception:   # noqa: BLE001 - the first run starts it, or goes cold
+        pass
+
+
 def start(cmd: list[str], env: dict[str, str], console, **_ignored) -> "WarmProcess | subprocess.Popen":
     """The run's torchrun agent: forked warm where it can be, else ``subprocess.Popen`` (own session,
     stdin from /dev/null, stdout and stderr to ``console``) as before."""
