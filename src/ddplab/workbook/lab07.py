@@ -519,7 +519,7 @@ def claim_check(grid, srows, frows, link, copy_bw, mrows, dp=None) -> ClaimCheck
     return ClaimCheck([
         c_freq.judge(
             "; ".join(f"{r['label']}: {r['speedup']:.2f}x samples/s ({r['bytes_ratio']:.2f}x bytes per sample), "
-                      f"over 1.1x in {gains[r['label']][0]} of {gains[r['label']][1]} rounds "
+                      f"over {GAIN:g}x in {gains[r['label']][0]} of {gains[r['label']][1]} rounds "
                       f"(p = {gains[r['label']][2]:.3f})" for r in fewer + smaller)
             + f"; baseline: {by['none']['samples_per_s']:,.0f} samples/s, communication {100 * by['none']['comm_frac']:.0f}% "
               f"of the step",

@@ -18,7 +18,7 @@ from ddplab.errors import DdplabError
 from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, rank_sum_p
 
 LAB = "09"
-RATES_MBIT = (None, 1000, 300, 100)        # None: no cap (the namespace link's own speed)
+RATES_MBIT = (None, 300, 100)              # None: no cap (the namespace link's own speed)
 HOOKS = ("none", "fp16", "bf16", "powersgd")
 RDZV_PORT = 29400                          # ddplab.job.CLUSTER_RDZV_PORT, the port every variant leaves open
 
@@ -78,19 +78,21 @@ def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percen
 # ----------------------------------------------------------------------------------------------
 
 def _steps(result, hook: str | None) -> list[dict]:
-    """Each rank's "steps" record for ``hook`` (None: the run's own model, the first it timed)."""
+    """Each rank's "steps" record for ``hook`` (None: the run's own model, the first it timed); a
+    DdplabError when a rank has none (the run did not end ok)."""
     recs = result.records_of("steps")
     hook = hook or (recs[0]["hook"] if recs else None)
-    return [s for s in recs if s["hook"] == hook]
+    steps = [s for s in recs if s["hook"] == hook]
+    if len(steps) != result.nproc:
+        raise DdplabError(f"this run has no step times ({result.headline()})",
+                          hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
+    return steps
 
 
 def step_times(result, hook: str | None = None) -> list[float]:
     """Every timed step of a run, in ms: at each step the slowest rank's time (the job waits for it).
     ``hook``: the model timed with that hook in a run that compared several (None: the run's own)."""
-    rows = [s["all_ms"] for s in _steps(result, hook) if s.get("all_ms")]
-    if len(rows) != result.nproc:
-        raise DdplabError(f"this run has no step times ({result.headline()})",
-                          hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
+    rows = [s["all_ms"] for s in _steps(result, hook)]
     return [max(col) for col in zip(*rows)]
 
 
@@ -100,9 +102,6 @@ def step_facts(result, hook: str | None = None) -> dict:
     for step_times."""
     steps = _steps(result, hook)
     joined = result.records_of("joined")
-    if len(steps) != result.nproc:
-        raise DdplabError(f"this run has no step times ({result.headline()})",
-                          hint="pass a run that ended ok (slow-link, fixed-compress, lossy-link, a fixed-* variant)")
     return {"step_ms": round(max(s["best_ms"] for s in steps), 2),          # the slowest rank's fastest step
             "median_ms": round(max(s["step_ms"] for s in steps), 2),
             "compute_ms": round(max(s["compute_ms"] for s in steps), 2),
@@ -306,9 +305,9 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
     if free is None or low is None:
         raise DdplabError("the sweep has no uncapped or no capped plain-DDP point",
                           hint="run sweep() with rates that include None and at least one cap")
-    lossy_f = lossy.status == "ok"
+    lossy_ok = lossy.status == "ok"
     base_steps = step_times(lossless)
-    if lossy_f:
+    if lossy_ok:
         lossy_steps = step_times(lossy)
         p_slower = rank_sum_p(lossy_steps, base_steps)
     drop = _drop_percent(lossy)
@@ -323,10 +322,10 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
             f"{drop}% of node 1's incoming packets dropped: job {lossy.status}"
             + (f", median step {statistics.median(lossy_steps):.0f} ms (slowest {max(lossy_steps):.0f}) against "
                f"{statistics.median(base_steps):.0f} ms (slowest {max(base_steps):.0f}) without loss over "
-               f"{len(lossy_steps)} and {len(base_steps)} steps, rank-sum p = {p_slower:.3f}" if lossy_f else "")
+               f"{len(lossy_steps)} and {len(base_steps)} steps, rank-sum p = {p_slower:.3f}" if lossy_ok else "")
             + ("; judged hung: no rank made progress for the stall window" if lossy.status == "hung" else
                "; every rank kept making progress: TCP retransmitted what was dropped"),
-            slower=(lossy_f and p_slower <= P_LEVEL) or lossy.status == "hung",
+            slower=(lossy_ok and p_slower <= P_LEVEL) or lossy.status == "hung",
             stalls=lossy.status == "hung"),
         c_fw.judge(
             f"node 0 accepts port {fw.rdzv_port} only: job {fw.status} [{fw.signature}]; unanswered connections: "
