@@ -7,6 +7,10 @@
    same machine. Target: ddplab <= 1.15x bare torchrun.
 2. Seconds from the ranks' last progress to a returned diagnosis for lab 01's hang (the stall
    window, then evidence read, job ended, result built). Target: <= stall window + 2 s.
+3. Warm agents (ddplab.warm): in one process, as a notebook runs them, the median wall time of
+   `ddplab.run` on the trivial script with torchrun's agent forked warm against started cold
+   (DDPLAB_WARM_AGENT=0), interleaved. Target: warm <= 0.85x
+   cold wall.
 """
 import argparse
 import os
@@ -52,6 +56,20 @@ def main() -> None:
         print(f"hang {i + 1}: {r.status} [{r.signature}] returned {lags[-1]:.2f} s after the ranks' last progress",
               flush=True)
 
+    warm_s, cold_s = [], []
+    for i in range(a.runs + 1):
+        for kind, out in (("cold", cold_s), ("warm", warm_s)):
+            os.environ["DDPLAB_WARM_AGENT"] = "0" if kind == "cold" else "1"
+            t0 = time.perf_counter()
+            r = ddplab.run(str(TRIVIAL), nproc=2, run_root=runs_dir, progress=None)
+            if i:   # the first pair starts the warm process: not a steady-state run
+                out.append(time.perf_counter() - t0)
+            assert r.status == "ok", r.headline()
+        if i:
+            print(f"pair {i}: cold agent {cold_s[-1]:.2f} s, warm agent {warm_s[-1]:.2f} s", flush=True)
+    os.environ.pop("DDPLAB_WARM_AGENT")
+    mw, mc = statistics.median(warm_s), statistics.median(cold_s)
+
     print()
     print(f"{'measure':<48} {'value':>10}")
     print(f"{'median wall, bare torchrun (s)':<48} {mb:>10.2f}")
@@ -59,6 +77,9 @@ def main() -> None:
     print(f"{'ratio ddplab / bare (target <= 1.15)':<48} {mo / mb:>10.3f}")
     print(f"{'last progress -> diagnosis, median of 3 (s, <= 5)':<48} {statistics.median(lags):>10.2f}")
     print(f"{'last progress -> diagnosis, worst of 3 (s)':<48} {max(lags):>10.2f}")
+    print(f"{'median ddplab.run, cold agent (s)':<48} {mc:>10.2f}")
+    print(f"{'median ddplab.run, warm agent (s)':<48} {mw:>10.2f}")
+    print(f"{'ratio warm / cold (target <= 0.85)':<48} {mw / mc:>10.3f}")
 
 
 if __name__ == "__main__":

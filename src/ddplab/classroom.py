@@ -35,6 +35,10 @@ import psutil
 RUN_MB = 870
 KERNEL_MB = 180
 JUPYTERLAB_MB = 150
+# WARM_MB: the warm process that forks each run's torchrun agent (ddplab.warm), resident in every
+# learner's kernel between runs: 207 MB of its own (USS; 219 MB RSS) with torch imported. RUN_MB was
+# measured with cold agents, whose ~220 MB the forked agent now shares with it.
+WARM_MB = 210
 # The most ranks per core at which every verdict of the benchmark's K learners stayed right here,
 # measured after the engine's runnable-thread rule (2026-11-23, idle machine at the start): K=1, 2,
 # 4, 6, 6 again, 8 and 10 learners (up to 20 ranks on 2 cores, load average up to 19) gave every
@@ -138,7 +142,7 @@ def check(learners: int, env: dict | None = None) -> Check:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     mem = psutil.virtual_memory()
     avail_mb = mem.available // 2**20
-    per_learner_mb = JUPYTERLAB_MB + KERNEL_MB + RUN_MB
+    per_learner_mb = JUPYTERLAB_MB + KERNEL_MB + RUN_MB + WARM_MB
     need_mb = learners * per_learner_mb
     by_memory = int(avail_mb // per_learner_mb)
     by_cores = int(RANKS_PER_CORE_OK * cores // NPROC)
