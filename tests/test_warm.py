@@ -95,3 +95,25 @@ def test_attach_to_the_warm_process_says_what_it_is(tmp_path, monkeypatch):
     ddplab.run("01", variant="fixed-sampler", run_root=tmp_path)
     with pytest.raises(DdplabError, match="warm process"):
         find_job(warm.server().proc.pid)
+
+
+def _run_in_forked_worker(run_root: str) -> tuple:
+    forgot = warm._server is None
+    r = ddplab.run("01", variant="fixed-sampler", run_root=run_root)
+    return forgot, r.status, _agent(r)["warm_parent"], warm.server().proc.pid
+
+
+def test_a_forked_worker_gets_a_warm_process_of_its_own(tmp_path, monkeypatch):
+    # make workbook's ProcessPoolExecutor forks its workers from a process that may hold one
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    monkeypatch.setenv(warm.ENV, "1")
+    parent = warm.server()
+    assert parent is not None and parent.wait_ready()
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+        forgot, status, used, own = pool.submit(_run_in_forked_worker, str(tmp_path)).result(timeout=120)
+    assert forgot and status == "ok"
+    assert used == own != parent.proc.pid
+    r = ddplab.run("01", variant="fixed-sampler", run_root=tmp_path)    # the parent's pair still works
+    assert r.status == "ok" and _agent(r)["warm_parent"] == parent.proc.pid

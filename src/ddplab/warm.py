@@ -201,6 +201,22 @@ _server: Server | None = None
 _server_lock = threading.Lock()
 
 
+def _forget_after_fork() -> None:
+    """In a child forked from a launcher (a ProcessPoolExecutor worker, say): the parent's warm
+    process is not this one's to use, and this copy of the pair must not keep it alive."""
+    global _server, _server_lock
+    if _server is not None:
+        try:
+            _server.sock.close()
+        except OSError:
+            pass
+    _server, _server_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def server() -> Server | None:
     """This process's warm process, started on first use (None where warm agents are off)."""
     global _server
@@ -219,15 +235,6 @@ def server() -> Server | None:
                 return None
             atexit.register(_server.close)
         return _server
-
-
-def prestart() -> None:
-    """Start this process's warm process now, without waiting for it (a notebook imports its lab
-    module a few cells before its first run: the import overlaps them)."""
-    try:
-        server()
-    except Exception:   # noqa: BLE001 - the first run starts it, or goes cold
-        pass
 
 
 def start(cmd: list[str], env: dict[str, str], console, **_ignored) -> "WarmProcess | subprocess.Popen":
@@ -325,6 +332,7 @@ def _agent(sock: socket.socket, req: dict, fds: list[int], main) -> None:
         os.environ.update(req["env"])
         random.seed()
         sys.argv = ["-m", *req["argv"]]
+        sys.stdout.reconfigure(line_buffering=True)   # as PYTHONUNBUFFERED would have it, near enough
         try:
             main(req["argv"])
             code = 0
