@@ -43,8 +43,9 @@ def setup(backend: str | None = None, timeout_s: float | None = None, device: st
     """Join the process group from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR/PORT), like nanoGPT's train.py.
 
-    NCCL and ``cuda:LOCAL_RANK`` when a GPU is there for this rank (or DDPLAB_DEVICE=cuda), else
-    gloo on the CPU. ``timeout_s`` sets the process group's collective timeout (PyTorch's default
+    NCCL and ``cuda:LOCAL_RANK`` when this node has a GPU for every one of its ranks (or
+    DDPLAB_DEVICE=cuda), else gloo on the CPU for all of them: every rank must pick the same backend
+    (with one GPU and two ranks, rank 0 on NCCL and rank 1 on gloo waited for each other for ever). ``timeout_s`` sets the process group's collective timeout (PyTorch's default
     is 30 minutes: ``torch.distributed.constants.default_pg_timeout``).
     """
     global _CTX
@@ -54,7 +55,9 @@ def setup(backend: str | None = None, timeout_s: float | None = None, device: st
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     want = device or os.environ.get("DDPLAB_DEVICE", "auto")
-    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available() and local < torch.cuda.device_count())
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available()
+                                  and torch.cuda.device_count() >= local_world)
     if use_cuda:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
