@@ -32,10 +32,7 @@ DEFAULT_WATCH_S = 20.0      # give up watching a job that keeps making progress 
 
 
 def _is_torchrun(p: psutil.Process) -> bool:
-    try:
-        cmd = p.cmdline()
-    except psutil.Error:
-        return False
+    cmd = _cmdline(p)
     return any(os.path.basename(c) == "torchrun" for c in cmd[:2]) or \
         any(c in ("torch.distributed.run", "ddplab._torchrun", "torch.distributed.launch") for c in cmd[:4])
 

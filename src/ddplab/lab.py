@@ -45,8 +45,9 @@ def setup(backend: str | None = None, timeout_s: float | None = None, device: st
 
     NCCL and ``cuda:LOCAL_RANK`` when this node has a GPU for every one of its ranks (or
     DDPLAB_DEVICE=cuda), else gloo on the CPU for all of them: every rank must pick the same backend
-    (with one GPU and two ranks, rank 0 on NCCL and rank 1 on gloo waited for each other for ever). ``timeout_s`` sets the process group's collective timeout (PyTorch's default
-    is 30 minutes: ``torch.distributed.constants.default_pg_timeout``).
+    (with one GPU and two ranks, rank 0 on NCCL and rank 1 on gloo waited for each other for ever).
+    ``timeout_s`` sets the process group's collective timeout (PyTorch's default is 30 minutes:
+    ``torch.distributed.constants.default_pg_timeout``).
     """
     global _CTX
     if "RANK" not in os.environ:

@@ -183,9 +183,7 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
         # Own session: Ctrl-C in a terminal does not reach torchrun directly; ddplab ends it below.
         # A single-node job's agent is forked from a process that imported torch already (ddplab.warm:
         # the first run may wait for that import, which is neither the job's time nor a stall).
-        proc = warm.start(cmd, penv, console) if cluster is None else \
-            subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=penv, start_new_session=True)
+        proc = warm.start(cmd, penv, console)
     t0 = time.monotonic()   # the job's clock starts with its agent
     # which agent ran it: forked warm (its parent: ddplab.warm's process) or started cold
     (job.run_dir / "command.json").write_text(json.dumps(

@@ -38,6 +38,7 @@ ENV = "DDPLAB_WARM_AGENT"
 # the agent reads them after the fork, not at import.
 PER_RUN = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "TORCH_FR_BUFFER_SIZE"})
 IMPORT_PREFIXES = ("TORCH_", "PYTORCH_", "LOGLEVEL", "PYTHON", "LD_PRELOAD", "LD_LIBRARY_PATH")
+AGENT = [sys.executable, "-m", "ddplab._torchrun"]   # how job.torchrun_command starts an agent
 READY_S = 60.0          # the warm process's import: 1.5 s here; a loaded machine takes longer
 MAX_PACKET = 1 << 20
 
@@ -82,7 +83,7 @@ class Server:
         env = dict(os.environ)
         self.imports = import_environment(env)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ddplab._torchrun", "--warm", str(theirs.fileno())],
+            self.proc = subprocess.Popen([*AGENT, "--warm", str(theirs.fileno())],
                                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                          start_new_session=True)
@@ -144,9 +145,9 @@ class Server:
         return self.ready and not self.broken
 
     def start(self, cmd: list[str], env: dict[str, str], console_fd: int) -> WarmProcess | None:
-        """Fork an agent for ``cmd`` (``[python, -m, ddplab._torchrun, ...]``); None when it cannot
-        be done warm (the caller starts it cold)."""
-        if cmd[:3] != [sys.executable, "-m", "ddplab._torchrun"] or import_environment(env) != self.imports:
+        """Fork an agent for ``cmd`` (``AGENT + torchrun's arguments``); None when it cannot be
+        done warm (the caller starts it cold)."""
+        if import_environment(env) != self.imports:
             return None
         if not self.wait_ready():
             return None
@@ -237,10 +238,11 @@ def server() -> Server | None:
         return _server
 
 
-def start(cmd: list[str], env: dict[str, str], console, **_ignored) -> "WarmProcess | subprocess.Popen":
-    """The run's torchrun agent: forked warm where it can be, else ``subprocess.Popen`` (own session,
-    stdin from /dev/null, stdout and stderr to ``console``) as before."""
-    srv = server()
+def start(cmd: list[str], env: dict[str, str], console) -> "WarmProcess | subprocess.Popen":
+    """The job's parent process: a torchrun agent forked warm where it can be, else ``cmd`` by
+    ``subprocess.Popen`` (own session, stdin from /dev/null, stdout and stderr to ``console``), as
+    any other command is (a multi-node job's ``python -m ddplab.cluster agents``)."""
+    srv = server() if cmd[:len(AGENT)] == AGENT else None
     if srv is not None:
         proc = srv.start(cmd, env, console.fileno())
         if proc is not None:
