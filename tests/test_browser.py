@@ -22,10 +22,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ddplab import system
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "00_start_here.ipynb"
 SHOT = ROOT / "build" / "browser-00_start_here.png"
-CHROMIUM = os.environ.get("DDPLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = system.where("chromium")          # $DDPLAB_CHROMIUM, else chromium on PATH
+NEED = system.missing(["chromium"])
 # Upper limits for waiting on a selector (ms): the page answers as soon as the selector is there;
 # these only end a test whose page never shows it. Cells start real jobs on a loaded 2-core machine.
 PAGE_MS = 120_000
@@ -35,7 +38,7 @@ playwright = pytest.importorskip("playwright.sync_api", reason="Python playwrigh
 pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (pip install -e '.[test]')")
 pytestmark = [
     pytest.mark.browser, pytest.mark.multiprocess, pytest.mark.timeout(600),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no chromium at {CHROMIUM} (apt-get install chromium)"),
+    pytest.mark.skipif(bool(NEED), reason=f"the browser test {NEED[0] if NEED else ''}"),
 ]
 
 

@@ -1,13 +1,14 @@
 """ddplab.cluster for real: namespaces, links, caps, firewall rules made and removed, and nothing left
 after an exception, SIGTERM or SIGKILL (the next Cluster removes a dead owner's objects by name)."""
 import os
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from ddplab import cluster
+from ddplab import cluster, system
 from ddplab.cluster import Cluster, Firewall
 
 needs = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
@@ -134,9 +135,15 @@ def test_live_owners_objects_are_kept():
 
 
 def test_requirement_names_what_is_missing(monkeypatch):
+    """Not root: the first thing missing is named, a tool with its install command (this machine may
+    lack nft) or else root; entering a cluster raises the same line."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     why = cluster.requirement()
-    assert why is not None and "root" in why
+    tools = system.missing(system.PARTS["labs"][1])
+    if tools:
+        assert why == tools[0] and str(why) == f"needs {tools[0].what}: apt-get install {system.PACKAGE[tools[0].what]}"
+    else:
+        assert why is not None and why.what == "root to create network namespaces"
     from ddplab.errors import DdplabError
-    with pytest.raises(DdplabError, match="root"):
+    with pytest.raises(DdplabError, match=f"lab 09 {re.escape(str(why))}"):
         Cluster(nodes=2).__enter__()

@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 
 from .errors import DdplabError
+from .system import PARTS, Need, missing
 
 PREFIX = "ddplab"
 OWNER_DIR = Path("/run/ddplab-cluster")
@@ -56,23 +57,23 @@ def _sh(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.C
     return p
 
 
-def requirement() -> str | None:
-    """None when clusters can be made here; else one line saying what is missing."""
+def requirement() -> Need | None:
+    """None when clusters can be made here; else what is missing (data: ``str`` of it is the line)."""
     if sys.platform != "linux":
-        return "lab 09 needs Linux network namespaces (ip netns); this is " + sys.platform
-    for tool, pkg in (("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables"), ("unshare", "util-linux")):
-        if shutil.which(tool) is None:
-            return f"lab 09 needs `{tool}` (apt-get install {pkg})"
+        return Need("Linux network namespaces (ip netns)", f"this is {sys.platform}: run lab 09 on Linux")
+    tools = missing(PARTS["labs"][1])
+    if tools:
+        return tools[0]
     if os.geteuid() != 0:
-        return ("lab 09 needs root to create network namespaces (sudo, or a container run with "
-                "--cap-add NET_ADMIN --cap-add SYS_ADMIN)")
+        return Need("root to create network namespaces",
+                    "run as root (sudo), or in a container run with --cap-add NET_ADMIN --cap-add SYS_ADMIN")
     return None
 
 
 def require() -> None:
     why = requirement()
     if why:
-        raise DdplabError(why, hint="lab 09's notebook keeps its stored outputs; the other labs need none of this")
+        raise DdplabError(f"lab 09 {why}", hint="lab 09's notebook keeps its stored outputs; the other labs need none of this")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ is run once more here with the lab's defaults (build/runs/_build/), so every var
 table and judged. The executed notebooks go to build/notebooks/ with `metadata.ddplab` (commit,
 executed_at, torch, cores, seconds); `--store` copies them into notebooks/ when no notebook failed (a checked cell that
 differs is reported, and the new output becomes the reference).
-Exits 1 if a notebook failed or a variant did not show its expected outcome.
+A lab whose workbook module's ``requirement()`` names something this machine lacks (lab 09: nft,
+ip, root) is skipped, notebook and variants, with that one line ("09_network: skipped (needs nft:
+apt-get install nftables)"); the table shows its variants as skipped.
+Exits 1 if a notebook failed or a variant did not show its expected outcome; a skip is neither.
 """
 from __future__ import annotations
 
@@ -185,6 +188,7 @@ class Row:
     as_expected: bool
     source: str                      # the notebook whose run is shown, or "build" (run here)
     notebook_runs: list = field(default_factory=list)   # every notebook run of it: (notebook, status, signature)
+    skipped: str | None = None       # what this machine lacks for it (system.Need as text), when not run
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -193,9 +197,14 @@ class Row:
 @dataclass
 class NotebookRun:
     name: str
-    status: str                      # "ok" or "failed: ..." or "checked output differs: ..."
+    status: str                      # "ok", "failed: ...", "checked output differs: ..." or "skipped"
     seconds: float
     runs: int                        # result.json files its runs left
+    skipped: str | None = None       # what this machine lacks for it (system.Need as text)
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok" and self.skipped is None
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -218,6 +227,17 @@ def _matches(v: catalog.Variant, status: str, signature: str | None) -> bool:
 
 def _expected(v: catalog.Variant) -> str:
     return v.expect + (f" [{v.signature}]" if v.signature else "")
+
+
+def requirement(number: str):
+    """What this machine lacks for lab ``number`` (its workbook module's ``requirement()``: a
+    system.Need), or None when it can run here (or declares no requirement)."""
+    try:
+        mod = importlib.import_module(f"ddplab.workbook.lab{number}")
+    except ModuleNotFoundError:
+        return None
+    fn = getattr(mod, "requirement", None)
+    return fn() if fn is not None else None
 
 
 def _runner(number: str):
@@ -256,6 +276,11 @@ def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]]
     (out / "results").mkdir(parents=True, exist_ok=True)
     for lab in catalog.labs():
         if numbers and lab.number not in numbers:
+            continue
+        need = requirement(lab.number)
+        if need is not None:
+            rows += [Row(lab.number, v.name, _expected(v), "skipped", None, 0.0, False, "build", [], str(need))
+                     for v in lab.variants]
             continue
         for v in lab.variants:
             seen = [(nb, d) for nb, results in by_notebook.items() for d in results
@@ -297,8 +322,13 @@ def shown_by_stored(chosen: list[Path]) -> list[tuple[str, str]] | None:
 
 def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["NotebookRun", list[dict]]:
     """Execute one notebook into out/notebooks/ with its runs under out/runs/<notebook>/, compare its
-    marked cells, record metadata.ddplab; its NotebookRun and the results its runs saved."""
+    marked cells, record metadata.ddplab; its NotebookRun and the results its runs saved. A notebook
+    whose lab this machine cannot run (``requirement``) is not executed: its run says what is missing."""
     import nbformat
+
+    need = requirement(nb.name[:2])
+    if need is not None:
+        return NotebookRun(nb.name, "skipped", 0.0, 0, str(need)), []
 
     out = out.resolve()   # the kernel runs in notebooks/: a relative runs folder would land there
     runs_dir = out / "runs" / nb.stem
@@ -342,6 +372,9 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
 
     def _report(run: NotebookRun, res: list[dict]) -> None:
         done[run.name], results[Path(run.name).stem] = run, res
+        if run.skipped:
+            print(f"-- notebook {Path(run.name).stem}: skipped ({run.skipped})", flush=True)
+            return
         print(f"{'  ' if run.status == 'ok' else '!!'} notebook {run.name:<28} {run.seconds:6.1f} s  "
               f"{run.runs:3d} runs  {run.status}", flush=True)
 
@@ -353,7 +386,7 @@ def run_notebooks(numbers: list[str] | None, out: Path, parameters: dict | None 
         # the variants the stored notebooks did not show are short runs: they go into the pool
         # right after the first notebooks. Last, they made the build's tail one run at a time
         # (about 20 s; 07's dataparallel then had the machine alone, now it shares: run_here)
-        extra = shown_by_stored(chosen) or []
+        extra = [(n, v) for n, v in shown_by_stored(chosen) or [] if requirement(n) is None]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(execute_one, nb, out, parameters): None for nb in together[:jobs]}
             futures.update({pool.submit(run_here, n, v, out): (n, v) for n, v in extra})
@@ -427,11 +460,13 @@ def summary(rows: list[Row], nbs: list[NotebookRun]) -> str:
     lines = ["| lab | variant | expected | status | failure signature | wall s | as expected | run by |",
              "|---|---|---|---|---|---:|---|---|"]
     for r in rows:
+        judged = f"skipped ({r.skipped})" if r.skipped else "yes" if r.as_expected else "NO"
         lines.append(f"| {r.lab} | {r.variant} | {r.expected} | {r.status} | {r.signature or ''} | "
-                     f"{r.wall_s:.1f} | {'yes' if r.as_expected else 'NO'} | {r.source} |")
+                     f"{r.wall_s:.1f} | {judged} | {r.source} |")
     if nbs:
         lines += ["", "| notebook | seconds | runs | status |", "|---|---:|---:|---|"]
-        lines += [f"| {n.name} | {n.seconds:.1f} | {n.runs} | {n.status} |" for n in nbs]
+        lines += [f"| {n.name} | {n.seconds:.1f} | {n.runs} | {n.status}{f' ({n.skipped})' if n.skipped else ''} |"
+                  for n in nbs]
     return "\n".join(lines) + "\n"
 
 
@@ -472,7 +507,11 @@ def main(argv: list[str] | None = None) -> int:
                                                   "notebooks": [n.to_dict() for n in nbs],
                                                   "provenance": provenance()}, indent=2))
     print("\n" + text + f"\nwritten to {out / 'summary.md'} in {time.monotonic() - t0:.0f} s", flush=True)
-    bad = [r for r in rows if not r.as_expected] + [n for n in nbs if n.status != "ok"]
+    bad = [r for r in rows if not r.as_expected and not r.skipped] + [n for n in nbs if n.failed]
+    skipped = sorted({(r.lab, r.skipped) for r in rows if r.skipped})
+    for lab, why in skipped:
+        name = next((nb.stem for nb in chosen if nb.name[:2] == lab), catalog.find_lab(lab).id)
+        print(f"{name}: skipped ({why})", flush=True)
     if a.store:
         # every notebook or none: the stored outputs must all come from this one execution (a
         # variant the build ran itself that showed NO is in the table, but is not a notebook's output).
@@ -480,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         # outputs as the reference (the table above shows what changed); a failed cell does.
         if any(n.status.startswith("failed") for n in nbs):
             print("not stored in notebooks/: a notebook above failed", flush=True)
+        elif any(n.skipped for n in nbs):
+            print("not stored in notebooks/: a notebook above was skipped (every notebook comes from one "
+                  "execution)", flush=True)
         else:
             for path in store(out, [n.name for n in nbs]):
                 print(f"stored {path}", flush=True)

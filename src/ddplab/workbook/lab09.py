@@ -23,8 +23,8 @@ HOOKS = ("none", "fp16", "bf16", "powersgd")
 RDZV_PORT = 29400                          # ddplab.job.CLUSTER_RDZV_PORT, the port every variant leaves open
 
 
-def requirement() -> str | None:
-    """None when this machine can make clusters; else the one line that says what lab 09 needs."""
+def requirement() -> "cluster_mod.Need | None":
+    """None when this machine can make clusters; else what lab 09 needs (``str``: the one line)."""
     return cluster_mod.requirement()
 
 
