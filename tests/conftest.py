@@ -18,14 +18,28 @@ from ddplab.job import socket_dir
 HANG_DEADLINE_S = None
 
 
-def requires_gpus(n: int):
-    """Skip unless this machine has at least ``n`` CUDA GPUs (imports torch only when asked)."""
+def gpu_count() -> int:
+    """CUDA GPUs this machine has (imports torch only when asked)."""
     try:
         import torch
-        have = torch.cuda.device_count()
+        return torch.cuda.device_count()
     except Exception:  # pragma: no cover - torch missing
-        have = 0
+        return 0
+
+
+def requires_gpus(n: int):
+    """Skip unless this machine has at least ``n`` CUDA GPUs."""
+    have = gpu_count()
     return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA GPU(s), this machine has {have}")
+
+
+def wait_until(cond, what: str, limit_s: float = 60.0, every_s: float = 0.01) -> None:
+    """Poll ``cond()`` until it is true. ``limit_s`` only stops a stuck test (a failure naming
+    ``what``); nothing is asserted on how long the wait took."""
+    end = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(every_s)
 
 
 requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -60,7 +74,9 @@ def _env(p: psutil.Process) -> dict:
         return {}
 
 
-def assert_nothing_left(marker: str | None = None, wait_s: float = 3.0) -> None:
+def assert_nothing_left(marker: str | None = None, wait_s: float = 30.0) -> None:
+    """No process of the job is alive. A process that is exiting (already signalled) gets up to
+    ``wait_s`` to go: a limit that only stops a stuck test, not a bound on how fast it exits."""
     end = time.monotonic() + wait_s
     while True:
         left = job_processes(marker)

@@ -5,13 +5,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import requires_pyspy
+from conftest import requires_pyspy, wait_until
 
 SCRIPT = Path(__file__).parent / "scripts" / "my_train.py"
 pytestmark = [pytest.mark.multiprocess, requires_pyspy]
@@ -32,9 +31,7 @@ def plain_job(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
     agent = psutil.Process(proc.pid)
     try:
-        end = time.monotonic() + 60
-        while time.monotonic() < end and len(agent.children()) < 2:
-            time.sleep(0.2)
+        wait_until(lambda: len(agent.children()) >= 2, "torchrun starts both ranks", every_s=0.2)
         yield proc
     finally:
         tree = [agent] + agent.children(recursive=True) if proc.poll() is None else []

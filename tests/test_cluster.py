@@ -1,7 +1,7 @@
 """ddplab.cluster for real: namespaces, links, caps, firewall rules made and removed, and nothing left
 after an exception, SIGTERM or SIGKILL (the next Cluster removes a dead owner's objects by name)."""
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,16 +134,52 @@ def test_live_owners_objects_are_kept():
     assert gone(run_id)
 
 
-def test_requirement_names_what_is_missing(monkeypatch):
-    """Not root: the first thing missing is named, a tool with its install command (this machine may
-    lack nft) or else root; entering a cluster raises the same line."""
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    why = cluster.requirement()
-    tools = system.missing(system.PARTS["labs"][1])
-    if tools:
-        assert why == tools[0] and str(why) == f"needs {tools[0].what}: apt-get install {system.PACKAGE[tools[0].what]}"
-    else:
-        assert why is not None and why.what == "root to create network namespaces"
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="lab 09 is Linux only")
+TOOLS = {t: system.PACKAGE[t] for t in system.PARTS["labs"][1]}   # lab 09's tools -> their packages
+
+
+def _path_without(tmp_path, missing):
+    """A PATH holding every tool lab 09 needs but ``missing`` (stand-ins: only their presence is read)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool in TOOLS:
+        if tool not in missing:
+            (folder / tool).write_text("#!/bin/sh\nexit 1\n")
+            (folder / tool).chmod(0o755)
+    return str(folder)
+
+
+@linux_only
+@pytest.mark.parametrize("missing", ["nft", "tc", "unshare"])
+def test_requirement_names_the_missing_tool_and_its_install_command(monkeypatch, tmp_path, missing):
     from ddplab.errors import DdplabError
-    with pytest.raises(DdplabError, match=f"lab 09 {re.escape(str(why))}"):
+    monkeypatch.setenv("PATH", _path_without(tmp_path, {missing}))
+    why = cluster.requirement()
+    assert why == system.Need(missing, f"apt-get install {TOOLS[missing]}")
+    with pytest.raises(DdplabError) as e:
         Cluster(nodes=2).__enter__()
+    assert f"apt-get install {TOOLS[missing]}" in str(e.value)
+
+
+@linux_only
+def test_requirement_names_root_when_only_root_is_missing(monkeypatch, tmp_path):
+    from ddplab.errors import DdplabError
+    monkeypatch.setenv("PATH", _path_without(tmp_path, set()))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    why = str(cluster.requirement())
+    assert "root" in why and "apt-get" not in why
+    with pytest.raises(DdplabError, match="root"):
+        Cluster(nodes=2).__enter__()
+
+
+@linux_only
+def test_requirement_on_this_machine_names_what_it_lacks():
+    """Whatever this machine lacks (nothing, a tool, root), the one line names it."""
+    lacks = [t for t in TOOLS if shutil.which(t) is None]
+    why = cluster.requirement()
+    if lacks:
+        assert str(why) == f"needs {lacks[0]}: apt-get install {TOOLS[lacks[0]]}"
+    elif os.geteuid() != 0:
+        assert why is not None and "root" in str(why)
+    else:
+        assert why is None

@@ -116,9 +116,15 @@ def test_check_best_fix(runs):
     best = L.best_fix(frows)
     assert L.check_best_fix(best["fix"], frows).passed
     assert L.check_best_fix(f" {best['fix'].upper()} ", frows).passed
-    worst = min((r for r in frows if r["fix"] != "none"), key=lambda r: r["speedup"])
-    assert worst["speedup"] < 0.95 * best["speedup"]          # the premise: a clearly worse fix exists
-    for wrong in (worst["fix"], None, "", "  ", "bat", best["fix"][:-1], best["label"], "none", 1, ["batch"], True):
+    # every fix against this run's measurement: right when within the checker's noise of the best
+    # speedup measured here, wrong otherwise (which fixes those are depends on this machine's run)
+    for r in frows:
+        if r["fix"] != "none":
+            c = L.check_best_fix(r["fix"], frows)
+            assert c.passed is (r["speedup"] >= L.WITHIN_BEST * best["speedup"]), (r["fix"], c)
+            if not c.passed:
+                assert best["label"] not in c.message            # a hint, not the answer
+    for wrong in (None, "", "  ", "bat", best["fix"][:-1], best["label"], "none", 1, ["batch"], True):
         c = L.check_best_fix(wrong, frows)
         assert not c.passed, (wrong, c)
         if wrong not in (None, "", "  ", 1, ["batch"], True, best["label"]):   # (the label is echoed back)

@@ -120,12 +120,15 @@ def test_without_any_all_reduce_each_rank_decides_alone(r_unsynced):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_slow_loader_is_slow_not_stuck(r_slow):
-    assert (r_slow.status, r_slow.signature) == ("ok", None)
+    # ddplab let it finish: no stall verdict, although (the scenario, declared in the lab's sizes, a sleep
+    # in the script) each of rank 1's batches takes longer to read than the stall window while rank 0
+    # waits for it in DDP's all-reduce; where each rank waits is read from stacks in the stopped run below
+    assert (r_slow.status, r_slow.signature) == ("ok", None) and r_slow.stall is None
+    size = lab11.sizes()
+    assert size["slow_batch"] * size["slow_read_ms"] / 1000 > lab11.stall_s()
     ld = lab11.loader(r_slow)
-    # rank 0 sat in DDP's all-reduce longer than the stall window, using no CPU: it looked hung
-    assert ld[0]["max_compute_s"] > lab11.stall_s()
-    assert ld[1]["data_wait_s"] > ld[1]["compute_s"]
-    assert min(lab11.waiting_share(r_slow).values()) > 0.5
+    assert (ld[0]["read_ms"], ld[1]["read_ms"]) == (0, size["slow_read_ms"])      # only rank 1's storage is slow
+    assert ld[0]["steps"] == ld[1]["steps"] == size["slow_steps"]                  # every batch, on both ranks
     assert len(r_slow.records_of("done")) == 2
 
 
@@ -169,6 +172,8 @@ def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
     assert set(v) == {c.key for c in lab11.CLAIMS}
     assert v["amp-performance"] == ("not tested here" if not lab11.on_gpu(ramp) else v["amp-performance"])
     assert v["scale-loss"] == "holds"
+    # judged on the run's waits against the stall window: the scenario's sleeps make them longer (a lower
+    # bound a loaded machine only raises), and ddplab's verdict (ok) is the part read from the launcher
     assert v["illusion-of-hang"] == "holds"
     text = repr(cc)
     assert all(c.quote in text for c in lab11.CLAIMS)

@@ -9,14 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import ddplab
 from ddplab import launch
-from conftest import assert_nothing_left
+from conftest import assert_nothing_left, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SCRIPT = SCRIPTS / "my_train.py"
@@ -305,12 +304,9 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ddplab.cli", "run", str(SCRIPT), "--quiet", "--", "--mode", "busy"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Wait until both ranks are up (their records exist), then Ctrl-C.
-        end = time.monotonic() + 60
-        while time.monotonic() < end and len(list(tmp_path.glob("*/*/ranks/rank?.json"))) < 2:
-            time.sleep(0.2)
-        assert len(list(tmp_path.glob("*/*/ranks/rank?.json"))) == 2, "ranks never started"
-        time.sleep(3)
+        # Wait until both ranks compute (each rank's collective ledger holds DDP's first collectives:
+        # past init and into the training loop, read through its worker server), then Ctrl-C.
+        wait_until(lambda: _ranks_with_a_ledger(tmp_path) == 2, "both ranks reach DDP's collectives", every_s=0.2)
         proc.send_signal(signal.SIGINT)
         try:
             out, err = proc.communicate(timeout=30)
@@ -334,6 +330,14 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
     result = json.loads(next(tmp_path.glob("*/*/result.json")).read_text())
     assert result["status"] == "interrupted"
     assert result["leftover"] == []
+
+
+def _ranks_with_a_ledger(runs_dir: Path) -> int:
+    """How many ranks of the one job under ``runs_dir`` have issued a collective (their flight recorder says so)."""
+    from ddplab import evidence, ledger, probe
+    dirs = {p.parent.parent for p in runs_dir.glob("*/*/ranks/rank?.json")}
+    infos = evidence.rank_infos(next(iter(dirs))) if dirs else {}
+    return sum(bool(ledger.parse(probe.ledger(i["socket"], timeout_s=1.0))) for i in infos.values() if i.get("socket"))
 
 
 def _stacks_of_tree(pid: int) -> str:

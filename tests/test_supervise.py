@@ -1,28 +1,37 @@
 """The stall rule's evidence read from real processes: a runnable thread is progress owed (a rank
-starved of a core on a loaded machine), a thread blocked on a lock or a sleep is not."""
+starved of a core on a loaded machine), a thread blocked on a lock or a sleep is not.
+
+Each process touches a file (its first argument) once it has reached the state under test; the test
+waits for that file, never for a length of time."""
 import subprocess
 import sys
 import time
 
 import psutil
+from conftest import wait_until
 
 from ddplab.supervise import waiting_for_cpu
 
-SPIN = "while True: pass"
+READY = "import sys; open(sys.argv[1], 'w').close()\n"
+SPIN = READY + "while True: pass"
 # the main thread blocks on a lock held forever: what a rank waiting on its peers looks like
-BLOCKED = "import threading; l = threading.Lock(); l.acquire(); l.acquire()"
-CHILD_SPINS = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'while True: pass']); "
+BLOCKED = "import threading; l = threading.Lock(); l.acquire()\n" + READY + "l.acquire()"
+# a rank waiting (in a sleep: the scenario, not a synchronisation) while its DataLoader worker decodes
+CHILD_SPINS = ("import subprocess, sys, time\n"
+               "subprocess.Popen([sys.executable, '-c', " + repr(SPIN) + ", sys.argv[1]])\n"
                "time.sleep(600)")
 
 
-def _start(code):
-    p = subprocess.Popen([sys.executable, "-c", code])
-    time.sleep(0.5)
+def _start(code, tmp_path):
+    """The process, once it has touched its ready file (it has reached its loop, its lock, its child's loop)."""
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+    wait_until(ready.exists, "the process reached the state under test")
     return p
 
 
 def _seen(p, n=20):
-    """Sampled as the supervisor does; how many of n samples found a runnable thread."""
+    """Sampled as the supervisor does (a sample every 20 ms); how many of n samples found a runnable thread."""
     proc = psutil.Process(p.pid)
     hits = 0
     for _ in range(n):
@@ -38,27 +47,29 @@ def _stop(p):
     p.wait()
 
 
-def test_a_spinning_process_is_runnable():
-    p = _start(SPIN)
+def test_a_spinning_process_is_runnable(tmp_path):
+    p = _start(SPIN, tmp_path)
     try:
         assert _seen(p) >= 18
     finally:
         _stop(p)
 
 
-def test_a_blocked_process_is_not():
-    p = _start(BLOCKED)
+def test_a_blocked_process_is_not(tmp_path):
+    p = _start(BLOCKED, tmp_path)
     try:
+        # from the ready file to the second acquire is a few bytecodes: wait until the kernel has it asleep
+        wait_until(lambda: psutil.Process(p.pid).status() == psutil.STATUS_SLEEPING, "the main thread blocks on the lock")
         assert _seen(p) == 0
     finally:
         _stop(p)
 
 
-def test_a_runnable_child_counts_for_its_rank():
+def test_a_runnable_child_counts_for_its_rank(tmp_path):
     """A DataLoader worker decoding while the rank waits for its batch: the rank is not stuck."""
-    p = _start(CHILD_SPINS)
+    p = _start(CHILD_SPINS, tmp_path)
     try:
-        time.sleep(0.5)
+        wait_until(lambda: psutil.Process(p.pid).status() == psutil.STATUS_SLEEPING, "the rank sleeps")
         assert psutil.Process(p.pid).children()
         assert _seen(p) >= 18
     finally:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -15,6 +14,7 @@ import pytest
 
 import ddplab
 from ddplab import turns
+from conftest import wait_until
 
 HOLDER = """
 import os, sys, time
@@ -35,17 +35,10 @@ def _start(name, kind, folder, lock):
     return subprocess.Popen([sys.executable, "-c", HOLDER, name, kind, str(folder)], env=env)
 
 
-def _until(cond, what, limit_s=60.0):
-    end = time.monotonic() + limit_s
-    while not cond():
-        assert time.monotonic() < end, f"never: {what}"
-        time.sleep(0.01)
-
-
 def _blocked(proc, folder, name):
     """The holder has asked for its turn and sleeps in the kernel without having got it."""
-    _until(lambda: (folder / f"{name}.trying").exists(), f"{name} asks")
-    _until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_SLEEPING
+    wait_until(lambda: (folder / f"{name}.trying").exists(), f"{name} asks")
+    wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_SLEEPING
            and "lock" in open(f"/proc/{proc.pid}/wchan").read(), f"{name} waits on a lock")
     return not (folder / f"{name}.in").exists()
 
@@ -57,10 +50,10 @@ def test_alone_waits_for_shared_and_shared_waits_behind_alone(tmp_path):
     try:
         s1 = _start("s1", "shared", tmp_path, lock)
         procs.append(s1)
-        _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
+        wait_until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
         s2 = _start("s2", "shared", tmp_path, lock)
         procs.append(s2)
-        _until(lambda: (tmp_path / "s2.in").exists(), "s2 shares the machine with s1")
+        wait_until(lambda: (tmp_path / "s2.in").exists(), "s2 shares the machine with s1")
         (tmp_path / "s2.release").touch()
         a = _start("a", "alone", tmp_path, lock)
         procs.append(a)
@@ -69,10 +62,10 @@ def test_alone_waits_for_shared_and_shared_waits_behind_alone(tmp_path):
         procs.append(s3)
         assert _blocked(s3, tmp_path, "s3")                    # behind a, although s1 only shares
         (tmp_path / "s1.release").touch()
-        _until(lambda: (tmp_path / "a.in").exists(), "a gets the machine once s1 is out")
+        wait_until(lambda: (tmp_path / "a.in").exists(), "a gets the machine once s1 is out")
         assert (tmp_path / "s1.out").exists() and not (tmp_path / "s3.in").exists()
         (tmp_path / "a.release").touch()
-        _until(lambda: (tmp_path / "s3.in").exists(), "s3 after a")
+        wait_until(lambda: (tmp_path / "s3.in").exists(), "s3 after a")
         assert (tmp_path / "a.out").exists()
         (tmp_path / "s3.release").touch()
         for p in procs:
@@ -86,21 +79,43 @@ def test_a_killed_holder_leaves_nothing_locked(tmp_path):
     lock = tmp_path / "turns"
     a = _start("a", "alone", tmp_path, lock)
     try:
-        _until(lambda: (tmp_path / "a.in").exists(), "a gets the machine")
+        wait_until(lambda: (tmp_path / "a.in").exists(), "a gets the machine")
         a.kill()
         a.wait(timeout=30)
         b = _start("b", "alone", tmp_path, lock)
-        _until(lambda: (tmp_path / "b.in").exists(), "b gets the machine after a was killed")
+        wait_until(lambda: (tmp_path / "b.in").exists(), "b gets the machine after a was killed")
         (tmp_path / "b.release").touch()
         assert b.wait(timeout=30) == 0
     finally:
         a.kill()
 
 
-def test_without_the_variable_nothing_is_locked(monkeypatch):
+def _flocks_held_by(pid: int) -> list[str]:
+    """This process's flock(2) locks, as the kernel lists them (/proc/locks: "1: FLOCK ADVISORY WRITE pid ...")."""
+    return [ln for ln in Path("/proc/locks").read_text().splitlines()
+            if ln.split()[1:2] == ["FLOCK"] and ln.split()[4:5] == [str(pid)]]
+
+
+reads_lock_table = pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table (Linux)")
+
+
+@reads_lock_table
+def test_without_the_variable_nothing_is_locked(monkeypatch, tmp_path):
     monkeypatch.delenv(turns.ENV, raising=False)
-    with turns.turn(alone=True), turns.turn(alone=True):     # no folder: a no-op, even nested
-        pass
+    monkeypatch.chdir(tmp_path)
+    with turns.turn(alone=True) as outer, turns.turn(alone=True) as inner:     # no folder: a no-op, even nested
+        assert outer.ready() and inner.ready()              # granted at once: an alone turn that waited would deadlock here
+        assert _flocks_held_by(os.getpid()) == []           # the kernel holds no lock of this process
+    assert not any(tmp_path.iterdir())                      # and no lock file was made
+
+
+@reads_lock_table
+def test_the_lock_table_shows_a_turn_that_is_held(monkeypatch, tmp_path):
+    """The check above can fail: with the variable set, the same turn holds flock(2) locks."""
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "turns"))
+    with turns.turn(alone=True):
+        assert len(_flocks_held_by(os.getpid())) == 2        # the turnstile and the machine
+    assert _flocks_held_by(os.getpid()) == []
 
 
 def _rank_frames(run_dir: Path, rank: int) -> list[str]:
@@ -122,7 +137,7 @@ def shared_turn(tmp_path, monkeypatch):
     monkeypatch.setenv(turns.ENV, str(lock))
     s1 = _start("s1", "shared", tmp_path, lock)
     try:
-        _until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
+        wait_until(lambda: (tmp_path / "s1.in").exists(), "s1 gets a shared turn")
         yield s1
     finally:
         (tmp_path / "s1.release").touch()
@@ -143,10 +158,10 @@ def test_a_measured_run_starts_its_job_at_once_but_its_ranks_wait_for_the_machin
     t = threading.Thread(target=lambda: box.update(r=ddplab.run("07", variant="link", run_root=runs, progress=None)))
     t.start()
     try:
-        _until(lambda: any(runs.rglob("command.json")), "the measured job is started while s1 runs")
+        wait_until(lambda: any(runs.rglob("command.json")), "the measured job is started while s1 runs")
         d = next(runs.rglob("command.json")).parent
         for rank in (0, 1):
-            _until(lambda: "wait_for_go" in _rank_frames(d, rank), f"rank {rank} waits for the machine", 120)
+            wait_until(lambda: "wait_for_go" in _rank_frames(d, rank), f"rank {rank} waits for the machine", 120)
         records = d / "ranks" / "rank0.records.jsonl"
         assert not (d / "machine.go").exists() and not (records.exists() and records.read_text())
     finally:
