@@ -14,13 +14,20 @@ from ddplab.stacks import Frame, Where
 DATA = Path(__file__).parent / "data"
 
 
+def verdict(world, ended_by, returncode, ev, live, ledgers):
+    """classify.judge on the evidence of a run ddplab started, ended as ``ended_by``."""
+    watch = evidence.Watch(ended_by=ended_by, returncode=returncode, world=world, stall_s=3.0, wall_s=0.0,
+                           idle_s=0.0, since_s=0.0)
+    return classify.judge(evidence.Evidence(watch, ev, live, dict(ledgers), {}))
+
+
 def run_dir(case: str) -> Path:
     return DATA / f"run_{case}"
 
 
 def failed(case: str):
     ev = evidence.read_run(run_dir(case))
-    return ev, classify.verdict(2, None, ev.torchrun["returncode"], ev, {}, dict(ev.final_ledgers), {}, {})
+    return ev, verdict(2, None, ev.torchrun["returncode"], ev, {}, ev.final_ledgers)
 
 
 def hung(case: str):
@@ -36,7 +43,7 @@ def hung(case: str):
         live[r["rank"]] = evidence.LiveRank(
             r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
             ledger=ledger.parse(json.loads(fr.read_text())) if fr.exists() else ())
-    return ev, classify.verdict(2, "stall", None, ev, live, dict(ev.final_ledgers), {}, {})
+    return ev, verdict(2, "stall", None, ev, live, ev.final_ledgers)
 
 
 # --- failed runs --------------------------------------------------------------------------------------
@@ -71,10 +78,10 @@ def test_a_peer_torchrun_ended_before_its_own_error_is_still_a_consequence():
     ev, _ = failed("failed_size_abort")
     ev.errors.pop(0, None)
     ev.exits[0] = {**ev.exits.get(0, {}), "exitcode": -15, "signal": "SIGTERM"}
-    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    v = verdict(2, None, 1, ev, {}, ev.final_ledgers)
     assert v.first_failure == 1 and v.ranks[0].consequence is True
     ev.fatal.clear()                                  # nobody else failed: a SIGTERM alone proves nothing
-    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    v = verdict(2, None, 1, ev, {}, ev.final_ledgers)
     assert v.ranks[0].consequence is False
 
 
@@ -122,10 +129,10 @@ def test_an_interrupt_with_live_ranks_gets_a_hang_signature_and_status_interrupt
     ev = evidence.read_run(d)
     _, at_stall = hung("hang_different_op")
     live = {r.rank: evidence.LiveRank(r.rank, r.pid, frames=list(r.stack), ledger=r.ledger) for r in at_stall.ranks}
-    v = classify.verdict(2, "interrupt", None, ev, live, {}, {}, {})
+    v = verdict(2, "interrupt", None, ev, live, {})
     assert (v.status, v.signature) == ("interrupted", "hang-different-collectives")
     assert {r.state for r in v.ranks} == {"running"}
-    v = classify.verdict(2, "deadline", None, ev, live, {}, {}, {})
+    v = verdict(2, "deadline", None, ev, live, {})
     assert (v.status, v.signature) == ("deadline", "deadline-exceeded")
 
 
