@@ -1,9 +1,10 @@
-"""``ddplab list | run | attach | doctor``: the command line.
+"""``ddplab list | run | attach | explain | doctor``: the command line.
 
 User mistakes (DdplabError) become one line on stderr and exit status 2, never a traceback.
 Exit status of ``run``: 0 ok, 1 the job failed, 3 it hung (no rank made progress for the stall
 window), 4 still making progress at the optional --deadline, 130 Ctrl-C.
-``attach``: 3 hung, 0 still making progress or ended while watched.
+``attach``: 3 hung, 0 still making progress or ended while watched. ``explain``: as ``run``'s for
+the merged verdict; 2 for folders that hold no evidence, come from two jobs, or a cut-short dump.
 """
 from __future__ import annotations
 
@@ -66,13 +67,26 @@ def _cmd_attach(a: argparse.Namespace) -> int:
 
     show = TerminalProgress() if not a.json and sys.stderr.isatty() else None
     try:
-        r = attach(a.pid, stall_s=a.stall, watch_s=a.watch, stop=a.stop, progress=show)
+        r = attach(a.pid, stall_s=a.stall, watch_s=a.watch, stop=a.stop, progress=show, save=a.save, force=a.force,
+                   node=a.node)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     finally:
         if show is not None:
             show.close()
     return _show(r, a.json)
+
+
+def _cmd_explain(a: argparse.Namespace) -> int:
+    from . import nodes, render  # noqa: F401  (render: the result's views)
+
+    r = nodes.explain(a.folders)
+    if a.json:
+        print(json.dumps({**r.to_dict(), "first_divergence": nodes.first_divergence(r)}, indent=2, default=str))
+    else:
+        line = nodes.divergence_line(r)
+        print(r.explain() + (f"\n  {line}" if line else ""))
+    return STATUS_EXIT[r.status]
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -138,7 +152,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop watching a job that keeps making progress after S seconds (default 20)")
     pa.add_argument("--stop", action="store_true", help="end the whole job after the diagnosis")
     pa.add_argument("--json", action="store_true", help="print the result as JSON")
+    pa.add_argument("--save", metavar="DIR", default=None,
+                    help="write what was found on this node (ranks, ledgers, stacks, errors, last output lines) to "
+                         "DIR, for `ddplab explain` with the other nodes' folders")
+    pa.add_argument("--force", action="store_true", help="with --save: replace DIR if it exists")
+    pa.add_argument("--node", default=None, help="with --save: this node's name (default: the hostname)")
     pa.set_defaults(func=_cmd_attach)
+
+    pe = sub.add_parser("explain", help="one diagnosis from every node's `attach --save` folder, or torch's dumps",
+                        description="Merge the folders `ddplab attach PID --save DIR` wrote on each node of one job "
+                                    "into one diagnosis that names the node and rank where the collectives diverged "
+                                    "first. A folder of torch's flight-recorder dumps ($TORCH_FR_DUMP_TEMP_FILE<rank>) "
+                                    "works too, for a job that never ran under ddplab.")
+    pe.add_argument("folders", nargs="+", metavar="DIR", help="the nodes' folders (or one folder of dumps)")
+    pe.add_argument("--json", action="store_true", help="print the merged result as JSON")
+    pe.set_defaults(func=_cmd_explain)
 
     pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
     pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")
