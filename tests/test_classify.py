@@ -7,7 +7,7 @@ main-thread stack (kept in result.json) and its flight-recorder dump (ranks/rank
 import json
 from pathlib import Path
 
-from ddplab import classify, evidence, ledger
+from ddplab import classify, evidence, ledger, signatures
 from ddplab.result import RankResult
 from ddplab.stacks import Frame, Where
 
@@ -164,3 +164,47 @@ def test_stall_facts_name_the_last_collective_every_rank_finished():
     _, v = hung("hang_different_op")
     s = classify.stall_facts(3.0, 3.04, 8.26, v.ranks, None)
     assert (s.window_s, s.idle_s, s.since_s, s.last_seq) == (3.0, 3.0, 8.3, v.divergence.seq - 1)
+
+
+# --- the hang rules are catalog entries -----------------------------------------------------------------
+
+def _examples():
+    """One example per hang rule: captured runs where there is one, else the ranks' facts."""
+    entry = ledger.parse(json.loads((run_dir("hang_different_op") / "ranks" / "rank0.fr_trace.json").read_text()))
+    coll = dict(kind="collective", op="barrier", seq=3, ledger_=entry)
+    blocked = RankResult(rank=1, pid=101, state="hung", exit_code=None, signal=None,
+                         where=Where("rendezvous", "init_process_group"),
+                         connections=({"laddr": "10.213.0.3:40000", "raddr": "10.213.0.2:29500", "status": "SYN_SENT"},))
+    _, sizes = hung("hang_different_sizes")
+    _, exited = hung("hang_rank_exited")
+    _, different = hung("hang_different_op")
+    return {
+        "no-rank-started": ((_rank(0, "not-started"),), None),
+        "hang-data-port-blocked": ((_rank(0, **coll), blocked), None),
+        "hang-rendezvous": ((_rank(0, kind="rendezvous", op="init_process_group"),), None),
+        "hang-rank-exited": (exited.ranks, exited.divergence),
+        "hang-rank-elsewhere": ((_rank(0, **coll), _rank(1, kind="sleep", op="sleep")), None),
+        "hang-different-sizes": (sizes.ranks, sizes.divergence),
+        "hang-different-collectives": (different.ranks, different.divergence),
+        "hang-same-collective": ((_rank(0, **coll), _rank(1, **coll)), None),
+        "stalled-outside-collectives": ((_rank(0, kind="sleep", op="sleep"),), None),
+    }
+
+
+def test_every_hang_rule_has_an_example_and_gives_its_own_signature():
+    examples = _examples()
+    assert set(examples) == {s.id for s in signatures.HANG_RULES}
+    for sig_id, (ranks, div) in examples.items():
+        assert classify.hang_signature(ranks, div) == sig_id
+
+
+def test_a_new_hang_signature_is_one_catalog_entry(monkeypatch):
+    """No code changes in classify: an entry with a rule and a precedence is tried in its turn."""
+    new = signatures.Signature("hang-everyone-sleeps", "Every rank sleeps", (), "x\ny", "05",
+                               hang_rule=lambda f: all(r.where is not None and r.where.kind == "sleep" for r in f.alive),
+                               precedence=85)
+    monkeypatch.setattr(signatures, "HANG_RULES", tuple(sorted(signatures.HANG_RULES + (new,), key=lambda s: s.precedence)))
+    assert classify.hang_signature((_rank(0, kind="sleep", op="sleep"), _rank(1, kind="sleep", op="sleep")),
+                                   None) == "hang-everyone-sleeps"
+    assert classify.hang_signature((_rank(0, kind="sleep", op="sleep"), _rank(1, kind="compute")),
+                                   None) == "stalled-outside-collectives"

@@ -15,11 +15,13 @@ import signal
 import sys
 
 from . import catalog
+from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, Status
 from .errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
                      DdplabError)
 
-STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "hung": EXIT_HUNG, "deadline": EXIT_DEADLINE,
-               "interrupted": EXIT_INTERRUPTED, "running": EXIT_OK, "exited": EXIT_OK}
+STATUS_EXIT = {Status.OK: EXIT_OK, Status.FAILED: EXIT_RUN_FAILED, Status.HUNG: EXIT_HUNG,
+               Status.DEADLINE: EXIT_DEADLINE, Status.INTERRUPTED: EXIT_INTERRUPTED, Status.RUNNING: EXIT_OK,
+               Status.EXITED: EXIT_OK}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--nproc", type=int, default=None, help="number of ranks (default: the lab's, 2 for scripts)")
     pr.add_argument("--stall", type=float, default=None, metavar="S",
                     help="the job is hung when no rank makes progress (CPU, collectives, stack) for S seconds "
-                         "(default 3, or the lab's)")
+                         f"(default {DEFAULT_STALL_S:g}, or the lab's)")
     pr.add_argument("--deadline", type=float, default=None, metavar="S",
                     help="optional outer limit in seconds, for a job that keeps making progress "
                          "(default: none for labs, 1800 for scripts)")
@@ -147,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "unless --stop is given.")
     pa.add_argument("pid", type=int, metavar="PID", help="the pid of torchrun or of one of its ranks")
     pa.add_argument("--stall", type=float, default=None, metavar="S",
-                    help="hung when no rank makes progress for S seconds while watched (default 3)")
-    pa.add_argument("--watch", type=float, default=20.0, metavar="S",
-                    help="stop watching a job that keeps making progress after S seconds (default 20)")
+                    help=f"hung when no rank makes progress for S seconds while watched (default {DEFAULT_STALL_S:g})")
+    pa.add_argument("--watch", type=float, default=DEFAULT_WATCH_S, metavar="S",
+                    help=f"stop watching a job that keeps making progress after S seconds (default {DEFAULT_WATCH_S:g})")
     pa.add_argument("--stop", action="store_true", help="end the whole job after the diagnosis")
     pa.add_argument("--json", action="store_true", help="print the result as JSON")
     pa.add_argument("--save", metavar="DIR", default=None,

@@ -200,7 +200,7 @@ def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunR
     finally:
         if isinstance(show, TerminalProgress):
             show.close()
-        result = _finish(job, cmd, sup, ended_by, grace_s)
+        result = _result(job, cmd, sup, ended_by, grace_s)
         if echo:
             echo()
         if isinstance(show, NotebookProgress):
@@ -211,8 +211,9 @@ def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunR
     return result
 
 
-def _finish(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, grace_s: float) -> RunResult:
-    """End every process (live evidence read first), collect the evidence, judge, save."""
+def _result(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, grace_s: float) -> RunResult:
+    """End every process (live evidence read first: Supervisor.end), collect the evidence, judge, and
+    save the result with what only ``run`` knows (the job's target, command and port)."""
     seen, live = sup.end(ended_by, grace_s)
     if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
         shutil.rmtree(socket_dir(job.run_dir), ignore_errors=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from typing import Callable
 
+from . import runfiles
 from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
 from .ledger import Collective, Divergence
 from .stacks import Frame, Where
@@ -190,7 +191,7 @@ class RunResult:
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
-        path = Path(path or Path(self.run_dir) / "result.json")
+        path = Path(path or Path(self.run_dir) / runfiles.RESULT)
         path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
         return path
 
@@ -208,7 +209,7 @@ class RunResult:
     def load(cls, path: str | Path) -> "RunResult":
         p = Path(path)
         if p.is_dir():
-            p = p / "result.json"
+            p = p / runfiles.RESULT
         return cls.from_dict(json.loads(p.read_text()))
 
     # --- for people: views registered by ddplab.render ---------------------------------------
