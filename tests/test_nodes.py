@@ -22,6 +22,7 @@ import pytest
 
 from ddplab import cluster, runfiles
 from ddplab.job import HOOK_DIR
+from conftest import assert_nothing_left
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_last_rank.py"
 pytestmark = pytest.mark.multiprocess
@@ -100,6 +101,7 @@ def two_node_hang(tmp_path):
         for f in outputs:
             f.close()
         shutil.rmtree(sockets, ignore_errors=True)
+        assert_nothing_left(str(run_dir))
 
 
 @pytest.mark.timeout(300)
@@ -138,6 +140,7 @@ def test_attach_save_on_each_node_then_explain_names_node_and_rank(two_node_hang
     assert first["seq"] == 4 and first["op"] == "barrier"
     assert first["ranks"] == [{"rank": 3, "node": d["ranks"][3]["node"]}]
     assert first["others"] == [{"op": "all_reduce", "ranks": [0, 1, 2]}]
+    assert d["attached_pid"] == agents[0].pid
     text = _ddplab("explain", *map(str, folders), env=env).stdout
     assert f"node {d['ranks'][3]['node']}, rank 3: barrier" in text
 

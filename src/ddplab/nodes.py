@@ -70,7 +70,7 @@ def save(folder: Path, envs: dict[int, dict], world_size: int | None, ev: Eviden
         shutil.rmtree(folder)
     (folder / runfiles.RANKS).mkdir(parents=True)
     group = {e.get("GROUP_RANK") for e in envs.values()}
-    meta = {"version": NODE_VERSION, "node": node or socket.gethostname(),
+    meta = {"version": NODE_VERSION, "node": node or socket.gethostname(), "attached_pid": result.attached_pid,
             "group_rank": int(group.pop()) if len(group) == 1 and None not in group else None,
             "job": job_identity(list(envs.values())), "world_size": world_size,
             "ranks": sorted(envs), "watch": watch_to_dict(ev.watch), "saved_at": time.time(),
@@ -315,7 +315,15 @@ def explain(folders: Sequence[Path]):
     v = classify.judge(ev)
     return RunResult(target="explain " + " ".join(f.name for f in folders), variant=None, nproc=ev.watch.world,
                      wall_s=ev.watch.wall_s, run_dir=str(folders[0]), command=(), stall_s=ev.watch.stall_s or 0.0,
-                     notes=ev.watch.notes, **v.fields())
+                     notes=ev.watch.notes, attached_pid=_first_pid(folders), **v.fields())
+
+
+def _first_pid(folders: Sequence[Path]) -> int | None:
+    """The pid ``attach`` was given on the first node (None for torch's dumps)."""
+    try:
+        return json.loads((folders[0] / runfiles.NODE).read_text()).get("attached_pid")
+    except (OSError, ValueError):
+        return None
 
 
 def first_divergence(result) -> dict | None:
