@@ -7,11 +7,18 @@ main-thread stack (kept in result.json) and its flight-recorder dump (ranks/rank
 import json
 from pathlib import Path
 
-from ddplab import classify, evidence, ledger
+from ddplab import classify, evidence, ledger, signatures
 from ddplab.result import RankResult
 from ddplab.stacks import Frame, Where
 
 DATA = Path(__file__).parent / "data"
+
+
+def verdict(world, ended_by, returncode, ev, live, ledgers):
+    """classify.judge on the evidence of a run ddplab started, ended as ``ended_by``."""
+    watch = evidence.Watch(ended_by=ended_by, returncode=returncode, world=world, stall_s=3.0, wall_s=0.0,
+                           idle_s=0.0, since_s=0.0)
+    return classify.judge(evidence.Evidence(watch, ev, live, dict(ledgers), {}))
 
 
 def run_dir(case: str) -> Path:
@@ -20,7 +27,7 @@ def run_dir(case: str) -> Path:
 
 def failed(case: str):
     ev = evidence.read_run(run_dir(case))
-    return ev, classify.verdict(2, None, ev.torchrun["returncode"], ev, {}, dict(ev.final_ledgers), {}, {})
+    return ev, verdict(2, None, ev.torchrun["returncode"], ev, {}, ev.final_ledgers)
 
 
 def hung(case: str):
@@ -36,7 +43,7 @@ def hung(case: str):
         live[r["rank"]] = evidence.LiveRank(
             r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
             ledger=ledger.parse(json.loads(fr.read_text())) if fr.exists() else ())
-    return ev, classify.verdict(2, "stall", None, ev, live, dict(ev.final_ledgers), {}, {})
+    return ev, verdict(2, "stall", None, ev, live, ev.final_ledgers)
 
 
 # --- failed runs --------------------------------------------------------------------------------------
@@ -71,10 +78,10 @@ def test_a_peer_torchrun_ended_before_its_own_error_is_still_a_consequence():
     ev, _ = failed("failed_size_abort")
     ev.errors.pop(0, None)
     ev.exits[0] = {**ev.exits.get(0, {}), "exitcode": -15, "signal": "SIGTERM"}
-    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    v = verdict(2, None, 1, ev, {}, ev.final_ledgers)
     assert v.first_failure == 1 and v.ranks[0].consequence is True
     ev.fatal.clear()                                  # nobody else failed: a SIGTERM alone proves nothing
-    v = classify.verdict(2, None, 1, ev, {}, dict(ev.final_ledgers), {}, {})
+    v = verdict(2, None, 1, ev, {}, ev.final_ledgers)
     assert v.ranks[0].consequence is False
 
 
@@ -122,10 +129,10 @@ def test_an_interrupt_with_live_ranks_gets_a_hang_signature_and_status_interrupt
     ev = evidence.read_run(d)
     _, at_stall = hung("hang_different_op")
     live = {r.rank: evidence.LiveRank(r.rank, r.pid, frames=list(r.stack), ledger=r.ledger) for r in at_stall.ranks}
-    v = classify.verdict(2, "interrupt", None, ev, live, {}, {}, {})
+    v = verdict(2, "interrupt", None, ev, live, {})
     assert (v.status, v.signature) == ("interrupted", "hang-different-collectives")
     assert {r.state for r in v.ranks} == {"running"}
-    v = classify.verdict(2, "deadline", None, ev, live, {}, {}, {})
+    v = verdict(2, "deadline", None, ev, live, {})
     assert (v.status, v.signature) == ("deadline", "deadline-exceeded")
 
 
@@ -157,3 +164,47 @@ def test_stall_facts_name_the_last_collective_every_rank_finished():
     _, v = hung("hang_different_op")
     s = classify.stall_facts(3.0, 3.04, 8.26, v.ranks, None)
     assert (s.window_s, s.idle_s, s.since_s, s.last_seq) == (3.0, 3.0, 8.3, v.divergence.seq - 1)
+
+
+# --- the hang rules are catalog entries -----------------------------------------------------------------
+
+def _examples():
+    """One example per hang rule: captured runs where there is one, else the ranks' facts."""
+    entry = ledger.parse(json.loads((run_dir("hang_different_op") / "ranks" / "rank0.fr_trace.json").read_text()))
+    coll = dict(kind="collective", op="barrier", seq=3, ledger_=entry)
+    blocked = RankResult(rank=1, pid=101, state="hung", exit_code=None, signal=None,
+                         where=Where("rendezvous", "init_process_group"),
+                         connections=({"laddr": "10.213.0.3:40000", "raddr": "10.213.0.2:29500", "status": "SYN_SENT"},))
+    _, sizes = hung("hang_different_sizes")
+    _, exited = hung("hang_rank_exited")
+    _, different = hung("hang_different_op")
+    return {
+        "no-rank-started": ((_rank(0, "not-started"),), None),
+        "hang-data-port-blocked": ((_rank(0, **coll), blocked), None),
+        "hang-rendezvous": ((_rank(0, kind="rendezvous", op="init_process_group"),), None),
+        "hang-rank-exited": (exited.ranks, exited.divergence),
+        "hang-rank-elsewhere": ((_rank(0, **coll), _rank(1, kind="sleep", op="sleep")), None),
+        "hang-different-sizes": (sizes.ranks, sizes.divergence),
+        "hang-different-collectives": (different.ranks, different.divergence),
+        "hang-same-collective": ((_rank(0, **coll), _rank(1, **coll)), None),
+        "stalled-outside-collectives": ((_rank(0, kind="sleep", op="sleep"),), None),
+    }
+
+
+def test_every_hang_rule_has_an_example_and_gives_its_own_signature():
+    examples = _examples()
+    assert set(examples) == {s.id for s in signatures.HANG_RULES}
+    for sig_id, (ranks, div) in examples.items():
+        assert classify.hang_signature(ranks, div) == sig_id
+
+
+def test_a_new_hang_signature_is_one_catalog_entry(monkeypatch):
+    """No code changes in classify: an entry with a rule and a precedence is tried in its turn."""
+    new = signatures.Signature("hang-everyone-sleeps", "Every rank sleeps", (), "x\ny", "05",
+                               hang_rule=lambda f: all(r.where is not None and r.where.kind == "sleep" for r in f.alive),
+                               precedence=85)
+    monkeypatch.setattr(signatures, "HANG_RULES", tuple(sorted(signatures.HANG_RULES + (new,), key=lambda s: s.precedence)))
+    assert classify.hang_signature((_rank(0, kind="sleep", op="sleep"), _rank(1, kind="sleep", op="sleep")),
+                                   None) == "hang-everyone-sleeps"
+    assert classify.hang_signature((_rank(0, kind="sleep", op="sleep"), _rank(1, kind="compute")),
+                                   None) == "stalled-outside-collectives"

@@ -27,6 +27,6 @@ def __getattr__(name: str):
         from .launch import run
         return run
     if name in ("RunResult", "RankResult"):
-        from . import result
+        from . import render, result  # noqa: F401  (render registers the results' views)
         return getattr(result, name)
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")

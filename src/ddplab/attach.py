@@ -1,9 +1,11 @@
 """``ddplab attach PID``: diagnose a running torchrun job that ddplab did not start.
 
 The same pipeline as ``ddplab.run`` without the start: find torchrun and every local rank through
-the process tree (PID may be torchrun's or any rank's), watch their progress for the stall window
-(CPU time, stacks, the collective ledger where it can be read), then classify and render the
-evidence the same way. The job keeps running unless ``stop=True``.
+the process tree (PID may be torchrun's or any rank's), then the same watch loop
+(``supervise.watch``: the stall rule, with a watch time where ``run`` has a deadline), the same
+``evidence.collect`` and the same ``classify.judge``. The job keeps running unless ``stop=True``.
+``save=DIR`` writes what was found on this machine to a folder (``ddplab.nodes``) that
+``ddplab explain`` merges with the other nodes' folders.
 
 What can be read from outside a job that was not started by ddplab:
   * stacks: py-spy (needs ptrace rights: root, or ptrace_scope=0 on Linux);
@@ -22,13 +24,12 @@ from pathlib import Path
 
 import psutil
 
-from . import classify, evidence, stacks
+from . import classify, evidence, render, runfiles, stacks  # noqa: F401  (render: the result's views)
+from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, GRACE_S  # noqa: F401  (re-exported)
 from .errors import DdplabError
-from .job import DEFAULT_STALL_S, new_run_dir, runs_root, seconds
+from .job import new_run_dir, runs_root, seconds
 from .result import RunResult
-from .supervise import GRACE_S, POLL_S, RankWatch, Supervisor, _alive
-
-DEFAULT_WATCH_S = 20.0      # give up watching a job that keeps making progress after this long
+from .supervise import RankWatch, Supervisor, _alive, watch
 
 
 def _is_torchrun(p: psutil.Process) -> bool:
@@ -137,16 +138,26 @@ def find_job(pid: int) -> Found:
 def _socket_of(env: dict) -> str | None:
     """The rank's worker-server socket, if it runs one: ddplab's rank hook, or torch's worker_main."""
     if env.get("DDPLAB_SOCKET_DIR") and env.get("RANK") is not None:
-        path = os.path.join(env["DDPLAB_SOCKET_DIR"], f"r{env['RANK']}.sock")
+        path = os.path.join(env["DDPLAB_SOCKET_DIR"], runfiles.socket_name(env["RANK"]))
         if os.path.exists(path):
             return path
     path = env.get("TORCH_WORKER_SERVER_SOCKET")
     return path if path and os.path.exists(path) else None
 
 
+def job_run_dir(found: Found) -> Path | None:
+    """The run folder of a job ddplab started (its ranks' DDPLAB_RUN_DIR, if they all agree): its
+    rank hook's records are read like ``run``'s. None for a job ddplab did not start."""
+    dirs = {_env(p).get("DDPLAB_RUN_DIR") for p in found.ranks.values()}
+    d = dirs.pop() if len(dirs) == 1 else None
+    return Path(d) if d and Path(d, runfiles.RANKS).is_dir() else None
+
+
 class _AttachedSupervisor(Supervisor):
     """The poll loop over processes found, not started: ranks from the tree, stacks from py-spy
-    when no worker server answers."""
+    when no worker server answers. The job has ended on its own when every rank has."""
+    attached = True
+    finished_as = "exited"
 
     def __init__(self, found: Found, stall_s: float, t0: float, run_dir: Path):
         self.found = found
@@ -154,11 +165,18 @@ class _AttachedSupervisor(Supervisor):
         self.root = root
         # Supervisor reads proc.pid and, in terminate(), proc.poll()/wait(); give it a stand-in.
         super().__init__(_Proc(root), run_dir, len(found.ranks), stall_s, t0)
+        self.world = max(found.ranks) + 1
         self.known[root.pid] = root
         for rank, proc in found.ranks.items():
             env = _env(proc)
             self.known[proc.pid] = proc
             self.ranks[rank] = RankWatch(rank, proc.pid, _socket_of(env), proc, t0)
+
+    def finished(self) -> bool:
+        return bool(self.ranks) and not self.live()
+
+    def returncode(self) -> int | None:
+        return None       # not our child: its exit status is not ours to read
 
     def _discover(self, now: float) -> None:  # the ranks are known; only their children change
         for p in list(self.known.values()):
@@ -211,76 +229,56 @@ class _Proc:
 
 
 def attach(pid: int, stall_s: float | None = None, watch_s: float = DEFAULT_WATCH_S, stop: bool = False,
-           progress=None) -> RunResult:
+           progress=None, save: str | os.PathLike | None = None, force: bool = False,
+           node: str | None = None) -> RunResult:
     """Watch the job for up to ``watch_s`` seconds: "hung" once every rank made no progress for
-    ``stall_s``; "running" if it kept making progress; evidence read either way."""
+    ``stall_s``; "running" if it kept making progress; "exited" if it ended; evidence read either way.
+    ``save``: a folder to write this node's evidence to (refused if it exists, unless ``force``),
+    for ``ddplab explain``; ``node`` names this node there (default: the hostname)."""
     stall_s = seconds(DEFAULT_STALL_S if stall_s is None else stall_s, "--stall", "for example --stall 3")
+    if save is not None:
+        from . import nodes
+        nodes.check_target(Path(save), force)
     found = find_job(pid)
     run_dir = new_run_dir(runs_root() / "attach", f"pid{pid}")
-    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    (run_dir / runfiles.RANKS).mkdir(parents=True, exist_ok=True)
+    source = job_run_dir(found)
     t0 = time.monotonic()
     sup = _AttachedSupervisor(found, stall_s, t0, run_dir)
     ended_by = None
     try:
-        while True:
-            now = time.monotonic()
-            sup.poll()
-            if progress is not None:
-                progress(sup.snapshot(now))
-            if not sup.live():
-                ended_by = "exited"
-                break
-            if sup.stalled(now):
-                ended_by = "stall"
-                break
-            if now - t0 >= max(watch_s, stall_s + 1):
-                ended_by = "watched"
-                break
-            time.sleep(POLL_S * 4)
-    except KeyboardInterrupt:
-        ended_by = "interrupt"
-        raise
+        ended_by = watch(sup, limit_s=max(watch_s, stall_s + 1), limit="watched", show=progress)
     finally:
-        result = _finish(pid, found, sup, ended_by, t0, stop, run_dir)
+        # a job ddplab started: SIGUSR1 dumps go to its own folder; any other job has no such hook
+        seen, live = sup.end(ended_by, stop=stop, capture_dir=source or Path(tempfile.gettempdir()))
+        ev = evidence.collect(_with_notes(seen, found, sup, stop), live, source)
+        v = classify.judge(ev)
+        result = RunResult(target=f"pid {pid}", variant=None, nproc=len(found.ranks), wall_s=seen.wall_s,
+                           run_dir=str(run_dir), command=_command(found), stall_s=stall_s, leftover=seen.leftover,
+                           notes=ev.watch.notes, attached_pid=pid, **v.fields())
+        result.save()
+        if save is not None:
+            nodes.save(Path(save), {r: _env(p) for r, p in found.ranks.items()}, found.world_size, ev, result, source,
+                       force, node)
+    if ended_by == "interrupt":
+        raise KeyboardInterrupt
     return result
 
 
-def _finish(pid: int, found: Found, sup: _AttachedSupervisor, ended_by: str | None, t0: float, stop: bool,
-            run_dir: Path) -> RunResult:
-    live = sup.capture(Path(tempfile.gettempdir()))
-    notes = []
+def _with_notes(seen: evidence.Watch, found: Found, sup: _AttachedSupervisor, stop: bool) -> evidence.Watch:
+    notes = list(seen.notes)
     if not any(w.sock for w in sup.ranks.values()):
         notes.append("the ranks run no worker server, so their collective ledgers cannot be read from outside "
                      "(start the job with `ddplab run`, or wrap main in torch.distributed.elastic.control_plane."
                      "worker_main() with TORCH_WORKER_SERVER_SOCKET and TORCH_FR_BUFFER_SIZE set)")
-    notes += [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and not lv.frames]
     if found.world_size and found.world_size > len(found.ranks):
         notes.append(f"only this machine's {len(found.ranks)} of {found.world_size} ranks were seen")
-    leftover: tuple[int, ...] = ()
-    if stop:
-        leftover = sup.terminate()
-        notes.append("the job was stopped (--stop)")
-    else:
-        notes.append("the job was left running (pass --stop to end it)")
-    ev = evidence.RunEvidence(infos={r: {"pid": w.pid} for r, w in sup.ranks.items()}, errors={}, exits={},
-                              torchrun=None, logs={}, fatal={}, console="")
-    ledgers = sup.ledgers(live)
-    verdict_by = {"stall": "stall", "interrupt": "interrupt"}.get(ended_by or "", "watched")
-    nranks = max(found.ranks) + 1
-    v = classify.verdict(nranks, verdict_by, None, ev, live, ledgers, {r: w.cpu_s for r, w in sup.ranks.items()}, {})
-    ranks = tuple(r if stop else replace(r, signal=None) for r in v.ranks if r.rank in found.ranks)
-    now = time.monotonic()
-    stall = sup.stall_facts(now, ranks) if ended_by == "stall" else None
-    status = {"stall": "hung", "interrupt": "interrupted", "exited": "exited"}.get(ended_by or "", "running")
-    cmd = ()
+    notes.append("the job was stopped (--stop)" if stop else "the job was left running (pass --stop to end it)")
+    return replace(seen, notes=tuple(notes), ranks_here=tuple(sorted(found.ranks)))
+
+
+def _command(found: Found) -> tuple[str, ...]:
     try:
-        cmd = tuple((found.agent or next(iter(found.ranks.values()))).cmdline())
+        return tuple((found.agent or next(iter(found.ranks.values()))).cmdline())
     except psutil.Error:
-        pass
-    result = RunResult(target=f"pid {pid}", variant=None, nproc=len(found.ranks), status=status,
-                       signature=v.signature if status in ("hung", "interrupted") else None, excerpt=None,
-                       ranks=ranks, wall_s=round(now - t0, 3), run_dir=str(run_dir), command=cmd,
-                       stall_s=sup.stall_s, leftover=leftover, notes=tuple(notes), stall=stall,
-                       divergence=v.divergence, attached_pid=pid)
-    result.save()
-    return result
+        return ()

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .defaults import DEFAULT_STALL_S
 from .errors import DdplabError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -92,7 +93,7 @@ def read_lab(path: Path) -> Lab:
     )
     known = {"title", "article", "variants", "stall_s", "nproc", "min_nproc"}
     return Lab(number=m.group(1), name=m.group(2), title=spec["title"], article=spec.get("article", ""),
-               path=path, variants=variants, stall_s=float(spec.get("stall_s", 3.0)),
+               path=path, variants=variants, stall_s=float(spec.get("stall_s", DEFAULT_STALL_S)),
                nproc=int(spec.get("nproc", 2)), min_nproc=int(spec.get("min_nproc", 1)),
                extra={k: v for k, v in spec.items() if k not in known})
 

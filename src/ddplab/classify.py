@@ -1,17 +1,20 @@
-"""Classification: pure functions from evidence to a verdict (status, signature, per-rank facts).
+"""Classification: one pure function, ``judge(Evidence) -> Verdict`` (status, signature, stall
+facts, per-rank facts, the first failure, the divergence), for a job ddplab started, one it
+attached to, and the merged folders of several nodes alike.
 
-No I/O and no clock here: everything comes in as data (``evidence.RunEvidence``, the live ranks
-captured at the verdict, the stall facts), so every rule is tested on evidence captured from real
-runs. Sentences are made later, by ``ddplab.render``.
+No I/O and no clock here: everything comes in as data (``evidence.Evidence``: what the watch loop
+saw, the live ranks captured at the verdict, what the ranks left behind), so every rule is tested
+on evidence captured from real runs. Sentences are made later, by ``ddplab.render``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from . import ledger as ledger_mod
 from . import signatures, stacks
-from .evidence import LiveRank, RunEvidence
+from .defaults import Status
+from .evidence import Evidence, LiveRank, RunEvidence
 from .result import RankResult, Stall
 
 # A rank's error that says only that a peer went away: a consequence, never the cause.
@@ -20,12 +23,18 @@ CONSEQUENCES = {"peer-lost"}
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str
+    status: Status
     signature: str | None
     excerpt: str | None
     ranks: tuple[RankResult, ...]
     first_failure: int | None
     divergence: ledger_mod.Divergence | None
+    stall: Stall | None = None
+
+    def fields(self) -> dict:
+        """The RunResult fields this verdict decides."""
+        return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
+                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall}
 
 
 def locate(live: LiveRank) -> stacks.Where:
@@ -156,32 +165,35 @@ def failed_signature(ev: RunEvidence, first: int | None) -> tuple[str | None, st
     return (m[0].id, m[1]) if m else (None, None)
 
 
+@dataclass(frozen=True)
+class HangFacts:
+    """What the hang rules (``signatures.HANG_RULES``) look at."""
+    alive: tuple[RankResult, ...]          # ranks still running when the job stopped
+    gone: tuple[RankResult, ...]           # ranks that had exited
+    in_coll: tuple[RankResult, ...]        # live ranks blocked in a collective
+    ops: frozenset                         # (op, seq) of those collectives
+    at_rendezvous: bool                    # a live rank waits at the rendezvous or on the store
+    any_ledger: bool                       # a live rank has a collective ledger
+    blocked: tuple                         # (rank, address) of connections getting no answer
+    divergence_kind: str | None
+
+
+def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
+    alive = tuple(r for r in ranks if r.state in ("hung", "running"))
+    in_coll = tuple(r for r in alive if r.where is not None and r.where.kind == "collective")
+    return HangFacts(
+        alive=alive, gone=tuple(r for r in ranks if r.state == "exited"), in_coll=in_coll,
+        ops=frozenset((r.where.op, r.where.seq) for r in in_coll),
+        at_rendezvous=any(r.where is not None and r.where.kind in ("rendezvous", "store") for r in alive),
+        any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
+        divergence_kind=divergence.kind if divergence is not None else None)
+
+
 def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> str:
-    """The catalog entry for a job in which no rank made progress (or that was interrupted)."""
-    alive = [r for r in ranks if r.state in ("hung", "running")]
-    if not alive:
-        return "no-rank-started"
-    if blocked_connections(alive):
-        return "hang-data-port-blocked"
-    gone = [r for r in ranks if r.state == "exited"]
-    kinds = [r.where.kind if r.where else "other" for r in alive]
-    in_coll = [r for r in alive if r.where is not None and r.where.kind == "collective"]
-    if any(k in ("rendezvous", "store") for k in kinds) and not any(r.ledger for r in alive):
-        return "hang-rendezvous"
-    if gone and in_coll:
-        return "hang-rank-exited"
-    if in_coll and len(in_coll) < len(alive):
-        return "hang-rank-elsewhere"
-    if in_coll:
-        if divergence is not None and divergence.kind == "different-sizes":
-            return "hang-different-sizes"
-        ops = {(r.where.op, r.where.seq) for r in in_coll}
-        if len(ops) > 1 or (divergence is not None and divergence.kind == "different-op"):
-            return "hang-different-collectives"
-        return "hang-same-collective"
-    if any(k in ("rendezvous", "store") for k in kinds):
-        return "hang-rendezvous"
-    return "stalled-outside-collectives"
+    """The catalog entry for a job in which no rank made progress (or that was interrupted): the
+    first hang rule of the catalog that holds."""
+    facts = hang_facts(ranks, divergence)
+    return next(s.id for s in signatures.HANG_RULES if s.hang_rule(facts))
 
 
 def blocked_connections(ranks) -> list[tuple[int, str]]:
@@ -191,24 +203,46 @@ def blocked_connections(ranks) -> list[tuple[int, str]]:
             if c.get("status") == "SYN_SENT" and c.get("raddr") and not c["raddr"].startswith("127.")]
 
 
-def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
-            live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
-            records: Mapping[int, tuple]) -> Verdict:
-    ranks = rank_results(nproc, ended_by, returncode, ev, live, ledgers, cpu, records)
+def judge(evidence: Evidence) -> Verdict:
+    """The verdict from the evidence, whatever the job's origin (started, attached, merged nodes)."""
+    w = evidence.watch
+    ev, live, ended_by = evidence.run, evidence.live, w.ended_by
+    ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records)
     div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
+    status = _status(w.ended_by, w.returncode, ev)
+    signature, excerpt, first = _signature(status, ev, live, ranks, div)
+    stall = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, w.waited_for_timeout_s)
+             if ended_by == "stall" and w.stall_s is not None else None)
+    if w.ranks_here is not None:
+        ranks = tuple(r for r in ranks if r.rank in w.ranks_here)
+    if not w.stopped:   # attached and left running: nobody sent it a signal
+        ranks = tuple(replace(r, signal=None) for r in ranks)
+    if evidence.nodes:  # merged from several nodes' folders
+        ranks = tuple(replace(r, node=evidence.nodes.get(r.rank)) for r in ranks)
+    return Verdict(status, signature, excerpt, ranks, first, div, stall)
+
+
+def _status(ended_by: str | None, returncode: int | None, ev: RunEvidence) -> Status:
     if ended_by == "interrupt":
-        status = "interrupted"
-    elif ended_by == "stall":
+        return Status.INTERRUPTED
+    if ended_by == "stall":
         # A rank whose uncaught exception is recorded is terminating: the job has failed, even when
         # that rank's interpreter shutdown (seen: blocked in garbage collection while its peer still
         # held the store connection) or a peer lingering in time.sleep outlasted the stall window.
-        status = "failed" if ev.errors else "hung"
-    elif ended_by == "deadline":
-        status = "deadline"
-    else:
-        status = "ok" if returncode == 0 else "failed"
+        return Status.FAILED if ev.errors else Status.HUNG
+    if ended_by == "deadline":
+        return Status.DEADLINE
+    if ended_by == "watched":       # attach: it kept making progress while watched
+        return Status.RUNNING
+    if ended_by == "exited":        # attach: it ended while watched (its exit status is not ours to read)
+        return Status.EXITED
+    return Status.OK if returncode == 0 else Status.FAILED
+
+
+def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ranks: tuple[RankResult, ...],
+               div: ledger_mod.Divergence | None) -> tuple[str | None, str | None, int | None]:
     signature = excerpt = first = None
-    if status == "failed":
+    if status == Status.FAILED:
         first = first_failure(ev, ranks)
         signature, excerpt = failed_signature(ev, first)
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
@@ -217,13 +251,13 @@ def verdict(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvi
             # Nothing failed on its own: a rank finished (a clean exit, fewer collectives) while
             # its peer still waited in a collective, and gloo closed the peer's connection.
             signature = "rank-exited-early"
-    elif status == "interrupted" and live and waits_for_data(ranks):
+    elif status == Status.INTERRUPTED and live and waits_for_data(ranks):
         signature = "rank-waits-for-data"
-    elif status == "hung" or (status == "interrupted" and live):
+    elif status == Status.HUNG or (status == Status.INTERRUPTED and live):
         signature = hang_signature(ranks, div)
-    elif status == "deadline":
+    elif status == Status.DEADLINE:
         signature = "deadline-exceeded"
-    return Verdict(status, signature, excerpt, ranks, first, div)
+    return signature, excerpt, first
 
 
 def waits_for_data(ranks: tuple[RankResult, ...]) -> list[int]:

@@ -1,9 +1,10 @@
-"""``ddplab list | run | attach | doctor``: the command line.
+"""``ddplab list | run | attach | explain | doctor``: the command line.
 
 User mistakes (DdplabError) become one line on stderr and exit status 2, never a traceback.
 Exit status of ``run``: 0 ok, 1 the job failed, 3 it hung (no rank made progress for the stall
 window), 4 still making progress at the optional --deadline, 130 Ctrl-C.
-``attach``: 3 hung, 0 still making progress or ended while watched.
+``attach``: 3 hung, 0 still making progress or ended while watched. ``explain``: as ``run``'s for
+the merged verdict; 2 for folders that hold no evidence, come from two jobs, or a cut-short dump.
 """
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import signal
 import sys
 
 from . import catalog
+from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, Status
 from .errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
                      DdplabError)
 
-STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "hung": EXIT_HUNG, "deadline": EXIT_DEADLINE,
-               "interrupted": EXIT_INTERRUPTED, "running": EXIT_OK, "exited": EXIT_OK}
+STATUS_EXIT = {Status.OK: EXIT_OK, Status.FAILED: EXIT_RUN_FAILED, Status.HUNG: EXIT_HUNG,
+               Status.DEADLINE: EXIT_DEADLINE, Status.INTERRUPTED: EXIT_INTERRUPTED, Status.RUNNING: EXIT_OK,
+               Status.EXITED: EXIT_OK}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,13 +69,26 @@ def _cmd_attach(a: argparse.Namespace) -> int:
 
     show = TerminalProgress() if not a.json and sys.stderr.isatty() else None
     try:
-        r = attach(a.pid, stall_s=a.stall, watch_s=a.watch, stop=a.stop, progress=show)
+        r = attach(a.pid, stall_s=a.stall, watch_s=a.watch, stop=a.stop, progress=show, save=a.save, force=a.force,
+                   node=a.node)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     finally:
         if show is not None:
             show.close()
     return _show(r, a.json)
+
+
+def _cmd_explain(a: argparse.Namespace) -> int:
+    from . import nodes, render  # noqa: F401  (render: the result's views)
+
+    r = nodes.explain(a.folders)
+    if a.json:
+        print(json.dumps({**r.to_dict(), "first_divergence": nodes.first_divergence(r)}, indent=2, default=str))
+    else:
+        line = nodes.divergence_line(r)
+        print(r.explain() + (f"\n  {line}" if line else ""))
+    return STATUS_EXIT[r.status]
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -118,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--nproc", type=int, default=None, help="number of ranks (default: the lab's, 2 for scripts)")
     pr.add_argument("--stall", type=float, default=None, metavar="S",
                     help="the job is hung when no rank makes progress (CPU, collectives, stack) for S seconds "
-                         "(default 3, or the lab's)")
+                         f"(default {DEFAULT_STALL_S:g}, or the lab's)")
     pr.add_argument("--deadline", type=float, default=None, metavar="S",
                     help="optional outer limit in seconds, for a job that keeps making progress "
                          "(default: none for labs, 1800 for scripts)")
@@ -133,12 +149,26 @@ def build_parser() -> argparse.ArgumentParser:
                                     "unless --stop is given.")
     pa.add_argument("pid", type=int, metavar="PID", help="the pid of torchrun or of one of its ranks")
     pa.add_argument("--stall", type=float, default=None, metavar="S",
-                    help="hung when no rank makes progress for S seconds while watched (default 3)")
-    pa.add_argument("--watch", type=float, default=20.0, metavar="S",
-                    help="stop watching a job that keeps making progress after S seconds (default 20)")
+                    help=f"hung when no rank makes progress for S seconds while watched (default {DEFAULT_STALL_S:g})")
+    pa.add_argument("--watch", type=float, default=DEFAULT_WATCH_S, metavar="S",
+                    help=f"stop watching a job that keeps making progress after S seconds (default {DEFAULT_WATCH_S:g})")
     pa.add_argument("--stop", action="store_true", help="end the whole job after the diagnosis")
     pa.add_argument("--json", action="store_true", help="print the result as JSON")
+    pa.add_argument("--save", metavar="DIR", default=None,
+                    help="write what was found on this node (ranks, ledgers, stacks, errors, last output lines) to "
+                         "DIR, for `ddplab explain` with the other nodes' folders")
+    pa.add_argument("--force", action="store_true", help="with --save: replace DIR if it exists")
+    pa.add_argument("--node", default=None, help="with --save: this node's name (default: the hostname)")
     pa.set_defaults(func=_cmd_attach)
+
+    pe = sub.add_parser("explain", help="one diagnosis from every node's `attach --save` folder, or torch's dumps",
+                        description="Merge the folders `ddplab attach PID --save DIR` wrote on each node of one job "
+                                    "into one diagnosis that names the node and rank where the collectives diverged "
+                                    "first. A folder of torch's flight-recorder dumps ($TORCH_FR_DUMP_TEMP_FILE<rank>) "
+                                    "works too, for a job that never ran under ddplab.")
+    pe.add_argument("folders", nargs="+", metavar="DIR", help="the nodes' folders (or one folder of dumps)")
+    pe.add_argument("--json", action="store_true", help="print the merged result as JSON")
+    pe.set_defaults(func=_cmd_explain)
 
     pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
     pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import psutil
 
+from . import runfiles
 from .errors import DdplabError
 from .system import PARTS, Need, missing
 
@@ -357,7 +358,8 @@ def agents_main(spec_path: str) -> int:
     ranks_dir = Path(spec["ranks_dir"]) if spec.get("ranks_dir") else None
     failed_at, first = None, None
     while any(p.poll() is None for p in procs):
-        errored = sorted(ranks_dir.glob("rank*.error.json")) if ranks_dir is not None and failed_at is None else []
+        errored = sorted(p for p in ranks_dir.glob("rank*") if runfiles.rank_of(p.name, runfiles.ERROR) is not None) \
+            if ranks_dir is not None and failed_at is None else []
         if failed_at is None and (errored or any(p.returncode not in (None, 0) for p in procs)):
             failed_at = time.monotonic()
             first = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), None)

@@ -10,6 +10,11 @@ hook), faulthandler dumps of fatal signals, torchrun's outcome (``torchrun.json`
 ``ddplab._torchrun`` from torchrun's ChildFailedError), the ranks' logs. Nothing here parses
 ddplab's own display text; the only text matched is PyTorch's and the kernel's own messages in the
 ranks' logs (``ddplab.signatures``), and a traceback only where a rank died without a record.
+
+``collect`` puts it together with what the watch loop saw (``Watch``) into one ``Evidence``: all a
+verdict needs (``ddplab.classify.judge``), for a job ddplab started, one it attached to, or the
+folders ``attach --save`` wrote on several nodes (``ddplab.nodes``). The files' names are
+``ddplab.runfiles``'.
 """
 from __future__ import annotations
 
@@ -24,16 +29,24 @@ from typing import Mapping
 import psutil
 
 from . import ledger as ledger_mod
-from . import probe, stacks
+from . import probe, runfiles, stacks
 from .result import RankError
+
+
+def _rank_files(run_dir: Path, kind: str) -> list[tuple[int, Path]]:
+    """(rank, path) of every rank file of one kind in a run folder."""
+    out = []
+    for p in (Path(run_dir) / runfiles.RANKS).glob("rank*"):
+        rank = runfiles.rank_of(p.name, kind)
+        if rank is not None:
+            out.append((rank, p))
+    return sorted(out)
 
 
 def rank_infos(run_dir: Path) -> dict[int, dict]:
     """What each rank's hook wrote at start (pid, socket, the address torchrun gave it)."""
     out = {}
-    for p in (run_dir / "ranks").glob("rank*.json"):
-        if p.name.count(".") != 1:
-            continue  # rankN.error.json, rankN.exit.json
+    for _, p in _rank_files(run_dir, runfiles.INFO):
         try:
             d = json.loads(p.read_text())
             out[int(d["rank"])] = d
@@ -166,7 +179,7 @@ def tcp_connections(proc: psutil.Process) -> tuple[dict, ...]:
 
 def faulthandler_dump(run_dir: Path, rank: int, pid: int, wait_s: float = 1.0) -> list:
     """SIGUSR1 to the rank's faulthandler (registered by the rank hook); its dump of the main thread."""
-    path = run_dir / "ranks" / f"rank{rank}.stack.txt"
+    path = Path(runfiles.rank_path(run_dir, rank, runfiles.STACK))
     start = path.stat().st_size if path.exists() else 0
     try:
         os.kill(pid, signal.SIGUSR1)
@@ -216,7 +229,7 @@ def read(path: Path) -> str:
 def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
     """(rank, file) for every rank's stdout.log and stderr.log, last attempt only."""
     found: dict[tuple[int, str], Path] = {}
-    for p in sorted((run_dir / "torchrun").glob("*/attempt_*/*/std*.log")):
+    for p in sorted((run_dir / runfiles.TORCHRUN_LOGS).glob("*/attempt_*/*/std*.log")):
         try:
             found[(int(p.parent.name), p.name)] = p
         except ValueError:
@@ -227,7 +240,7 @@ def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
 def read_run(run_dir: Path) -> RunEvidence:
     infos = rank_infos(run_dir)
     errors = {}
-    for p in (run_dir / "ranks").glob("rank*.error.json"):
+    for _, p in _rank_files(run_dir, runfiles.ERROR):
         try:
             d = json.loads(p.read_text())
             errors[int(d["rank"])] = RankError.from_dict(d)
@@ -235,7 +248,7 @@ def read_run(run_dir: Path) -> RunEvidence:
             continue
     tr = None
     try:
-        tr = json.loads((run_dir / "torchrun.json").read_text())
+        tr = json.loads((run_dir / runfiles.TORCHRUN).read_text())
     except (OSError, ValueError):
         pass
     exits = {int(r): f for r, f in (tr or {}).get("failures", {}).items()}
@@ -244,11 +257,11 @@ def read_run(run_dir: Path) -> RunEvidence:
         logs[rank] = logs.get(rank, "") + read(path)
     fatal = {}
     for rank in infos:
-        text = read(run_dir / "ranks" / f"rank{rank}.stack.txt")
+        text = read(Path(runfiles.rank_path(run_dir, rank, runfiles.STACK)))
         if "Fatal Python error" in text:
             fatal[rank] = stacks.parse_faulthandler(text[text.rfind("Fatal Python error"):])
     clean_exit, final_ledgers = {}, {}
-    for p in (run_dir / "ranks").glob("rank*.exit.json"):
+    for _, p in _rank_files(run_dir, runfiles.EXIT):
         try:
             d = json.loads(p.read_text())
         except (ValueError, OSError):
@@ -258,14 +271,73 @@ def read_run(run_dir: Path) -> RunEvidence:
             clean_exit[rank] = float(d.get("time", 0))
         if d.get("ledger"):
             final_ledgers[rank] = ledger_mod.parse(d["ledger"])
-    return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / "torchrun.log"), clean_exit, final_ledgers)
+    return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
+                       final_ledgers)
 
 
 def records(run_dir: Path, rank: int) -> tuple[dict, ...]:
     out = []
-    for line in read(run_dir / "ranks" / f"rank{rank}.records.jsonl").splitlines():
+    for line in read(Path(runfiles.rank_path(run_dir, rank, runfiles.RECORDS))).splitlines():
         try:
             out.append(json.loads(line))
         except ValueError:
             continue
     return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Everything a verdict needs
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Watch:
+    """What the one watch loop saw (``ddplab.supervise.watch``), as data."""
+    ended_by: str | None      # None (torchrun exited), "exited" (every attached rank did), "stall",
+                              # "deadline", "watched" (attach's watch time ran out), "interrupt"
+    returncode: int | None    # torchrun's exit status when it ended on its own
+    world: int                # ranks in the job (a multi-node job: every node's)
+    stall_s: float | None     # the stall window (None: nobody watched, as for torch's own dumps)
+    wall_s: float             # seconds watched
+    idle_s: float             # seconds since the last progress, at the verdict
+    since_s: float            # the last progress, seconds after the watch began
+    waited_for_timeout_s: float | None = None
+    cpu: dict = field(default_factory=dict)       # rank -> CPU seconds (with its children)
+    ledgers: dict = field(default_factory=dict)   # rank -> the last ledger sampled
+    pids: dict = field(default_factory=dict)      # rank -> pid
+    attached: bool = False    # a job ddplab did not start (``ddplab attach``)
+    stopped: bool = True      # the job was ended (always for ``run``; ``attach --stop``)
+    ranks_here: tuple[int, ...] | None = None     # attach: the ranks on this machine (None: all)
+    leftover: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class Evidence:
+    """Everything ``classify.judge`` needs: what the loop saw, what the live ranks showed at the
+    verdict, and what the ranks left behind."""
+    watch: Watch
+    run: RunEvidence
+    live: dict[int, LiveRank]
+    ledgers: dict[int, tuple]     # rank -> its newest ledger
+    records: dict[int, tuple]     # rank -> ddplab.lab.record's events
+    nodes: dict[int, str] = field(default_factory=dict)   # rank -> node name (merged folders)
+
+
+def empty_run(pids: Mapping[int, int]) -> RunEvidence:
+    """No folder to read (a job ddplab did not start): only the ranks' pids."""
+    return RunEvidence(infos={r: {"pid": p} for r, p in pids.items()}, errors={}, exits={}, torchrun=None, logs={},
+                       fatal={}, console="")
+
+
+def collect(watch: Watch, live: Mapping[int, LiveRank], run_dir: Path | None) -> Evidence:
+    """One Evidence from the loop's facts, the live ranks and the run folder (None: nothing left
+    behind to read). Each rank's newest ledger: the last one sampled, an exited rank's own last word
+    from its exit record, a live rank's read at the verdict."""
+    run = read_run(Path(run_dir)) if run_dir is not None else empty_run(watch.pids)
+    for r, pid in watch.pids.items():
+        run.infos.setdefault(r, {"pid": pid})
+    ledgers = dict(watch.ledgers)
+    ledgers.update(run.final_ledgers)
+    ledgers.update({r: lv.ledger for r, lv in live.items() if lv.ledger})
+    recs = {r: records(Path(run_dir), r) for r in range(watch.world)} if run_dir is not None else {}
+    return Evidence(watch, run, dict(live), ledgers, recs)

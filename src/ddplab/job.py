@@ -1,6 +1,7 @@
 """The job and its command: resolve what the user asked for (one clear error for each mistake),
-build the torchrun command line in one place (accelerate's ``get_launch_command``) and the ranks'
-environment (a copy; the caller's is never touched).
+build the torchrun command line and the ranks' environment in one place (``build_command``, a
+multi-node job's included; accelerate's ``get_launch_command``), the environment a copy (the
+caller's is never touched).
 """
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from . import catalog, ports
+from . import catalog, ports, runfiles
+from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S
 from .envutil import child_environment
 from .errors import DdplabError
 
 HOOK_DIR = Path(__file__).resolve().parent / "_rankhook"
-# A job is hung when every live rank has made no progress for the stall window (ddplab.supervise).
-DEFAULT_STALL_S = 3.0
-# The outer limit, a safety net and not the hang rule: none for labs, half an hour for a script
-# (torch's own default collective timeout), whatever it is doing.
-DEFAULT_SCRIPT_DEADLINE_S = 1800.0
 # Flight-recorder entries each rank keeps (a ring buffer; each read returns all of it, ~400 bytes an entry).
 FR_BUFFER_SIZE = 2000
 
@@ -135,9 +132,18 @@ def seconds(value: object, flag: str, hint: str) -> float:
     return out
 
 
+def build_command(job: Job, cluster=None) -> tuple[list[str], dict[str, str], dict | None]:
+    """The job's parent command, its environment and, for a multi-node job on ``cluster``, the
+    spec its parent reads (``runfiles.CLUSTER``; None for a single-node job)."""
+    if cluster is None:
+        return build_launch_command(job), launch_environment(job), None
+    cmd, spec = build_cluster_command(job, cluster)
+    return cmd, launch_environment(job, nodes=len(cluster.members)), spec
+
+
 def build_launch_command(job: Job) -> list[str]:
     """The torchrun command line, built in one place (accelerate's ``get_launch_command``)."""
-    return torchrun_command(job, job.run_dir / "torchrun.json", nnodes=1, endpoint=f"{job.host}:{job.port}",
+    return torchrun_command(job, job.run_dir / runfiles.TORCHRUN, nnodes=1, endpoint=f"{job.host}:{job.port}",
                             local_addr=job.host)
 
 
@@ -160,7 +166,7 @@ def torchrun_command(job: Job, result: Path, nnodes: int, endpoint: str, local_a
         "--local-addr", local_addr,
         "--max-restarts", "0",
         # Each rank's stdout and stderr in its own file under the run directory.
-        "--log-dir", str(job.run_dir / "torchrun"),
+        "--log-dir", str(job.run_dir / runfiles.TORCHRUN_LOGS),
         "--redirects", "3",
         str(job.script), *job.args,
     ]
@@ -178,20 +184,23 @@ def build_cluster_command(job: Job, cluster) -> tuple[list[str], dict]:
     endpoint = f"{cluster.master.address}:{job.port or CLUSTER_RDZV_PORT}"
     nodes = []
     for node in cluster.members:
-        result = job.run_dir / f"torchrun.node{node.index}.json"
+        result = job.run_dir / runfiles.node_torchrun(node.index)
         # is_host: node 0 hosts the rendezvous store because we say so, not because its hostname
         # resolves to the endpoint's address (with Debian's "127.0.1.1 <hostname>" line it would not,
         # and every agent would wait for a store nobody serves).
         cmd = node.exec_prefix() + torchrun_command(job, result, len(cluster.members), endpoint, node.address,
                                                     rdzv_conf=f"is_host={int(node.index == 0)}")
         nodes.append({"index": node.index, "command": cmd, "result": str(result),
-                      "log": str(job.run_dir / f"torchrun.node{node.index}.log")})
-    spec = {"result": str(job.run_dir / "torchrun.json"), "nodes": nodes, "cluster": cluster.describe(),
-            "ranks_dir": str(job.run_dir / "ranks"), "nproc_per_node": job.nproc}
-    return [sys.executable, "-m", "ddplab.cluster", "agents", str(job.run_dir / "cluster.json")], spec
+                      "log": str(job.run_dir / runfiles.node_log(node.index))})
+    spec = {"result": str(job.run_dir / runfiles.TORCHRUN), "nodes": nodes, "cluster": cluster.describe(),
+            "ranks_dir": str(job.run_dir / runfiles.RANKS), "nproc_per_node": job.nproc}
+    return [sys.executable, "-m", "ddplab.cluster", "agents", str(job.run_dir / runfiles.CLUSTER)], spec
 
 
-def launch_environment(job: Job) -> dict[str, str]:
+def launch_environment(job: Job, nodes: int = 1) -> dict[str, str]:
+    """The ranks' environment (a copy). On a multi-node job (``nodes`` > 1, every node on this
+    machine) each rank's share of the cores counts every node's ranks, and the host's interface
+    names mean nothing on a node: gloo's interface is the job's own choice, or gloo's."""
     cores = os.cpu_count() or 1
     changes: dict[str, object] = {
         "DDPLAB_RUN_DIR": str(job.run_dir),
@@ -208,8 +217,10 @@ def launch_environment(job: Job) -> dict[str, str]:
         changes["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE   # torch's flight recorder: the collective ledger
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun would set 1 with a warning banner; give each rank its share of the cores instead.
-        changes["OMP_NUM_THREADS"] = max(1, cores // job.nproc)
-    if job.host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        changes["OMP_NUM_THREADS"] = max(1, cores // (job.nproc * nodes))
+    if nodes > 1:
+        changes["GLOO_SOCKET_IFNAME"] = None
+    elif job.host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
         ifname = _loopback_ifname()
         if ifname:
             changes["GLOO_SOCKET_IFNAME"] = ifname  # gloo would otherwise pick the hostname's interface

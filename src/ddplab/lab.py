@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddplab import turns
+from ddplab import runfiles, turns
 
 # make workbook: a run whose verdicts compare times waits here (torch imported, nothing timed yet)
 # until the launcher has the machine alone for it (ddplab.turns); elsewhere this returns at once
@@ -93,9 +93,9 @@ def record(event: str, **fields: object) -> dict:
     line = json.dumps(rec, default=_jsonable)
     run_dir = os.environ.get("DDPLAB_RUN_DIR")
     if run_dir:
-        folder = os.path.join(run_dir, "ranks")
+        folder = os.path.join(run_dir, runfiles.RANKS)
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"rank{rec['rank']}.records.jsonl"), "a") as f:
+        with open(os.path.join(folder, runfiles.rank_name(rec["rank"], runfiles.RECORDS)), "a") as f:
             f.write(line + "\n")
     print(f"[rank {rec['rank']}] {line}", flush=True)
     return rec

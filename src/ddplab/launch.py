@@ -1,9 +1,9 @@
 """Run a job and judge it: the one entry point (``ddplab.run``), wiring the seams together.
 
     job (ddplab.job)           what to run: resolved input, the torchrun command, the ranks' environment
-    supervise (ddplab.supervise)  one poll loop: each rank's progress (CPU, ledger, stack); the stall rule
-    evidence (ddplab.evidence) what the ranks did: stacks, ledgers, exception and exit records
-    classify (ddplab.classify) pure functions from evidence to status, signature and per-rank facts
+    supervise (ddplab.supervise)  the one watch loop: each rank's progress (CPU, ledger, stack); the stall rule
+    evidence (ddplab.evidence) collect: what the loop saw, the live ranks, what the ranks left behind
+    classify (ddplab.classify) judge(evidence): status, signature, stall facts, per-rank facts
     render (ddplab.render)     sentences, HTML and the live status line, made only when shown
 
 A job is *hung* when every live rank has made no progress for the stall window (progress is
@@ -16,20 +16,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import catalog, classify, evidence, render, turns, warm
-from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
-                  build_launch_command,
+from . import classify, evidence, render, runfiles, turns, warm
+from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S  # noqa: F401  (re-exported)
+from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .result import RunResult
-from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor
+from .supervise import PROGRESS_EVERY_S, Snapshot, Supervisor, watch  # noqa: F401
 
-PROGRESS_EVERY_S = 1.0
 Progress = Callable[[Snapshot], None]
 
 
@@ -138,127 +137,93 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
     gets a cluster of its own, made and removed around the run.
     """
-    lab = None if isinstance(target, os.PathLike) else catalog.find_lab(target)
-    spec = (lab.extra.get("network") or {}).get(variant or lab.default_variant) if lab is not None else None
+    # the lab is looked up once, here (job.lab)
+    job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
+                  run_root=Path(run_root) if run_root else None, stall_s=stall_s)
+    spec = (job.lab.extra.get("network") or {}).get(job.variant) if job.lab is not None else None
     if cluster is None and spec is not None:
         from . import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
-            return run(target, variant, nproc, deadline_s, args, {**spec.get("env", {}), **dict(env or {})}, port,
-                       stream, run_root, grace_s, stall_s, progress, cluster=made)
-    measured = lab is not None and lab.variant(variant or lab.default_variant).measured is not None
+            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
+    return _turn(job, stream, grace_s, progress, cluster)
+
+
+def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
+    measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s,
-                    progress, cluster, turn)
+        return _run(job, stream, grace_s, progress, cluster, turn)
 
 
-def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s, progress,
-         cluster, turn: turns.Turn) -> RunResult:
-    job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
-                  run_root=Path(run_root) if run_root else None, stall_s=stall_s)
+def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunResult:
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    (job.run_dir / "ranks").mkdir(exist_ok=True)
+    (job.run_dir / runfiles.RANKS).mkdir(exist_ok=True)
     socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
     world = job.nproc * (len(cluster.members) if cluster is not None else 1)
-    penv = launch_environment(job)
-    if cluster is None:
-        cmd = build_launch_command(job)
-    else:
-        cmd, spec = build_cluster_command(job, cluster)
-        (job.run_dir / "cluster.json").write_text(json.dumps(spec, indent=2))
-        # The host's interface names mean nothing on a node: gloo's interface is the job's choice.
-        penv.pop("GLOO_SOCKET_IFNAME", None)
-        penv.update({k: v for k, v in job.env.items() if k == "GLOO_SOCKET_IFNAME"})
-        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-            penv["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
-    go = None if turn.ready() else job.run_dir / "machine.go"   # created once the machine is the run's
+    cmd, penv, spec = build_command(job, cluster)
+    if spec is not None:
+        (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))
+    go = None if turn.ready() else job.run_dir / runfiles.MACHINE_GO   # created once the machine is the run's
     if go is not None:
         penv[turns.GO_ENV] = f"{go} {os.getpid()}"
     show = auto_progress() if progress == "auto" else progress
     echo = _Echo(job.run_dir, before_line=getattr(show, "close", None) if isinstance(show, TerminalProgress) else None) \
         if stream else None
 
-    with open(job.run_dir / "torchrun.log", "wb") as console:
+    with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
         # Own session: Ctrl-C in a terminal does not reach torchrun directly; ddplab ends it below.
         # A single-node job's agent is forked from a process that imported torch already (ddplab.warm:
         # the first run may wait for that import, which is neither the job's time nor a stall).
         proc = warm.start(cmd, penv, console)
     t0 = time.monotonic()   # the job's clock starts with its agent
     # which agent ran it: forked warm (its parent: ddplab.warm's process) or started cold
-    (job.run_dir / "command.json").write_text(json.dumps(
+    (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
         {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
          "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
     sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0)
-    ended_by: str | None = None
-    result: RunResult | None = None
-    shown = 0.0
+
+    def tick(now: float) -> None:
+        nonlocal go
+        if go is not None:
+            # waiting for its turn is not a stall: the stall window starts when the ranks may go
+            sup.job_progress = now
+            if turn.ready():
+                go.touch()
+                go = None
+        if echo:
+            echo()
+
+    ended_by = None
     try:
-        while proc.poll() is None:
-            now = time.monotonic()
-            sup.poll()
-            if go is not None:
-                # waiting for its turn is not a stall: the stall window starts when the ranks may go
-                sup.job_progress = now
-                if turn.ready():
-                    go.touch()
-                    go = None
-            if echo:
-                echo()
-            if show is not None and now - shown >= PROGRESS_EVERY_S:
-                shown = now
-                show(sup.snapshot(now))
-            if job.deadline_s is not None and now - t0 >= job.deadline_s:
-                ended_by = "deadline"
-                break
-            if sup.stalled(now):
-                ended_by = "stall"
-                break
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        ended_by = "interrupt"
-        raise
+        ended_by = watch(sup, limit_s=job.deadline_s, limit="deadline", on_tick=tick, show=show)
     finally:
         if isinstance(show, TerminalProgress):
             show.close()
-        result = _finish(job, cmd, proc, sup, ended_by, t0, grace_s, world)
+        result = _result(job, cmd, sup, ended_by, grace_s)
         if echo:
             echo()
         if isinstance(show, NotebookProgress):
             show.close(result)
-        if ended_by == "interrupt":
-            print(f"ddplab: interrupted; the job was ended and its evidence saved in {result.run_dir}", file=sys.stderr)
+    if ended_by == "interrupt":
+        print(f"ddplab: interrupted; the job was ended and its evidence saved in {result.run_dir}", file=sys.stderr)
+        raise KeyboardInterrupt
     return result
 
 
-def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, ended_by: str | None,
-            t0: float, grace_s: float, world: int | None = None) -> RunResult:
-    """Read the live evidence (if the job was stopped), end every process, classify, save."""
-    notes: list[str] = []
-    live: dict = {}
-    now = time.monotonic()
-    if ended_by is not None:
-        live = sup.capture(job.run_dir)
-        notes += [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and lv.source != "py-spy"]
-    leftover = sup.terminate(grace_s) if (ended_by is not None or sup.alive_processes()) else ()
-    if leftover:
-        notes.append(f"processes still alive after cleanup: {list(leftover)}")
-    else:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
+def _result(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, grace_s: float) -> RunResult:
+    """End every process (live evidence read first: Supervisor.end), collect the evidence, judge, and
+    save the result with what only ``run`` knows (the job's target, command and port)."""
+    seen, live = sup.end(ended_by, grace_s)
+    if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
         shutil.rmtree(socket_dir(job.run_dir), ignore_errors=True)
-    returncode = proc.returncode if ended_by is None else None
-    ev = evidence.read_run(job.run_dir)
-    ledgers = sup.ledgers(live, ev.final_ledgers)
-    cpu = {r: round(w.cpu_s, 3) for r, w in sup.ranks.items()}
-    world = world or job.nproc
-    records = {r: evidence.records(job.run_dir, r) for r in range(world)}
-    v = classify.verdict(world, ended_by, returncode, ev, live, ledgers, cpu, records)
-    stall = sup.stall_facts(now, v.ranks) if ended_by == "stall" else None
-    master = next((i for i in ev.infos.values() if i.get("master_port")), None)
+    ev = evidence.collect(seen, live, job.run_dir)
+    v = classify.judge(ev)
+    master = next((i for i in ev.run.infos.values() if i.get("master_port")), None)
     result = RunResult(
-        target=job.target, variant=job.variant, nproc=world, status=v.status, signature=v.signature,
-        excerpt=v.excerpt, ranks=v.ranks, wall_s=round(time.monotonic() - t0, 3), run_dir=str(job.run_dir),
-        command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
-        port=int(master["master_port"]) if master else (job.port or None), returncode=returncode,
-        leftover=leftover, notes=tuple(notes), first_failure=v.first_failure, stall=stall, divergence=v.divergence)
+        target=job.target, variant=job.variant, nproc=seen.world, wall_s=seen.wall_s,
+        run_dir=str(job.run_dir), command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
+        port=int(master["master_port"]) if master else (job.port or None), returncode=seen.returncode,
+        leftover=seen.leftover, notes=seen.notes, **v.fields())
     result.save()
     return result

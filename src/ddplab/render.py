@@ -8,6 +8,7 @@ from __future__ import annotations
 import html as _html
 from typing import TYPE_CHECKING
 
+from . import result as _result
 from .ledger import numel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -281,3 +282,7 @@ def status_line(snap: "Snapshot") -> str:
             parts.append(f"rank {row['rank']}: {st}")
     idle = f" | no progress for {snap.idle_s:.0f} s (hung at {snap.stall_s:g} s)" if snap.idle_s >= 1.0 else ""
     return f"{snap.elapsed_s:5.1f} s | " + " | ".join(parts) + idle
+
+
+# result is data and imports no view: the views are registered here, where they live.
+_result.register_views(diagnosis=diagnosis, explain=explain, headline=headline, html=html, wait_phrase=wait_phrase)

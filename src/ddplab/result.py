@@ -1,7 +1,9 @@
 """What a run returns: frozen dataclasses of facts, with ``to_dict()``, saved as ``result.json``.
 
-Facts are fields (op, seq, frame, exception type); sentences are made from them only when shown
-(``ddplab.render``): ``diagnosis``, ``explain()``, ``waits_in`` and ``user_frame`` are views, never
+Facts are fields (op, seq, frame, exception type); sentences are made from them only when shown.
+This module is data and imports no view: ``ddplab.render`` imports it and registers the views
+(``register_views``) that ``diagnosis``, ``explain()``, ``headline()``, ``waits_in`` and
+``_repr_html_`` call, so they are never stored (``result.json`` holds no rendered text) and never
 read back. Notebooks and tests assert on the fields.
 """
 from __future__ import annotations
@@ -10,12 +12,26 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from typing import Callable
+
+from . import runfiles
+from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
 from .ledger import Collective, Divergence
 from .stacks import Frame, Where
 
-# "running" and "exited" come only from `ddplab attach` (a job watched, not started): it kept
-# making progress while watched, or it ended while watched.
-STATUSES = ("ok", "failed", "hung", "deadline", "interrupted", "running", "exited")
+# The views, registered by ddplab.render (which imports this module, never the reverse).
+_VIEWS: dict[str, Callable] = {}
+
+
+def register_views(**views: Callable) -> None:
+    """ddplab.render's functions for diagnosis, explain, headline, html and wait_phrase."""
+    _VIEWS.update(views)
+
+
+def _view(name: str) -> Callable:
+    if name not in _VIEWS:
+        raise RuntimeError(f"no {name} view: import ddplab.render (ddplab.run and the CLI do) to show a result")
+    return _VIEWS[name]
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class RankResult:
     records: tuple[dict, ...] = ()
     log_tail: str = ""
     consequence: bool = False      # its error only says that a peer went away (not a cause)
+    node: str | None = None        # the node it ran on (``ddplab explain`` of several nodes' folders)
 
     # --- views (made from the fields above, for people; never parsed) ---------------------------
     @property
@@ -97,8 +114,7 @@ class RankResult:
 
     @property
     def waits_in(self) -> str | None:
-        from .render import wait_phrase
-        return wait_phrase(self.where) if self.where is not None and self.state in ("hung", "running") else None
+        return _view("wait_phrase")(self.where) if self.where is not None and self.state in ("hung", "running") else None
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -130,7 +146,7 @@ class RunResult:
     wall_s: float
     run_dir: str
     command: tuple[str, ...]
-    stall_s: float = 3.0          # the stall window the run was judged with
+    stall_s: float = DEFAULT_STALL_S          # the stall window the run was judged with
     deadline_s: float | None = None   # the optional outer limit
     port: int | None = None
     returncode: int | None = None  # torchrun's own exit status (None when ddplab ended it)
@@ -172,11 +188,10 @@ class RunResult:
         d["notes"] = list(self.notes)
         d["stall"] = self.stall.to_dict() if self.stall else None
         d["divergence"] = self.divergence.to_dict() if self.divergence else None
-        d["diagnosis"] = self.diagnosis   # a view, saved for people reading the file; never read back
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
-        path = Path(path or Path(self.run_dir) / "result.json")
+        path = Path(path or Path(self.run_dir) / runfiles.RESULT)
         path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
         return path
 
@@ -194,23 +209,19 @@ class RunResult:
     def load(cls, path: str | Path) -> "RunResult":
         p = Path(path)
         if p.is_dir():
-            p = p / "result.json"
+            p = p / runfiles.RESULT
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people (ddplab.render) ----------------------------------------------------------
+    # --- for people: views registered by ddplab.render ---------------------------------------
     @property
     def diagnosis(self) -> str:
-        from .render import diagnosis
-        return diagnosis(self)
+        return _view("diagnosis")(self)
 
     def headline(self) -> str:
-        from .render import headline
-        return headline(self)
+        return _view("headline")(self)
 
     def explain(self) -> str:
-        from .render import explain
-        return explain(self)
+        return _view("explain")(self)
 
     def _repr_html_(self) -> str:
-        from .render import html
-        return html(self)
+        return _view("html")(self)

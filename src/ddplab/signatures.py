@@ -2,13 +2,16 @@
 
 Text signatures match PyTorch's own messages, in a rank's exception record first and its log
 after (the patterns are tested against messages captured from real runs, kept in ``tests/data/``).
-Hang signatures are decided by ``ddplab.classify`` from where each rank stood when the job stopped
-making progress. This module is data and pure lookups only.
+Hang signatures are decided from where each rank stood when the job stopped making progress: each
+carries its own rule (``hang_rule``, a predicate over ``ddplab.classify.HangFacts``) and its
+precedence; ``classify.hang_signature`` takes the first whose rule holds. Adding one is one entry
+here and one captured example in ``tests/data``. This module is data and pure lookups only.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,8 @@ class Signature:
     patterns: tuple[str, ...]   # regexes (re.M); empty for stack signatures
     explanation: str            # two lines: what happened, what to do
     lab: str                    # the lab that teaches it ("01")
+    hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
+    precedence: int = 0                 # hang rules are tried lowest first
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -28,7 +33,7 @@ class Signature:
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "patterns": list(self.patterns),
-                "explanation": self.explanation, "lab": self.lab}
+                "explanation": self.explanation, "lab": self.lab}  # (hang_rule: code, not data)
 
 
 # Most specific first: the first entry whose pattern matches names the failure.
@@ -157,7 +162,8 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "At least one rank had already finished while the others still waited in a collective.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
-        "01"),
+        "01",
+        hang_rule=lambda f: bool(f.gone and f.in_coll), precedence=40),
     Signature(
         "rank-exited-early", "A rank finished while another still waited in a collective",
         (),
@@ -175,49 +181,57 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"
         "Make the control flow the same on every rank: the same number of steps, no collective under `if rank == ...`.",
-        "01"),
+        "01",
+        hang_rule=lambda f: bool(f.in_coll) and (len(f.ops) > 1 or f.divergence_kind == "different-op"), precedence=70),
     Signature(
         "hang-different-sizes", "Ranks wait in the same collective with different sizes",
         (),
         "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"
         "Agree on sizes first (all-reduce MAX of the lengths, pad, then the collective) or use the *_object variants.",
-        "03"),
+        "03",
+        hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60),
     Signature(
         "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
         (),
         "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
         "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
-        "01"),
+        "01",
+        hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50),
     Signature(
         "hang-same-collective", "All ranks wait in the same collective",
         (),
         "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
         "Check the network (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and that every rank uses the same backend and world size.",
-        "07"),
+        "07",
+        hang_rule=lambda f: bool(f.in_coll), precedence=80),
     Signature(
         "hang-data-port-blocked", "A rank's connection to another node gets no answer (a firewall drops it)",
         (),
         "A rank is stuck connecting (TCP SYN_SENT, no reply) to a port on another node: the store torchrun gives the workers\n"
         "(MASTER_PORT, a random port) or gloo's data port (also random). Open the cluster's own subnet between the nodes, not one port.",
-        "09"),
+        "09",
+        hang_rule=lambda f: bool(f.blocked), precedence=20),
     Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),
         "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
         "Check that every rank starts, agrees on MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and set a join timeout on purpose.",
-        "06"),
+        "06",
+        hang_rule=lambda f: f.at_rendezvous and (not f.any_ledger or not f.in_coll), precedence=30),
     Signature(
         "stalled-outside-collectives", "No rank makes progress, and none is in a collective",
         (),
         "Every rank stopped outside torch.distributed: sleeping, waiting on a socket, a lock, a pipe or a subprocess.\n"
         "Read each rank's line: the wait is in the script's own code, not in a collective.",
-        "05"),
+        "05",
+        hang_rule=lambda f: True, precedence=90),
     Signature(
         "no-rank-started", "No rank started",
         (),
         "torchrun made no progress and started no rank.\n"
         "Run the script once by itself (python script.py) to see it import; check torchrun's output in the run directory.",
-        "06"),
+        "06",
+        hang_rule=lambda f: not f.alive, precedence=10),
     Signature(
         "deadline-exceeded", "Still making progress at the outer deadline",
         (),
@@ -233,6 +247,8 @@ STACK_CATALOG: tuple[Signature, ...] = (
 )
 
 BY_ID = {s.id: s for s in CATALOG + STACK_CATALOG}
+# The hang rules in the order they are tried.
+HANG_RULES: tuple[Signature, ...] = tuple(sorted((s for s in STACK_CATALOG if s.hang_rule), key=lambda s: s.precedence))
 
 
 def get(sig_id: str) -> Signature:

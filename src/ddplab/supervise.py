@@ -1,4 +1,11 @@
-"""Supervision: one poll loop over a running job, the stall rule, and ending the job.
+"""Supervision: the one watch loop (``watch``) over a job, the stall rule, and ending the job.
+
+Any origin goes through the same loop: a job ddplab started (``Supervisor``, from ``ddplab.run``) or
+one it attached to (``ddplab.attach``'s subclass: ranks found in the process tree), with an outer
+limit (``deadline``) or a watch time (``watched``). At the end ``Supervisor.end`` captures the live
+ranks and ends the job (or leaves it running), and returns what the loop saw as data
+(``evidence.Watch``); ``evidence.collect`` adds what the ranks left behind and
+``classify.judge`` decides. Nothing here classifies.
 
 Progress is evidence from the ranks, never the clock: a rank makes progress when its CPU time grows
 (with its child processes: DataLoader workers), when its collective ledger moves (torch's flight
@@ -29,27 +36,26 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
-from . import classify, evidence, probe, stacks
+from . import evidence, probe, stacks
 from . import ledger as ledger_mod
-from .result import RankResult, Stall
+from .defaults import GRACE_S, TIMEOUT_GRACE_S, TIMEOUT_PATIENCE_S  # noqa: F401  (re-exported)
 
-POLL_S = 0.05                 # how often torchrun's exit is checked
+POLL_S = 0.05                 # how often the loop checks the job's end
+PROGRESS_EVERY_S = 1.0        # how often the live status line is shown
 SAMPLE_S = 0.25               # how often the ranks are sampled (CPU)
 LEDGER_EVERY_S = 0.5          # how often each rank's ledger is read
 STACK_EVERY_S = 1.0           # how often an idle rank's stack is fingerprinted
 CPU_WINDOW_S = 1.0
 CPU_PROGRESS_CORES = 0.03     # CPU use over the window above this is progress (a blocked rank: ~0.003)
-TIMEOUT_PATIENCE_S = 30.0     # wait for PyTorch's own timeout when it fires within this
-TIMEOUT_GRACE_S = 3.0         # ... plus this, for the error to be raised and the rank to exit
 # A TCPStore client that cannot connect retries once after its timeout (torch 2.13: "retrying (try=0,
 # timeout=..., delay=...)"), so it raises after about 2-2.5x the timeout it was given (measured: 3 s ->
 # 5.7-7.2 s, 8 s -> 19.5 s). A rendezvous timeout is expected to fire within this multiple of it.
 RDZV_TIMEOUT_FACTOR = 2.5
 RDZV_PROBE_PATIENCE_S = 3.0  # how long a rank's worker server may take to say where it dials, at a verdict
-GRACE_S = 1.5                 # SIGTERM to SIGKILL
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -147,6 +153,7 @@ class Supervisor:
 
     def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float):
         self.proc, self.run_dir, self.nproc, self.stall_s, self.t0 = proc, run_dir, nproc, stall_s, t0
+        self.world = nproc               # ranks numbered 0..world-1 (attach: this machine's may be fewer)
         self.known: dict[int, psutil.Process] = {}
         try:
             self.known[proc.pid] = psutil.Process(proc.pid)
@@ -354,20 +361,40 @@ class Supervisor:
         infos = {w.rank: {"pid": w.pid, "socket": w.sock} for w in self.live()}
         return evidence.capture_live(run_dir, infos, {r: w.ledger for r, w in self.ranks.items()})
 
-    def ledgers(self, live: dict, final: dict | None = None) -> dict[int, tuple]:
-        """Each rank's newest ledger: the last one sampled, an exited rank's own last word from its
-        exit record, a live rank's read at the verdict."""
-        out = {r: w.ledger for r, w in self.ranks.items() if w.ledger}
-        out.update(final or {})
-        out.update({r: lv.ledger for r, lv in live.items() if lv.ledger})
-        return out
-
-    def stall_facts(self, now: float, ranks: tuple[RankResult, ...]) -> Stall:
-        """Why the job was judged hung: the window, how long nothing moved, since when (after t0)."""
-        return classify.stall_facts(self.stall_s, now - self.job_progress, self.job_progress - self.t0, ranks,
-                                    self.waited_for_timeout_s)
-
     # --- the end -----------------------------------------------------------------------------------
+    attached = False
+    finished_as: str | None = None     # how watch() names a job that ended on its own
+
+    def finished(self) -> bool:
+        """The job ended on its own: torchrun exited."""
+        return self.proc.poll() is not None
+
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def end(self, ended_by: str | None, grace_s: float = GRACE_S, stop: bool = True,
+            capture_dir: Path | None = None) -> tuple["evidence.Watch", dict]:
+        """At the verdict: the loop's facts (measured now), each live rank captured (if the job did not
+        end on its own), then the job ended (``stop``; always for a job ddplab started)."""
+        now = time.monotonic()
+        live = self.capture(capture_dir or self.run_dir) if ended_by not in (None, "exited") else {}
+        notes = [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and lv.source != "py-spy"]
+        leftover: tuple[int, ...] = ()
+        if stop and (ended_by is not None or self.alive_processes()):
+            leftover = self.terminate(grace_s)
+            if leftover:
+                notes.append(f"processes still alive after cleanup: {list(leftover)}")
+        watch = evidence.Watch(
+            ended_by=ended_by, returncode=self.returncode() if ended_by in (None, "exited") else None,
+            world=self.world, stall_s=self.stall_s, wall_s=round(time.monotonic() - self.t0, 3),
+            idle_s=now - self.job_progress, since_s=self.job_progress - self.t0,
+            waited_for_timeout_s=self.waited_for_timeout_s,
+            cpu={r: round(w.cpu_s, 3) for r, w in self.ranks.items()},
+            ledgers={r: w.ledger for r, w in self.ranks.items() if w.ledger},
+            pids={r: w.pid for r, w in self.ranks.items()}, attached=self.attached, stopped=stop,
+            leftover=leftover, notes=tuple(notes))
+        return watch, live
+
     def alive_processes(self) -> list[psutil.Process]:
         return [p for p in self.known.values() if _alive(p)]
 
@@ -401,3 +428,32 @@ class Supervisor:
             pass
         psutil.wait_procs(self.alive_processes(), timeout=2)
         return tuple(p.pid for p in self.alive_processes())
+
+
+def watch(sup: Supervisor, *, limit_s: float | None = None, limit: str = "deadline",
+          on_tick: Callable[[float], None] | None = None, show: Callable[[Snapshot], None] | None = None) -> str | None:
+    """The one watch loop, for a started job and an attached one alike (torch's
+    ``MultiProcessTestCase._join_processes`` shape: poll, check, sleep). Returns how it ended:
+    ``sup.finished_as`` when the job ended on its own (None: torchrun exited; "exited": every
+    attached rank did), "stall", ``limit`` ("deadline" or "watched") after ``limit_s`` seconds, or
+    "interrupt" (a KeyboardInterrupt: the caller ends the job, keeps the evidence, then raises it
+    again). ``on_tick(now)`` runs after every sample (echoing output, a measured run's turn);
+    ``show`` gets a Snapshot about once a second."""
+    shown = 0.0
+    try:
+        while not sup.finished():
+            now = time.monotonic()
+            sup.poll()
+            if on_tick is not None:
+                on_tick(now)
+            if show is not None and now - shown >= PROGRESS_EVERY_S:
+                shown = now
+                show(sup.snapshot(now))
+            if limit_s is not None and now - sup.t0 >= limit_s:
+                return limit
+            if sup.stalled(now):
+                return "stall"
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        return "interrupt"
+    return sup.finished_as

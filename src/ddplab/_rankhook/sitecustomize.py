@@ -2,7 +2,8 @@
 the ranks' PYTHONPATH), so it works for any script, unchanged. It records evidence; it never
 changes what the script does.
 
-In ``$DDPLAB_RUN_DIR/ranks/`` it writes, for rank N:
+In ``$DDPLAB_RUN_DIR/ranks/`` it writes, for rank N (the names are ``ddplab/runfiles.py``'s, loaded
+from its file: the package itself is not imported here):
   rankN.json        pid, start time and the rendezvous address torchrun gave the rank
   rankN.error.json  the rank's uncaught exception as data (type, message, frames, time), the way
                     torchrun's own error files (TORCHELASTIC_ERROR_FILE) record it
@@ -39,32 +40,34 @@ def _install():
     import signal
     import time
 
-    folder = os.path.join(run_dir, "ranks")
+    names = _runfiles()
+    folder = os.path.join(run_dir, names.RANKS)
     os.makedirs(folder, exist_ok=True)
-    stack_file = open(os.path.join(folder, f"rank{rank}.stack.txt"), "a", buffering=1)
+    stack_file = open(os.path.join(folder, names.rank_name(rank, names.STACK)), "a", buffering=1)
     faulthandler.enable(file=stack_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     sock_dir = os.environ.get("DDPLAB_SOCKET_DIR")
-    sock = os.path.join(sock_dir, f"r{rank}.sock") if sock_dir else None
+    sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
     info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
             "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
             "world_size": os.environ.get("WORLD_SIZE"), "socket": sock}
-    tmp = os.path.join(folder, f".rank{rank}.json")
+    final = os.path.join(folder, names.rank_name(rank, names.INFO))
+    tmp = os.path.join(folder, "." + names.rank_name(rank, names.INFO))
     with open(tmp, "w") as f:
         json.dump(info, f)
-    os.replace(tmp, os.path.join(folder, f"rank{rank}.json"))
+    os.replace(tmp, final)
 
     previous_hook = sys.excepthook
 
     owner = os.getpid()
 
-    def write(name, rec):
+    def write(kind, rec):
         # a process forked from the rank (a DataLoader worker) inherits these hooks: its exit or its
         # error is not the rank's, and must not overwrite the rank's records
         if os.getpid() != owner:
             return
-        path = os.path.join(folder, f"rank{rank}.{name}.json")
+        path = os.path.join(folder, names.rank_name(rank, kind))
         with open(path + ".tmp", "w") as f:
             json.dump(rec, f)
         os.replace(path + ".tmp", path)
@@ -72,7 +75,7 @@ def _install():
     def record_error(type_name, module, message, frames, cause=None):
         try:
             env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
-            write("error", {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
+            write(names.ERROR, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
                             "module": module, "message": message, "frames": frames, "cause": cause, "env": env})
         except Exception:  # never let evidence-keeping change how the rank fails
             pass
@@ -115,7 +118,7 @@ def _install():
             except Exception:
                 pass
         try:
-            write("exit", rec)
+            write(names.EXIT, rec)
         except Exception:
             pass
 
@@ -124,6 +127,18 @@ def _install():
     if sock:
         _after_import("torch.distributed", lambda: _start_worker_server(sock))
     return stack_file  # kept referenced for the life of the process
+
+
+def _runfiles():
+    """``ddplab/runfiles.py`` (the names of a run folder's files), loaded from its file beside this
+    folder: it imports only ``os``, and the ddplab package is not imported into the rank here."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runfiles.py")
+    spec = importlib.util.spec_from_file_location("_ddplab_runfiles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _start_worker_server(sock):

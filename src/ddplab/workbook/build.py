@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import catalog, turns
+from .. import catalog, runfiles, turns
 from ..launch import run
 from ..result import RunResult
 
@@ -213,7 +213,7 @@ class NotebookRun:
 def read_results(folder: Path) -> list[dict]:
     """Every result.json under ``folder`` (a notebook's runs), as saved (facts, never re-rendered)."""
     found = []
-    for p in sorted(folder.rglob("result.json")):
+    for p in sorted(folder.rglob(runfiles.RESULT)):
         try:
             found.append(json.loads(p.read_text()))
         except (OSError, ValueError):

@@ -31,7 +31,7 @@ def sizes() -> dict:
 
 
 def stall_s() -> float:
-    return catalog.find_lab(LAB).extra.get("stall_s", 3.0)
+    return catalog.find_lab(LAB).stall_s
 
 
 def validate(steps: int | None = None) -> None:
