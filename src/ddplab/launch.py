@@ -27,6 +27,7 @@ from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, bui
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .result import RunResult
+from .stacks import short_path
 from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor
 
 PROGRESS_EVERY_S = 1.0
@@ -227,7 +228,8 @@ def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, 
         if isinstance(show, NotebookProgress):
             show.close(result)
         if ended_by == "interrupt":
-            print(f"ddplab: interrupted; the job was ended and its evidence saved in {result.run_dir}", file=sys.stderr)
+            print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}",
+                  file=sys.stderr)
     return result
 
 

@@ -197,11 +197,12 @@ class RunResult:
             p = p / "result.json"
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people (ddplab.render) ----------------------------------------------------------
+    # --- for people (ddplab.render; paths as stacks.short_path shows them) ---------------------
     @property
     def diagnosis(self) -> str:
         from .render import diagnosis
-        return diagnosis(self)
+        from .stacks import short_paths
+        return short_paths(diagnosis(self))
 
     def headline(self) -> str:
         from .render import headline
@@ -209,8 +210,13 @@ class RunResult:
 
     def explain(self) -> str:
         from .render import explain
-        return explain(self)
+        from .stacks import short_paths
+        return short_paths(explain(self))
 
     def _repr_html_(self) -> str:
         from .render import html
-        return html(self)
+        from .stacks import short_paths
+        return short_paths(html(self))
+
+    def __repr__(self) -> str:           # the text view (explain): its fields are to_dict()'s
+        return self.explain()

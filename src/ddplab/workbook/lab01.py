@@ -171,7 +171,8 @@ def debug_server_view(nproc: int = 2, poll_s: float = 0.5, deadline_s: float | N
                 stuck = len(waits) == nproc and all(op and f for _, op, _, f in waits)
                 if stuck and waits == last:  # the same answer twice: stuck, not passing through
                     found.update(seen_at_s=round(time.monotonic() - t0, 2), waits=tuple(waits),
-                                 page="\n".join(f"=== rank {r} ===\n{t.strip()}" for r, t in sorted(blocks.items())))
+                                 page=stacks.short_paths("\n".join(f"=== rank {r} ===\n{t.strip()}"
+                                                                  for r, t in sorted(blocks.items()))))
                     return
                 last = waits if stuck else None
             done.wait(poll_s)

@@ -18,6 +18,7 @@ import ddplab
 from ddplab import claims, ports
 from ddplab.errors import DdplabError
 from ddplab.notebook import Check
+from ddplab.stacks import short_paths
 
 LAB = "05"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo)
@@ -74,7 +75,7 @@ def diagnose(result) -> PortDiagnosis:
     standin = {r.get("pid") for r in result.records_of("standin")}
     who = None
     if h.get("pid"):
-        cmd = (h.get("cmdline") or "").splitlines()[0][:70]
+        cmd = short_paths((h.get("cmdline") or "").splitlines()[0])[:70]
         who = f"{h.get('process')}: {cmd}"
     return PortDiagnosis(rec.get("port") or h.get("port") or result_port(result), rec.get("error"),
                          rec.get("seconds"), h.get("pid"), who, h.get("pid") in standin)
