@@ -173,6 +173,17 @@ def test_a_row_is_judged_from_every_lab(two_labs):
         claims.check(claims.Inputs("98", {"shared": claims.evidence("m", a=True)}), others={})
 
 
+def test_a_stored_notebook_older_than_the_register_supplies_no_part(two_labs, tmp_path):
+    i98, i99 = two_labs
+    stale = claims.Inputs("99", {"shared": claims.evidence("an older part", old_name=True)})
+    for name, i in (("98_a.ipynb", i98), ("99_b.ipynb", stale)):
+        (tmp_path / name).write_text(json.dumps(_stored(claims.check(i, others={}) if i is i98 else
+                                                        claims.ClaimTable("99", [], i))))
+    stored = claims.stored_inputs(tmp_path)
+    assert stored["98"] == i98 and stored["99"].rows == {}
+    assert claims.check(i98, others=stored).row("shared").parts["b"].state == "not measured"
+
+
 def _stored(table: claims.ClaimTable) -> dict:
     """A notebook as papermill stores a cell that displayed ``table``."""
     out = {"output_type": "display_data", "metadata": {}, "data": json.loads(json.dumps(table._repr_mimebundle_()))}

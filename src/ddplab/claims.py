@@ -214,6 +214,14 @@ def check(inputs: Inputs, others: dict[str, Inputs] | None = None) -> "ClaimTabl
     return table(inputs.lab, {**others, inputs.lab: inputs})
 
 
+def _current(i: Inputs) -> Inputs:
+    """A stored lab's evidence for the claims whose parts the register still asks of it (a notebook
+    stored before the register changed supplies nothing for the rest: those parts are not measured)."""
+    reg = register()
+    return Inputs(i.lab, {k: e for k, e in i.rows.items()
+                          if k in reg and set(e.parts) == set(reg[k].parts.get(i.lab, ()))})
+
+
 # --- the stored notebooks: where one execution's parts are read back, and every table rewritten ---
 
 def _claim_output(nb: dict) -> dict | None:
@@ -237,7 +245,7 @@ def stored_inputs(folder: Path | None = None) -> dict[str, Inputs]:
         except (OSError, ValueError, KeyError, TypeError):
             got = None
         if got is not None:
-            found[got.lab] = got
+            found[got.lab] = _current(got)
     return found
 
 
