@@ -249,7 +249,8 @@ if __name__ == "__main__":
     p.add_argument("--sleep-s", type=float, default=60.0, help="the article's sleep after a failed init (article-sleep)")
     p.add_argument("--sweep-timeouts", type=floats, default=[0.5, 1.0, 2.0, 4.0],
                    help="timeout-sweep: one trial per timeout x delay, e.g. 0.5,1,2,4")
-    p.add_argument("--sweep-delays", type=floats, default=[2.0], help="timeout-sweep: rank 1's delays, e.g. 1,3")
+    p.add_argument("--sweep-delays", type=floats, default=[1.5],
+                   help="timeout-sweep: rank 1's delays, e.g. 1,3 (each 0.3 s or more from every timeout)")
     a = p.parse_args()
     a.timeout_s = DEFAULTS[a.variant][0] if a.timeout_s is None else a.timeout_s
     a.late_s = DEFAULTS[a.variant][1] if a.late_s is None else a.late_s

@@ -490,8 +490,7 @@ def claim_inputs(grid, srows, frows, link, copy_bw, mrows, dp=None) -> claims.In
                       f"over {GAIN:g}x in {gains[r['label']][0]} of {gains[r['label']][1]} rounds "
                       f"(p = {gains[r['label']][2]:.3f})" for r in fewer + smaller)
             + f"; baseline: {by['none']['samples_per_s']:,.0f} samples/s, communication {100 * by['none']['comm_frac']:.0f}% "
-              f"of the step",
-            + "; the compression hooks on loopback are shown, not judged (no network here)",
+              f"of the step; the compression hooks on loopback are shown, not judged (no network here)",
             fewer_allreduces_faster=claims.test(min(1.0, fewer_p * max(1, len(fewer))))),
         "dp-transfer-dominates": claims.evidence(
             dp_text,
