@@ -109,9 +109,11 @@ REGISTER: tuple[Claim, ...] = (
         "If the network connecting the processes is slow or unreliable (e.g., using `gloo` over a congested network), "
         "the `all_reduce` operation used to aggregate gradients will be significantly delayed, potentially appearing "
         "as a hang.",
-        "holds if gloo's all-reduce over a congested link is delayed many times over its uncongested time; loopback "
-        "on one machine is a stand-in for a network and judges nothing",
-        parts={"07": ("delayed_over_congestion",)}),
+        "judged on lab 09's two nodes: (1) significantly delayed: plain DDP's step (its gradient all-reduce over gloo) "
+        "at the lowest link cap takes at least twice the uncapped step; (2) potentially appearing as a hang: the job "
+        "with a share of node 1's packets dropped is judged hung (no rank made progress for the stall window). Lab "
+        "07's all-reduce on loopback is shown, not judged: loopback is no network",
+        parts={"07": (), "09": ("delayed_on_a_slow_link", "looks_hung_on_a_lossy_link")}),
     Claim(
         "bandwidth-impedes", "000",
         "Insufficient network bandwidth or latency between machines in a DDP setup can significantly impede "

@@ -505,8 +505,7 @@ def claim_inputs(grid, srows, frows, link, copy_bw, mrows, dp=None) -> claims.In
         "gloo-congested": claims.evidence(
             f"gloo on loopback (no network, no congestion): {big['busbw'] / 1e9:.2f} GB/s bus bandwidth at "
             f"{big['bytes'] / 2**20:.0f} MiB ({100 * big['busbw'] / copy_bw:.0f}% of memory-copy {copy_bw / 1e9:.1f} GB/s); "
-            f"slowest step here {1e3 * slowest['step_s']:.0f} ms",
-            delayed_over_congestion=claims.stand_in("loopback on one machine, not a congested network")),
+            f"slowest step here {1e3 * slowest['step_s']:.0f} ms (shown, not judged: loopback is no network)"),
     })
 
 

@@ -317,6 +317,10 @@ def claim_inputs(points, lossy, lossless, firewall, fixed_firewall) -> claims.In
             blocked_hangs_in_init=fw.status == "hung" and bool(fw.blocked)
             and all(k in ("rendezvous", "store") for k, _ in fw.where.values()),
             opening_fixes=fixed_firewall.status == "ok"),
+        "gloo-congested": claims.evidence(
+            f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label}; with {drop}% of node 1's "
+            f"packets dropped the job ended {lossy.status}",
+            delayed_on_a_slow_link=low.step_ms >= 2 * free.step_ms, looks_hung_on_a_lossy_link=lossy.status == "hung"),
         "frequent-allreduce": claims.evidence(
             f"at {low.label}, each hook's steps against plain DDP's in the same run: {hooks_text}",
             fewer_bytes_faster_on_a_link=claims.test(hooks_p)),
