@@ -18,6 +18,7 @@ Variants:
   env-mismatch        rank 1 has a different MASTER_PORT (--mismatch port) or WORLD_SIZE (world-size).
   article-sleep       the article's Example 2: default timeout, `except RuntimeError: time.sleep(60)`.
   fixed               an explicit timeout chosen on purpose; torchrun restarts the group if it fires.
+  timeout-sweep       late-rank once per --sweep-timeouts x --sweep-delays trial, in one job (ends ok).
 
 On a real cluster the fix is torchrun's own rendezvous, with the join timeout and restarts set:
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 \
@@ -52,13 +53,16 @@ LAB = {
                           "about": "the article's try/except + sleep(60) with the default 30-minute timeout: no answer for half an hour"},
         "fixed": {"expect": "ok", "signature": None,
                   "about": "a rank 1 s late, a timeout set on purpose that covers it; torchrun restarts if it fires"},
+        "timeout-sweep": {"expect": "ok", "signature": None,
+                          "about": "late-rank once per (timeout, delay) trial in one job: each trial's outcome is recorded, the job ends ok"},
     },
 }
 
 # variant: (init timeout in seconds, rank 1's delay in seconds); short so every failure takes seconds.
 # article-sleep: None, PyTorch's default (30 minutes), as the article's call sets none.
 DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-master": (3.0, 0.0),
-            "env-mismatch": (3.0, 0.0), "article-sleep": (None, 0.0), "fixed": (10.0, 1.0)}
+            "env-mismatch": (3.0, 0.0), "article-sleep": (None, 0.0), "fixed": (10.0, 1.0),
+            "timeout-sweep": (None, 0.0)}
 LINGER_S = 2.0   # a failed rank stays 2 s so the others' errors reach their logs too (see report())
 
 
@@ -156,7 +160,7 @@ def main(a) -> None:
     lab.record("start", variant=a.variant, world_size=world, torch=torch.__version__, timeout_s=a.timeout_s,
                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                max_restarts=int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)))
-    if a.variant == "late-rank" and a.sweep_timeouts:
+    if a.variant == "timeout-sweep":
         return sweep(rank, world, a)
     t0 = time.monotonic()
     try:
@@ -243,9 +247,10 @@ if __name__ == "__main__":
     p.add_argument("--mismatch", choices=["port", "world-size"], default="port",
                    help="what rank 1 disagrees on in env-mismatch")
     p.add_argument("--sleep-s", type=float, default=60.0, help="the article's sleep after a failed init (article-sleep)")
-    p.add_argument("--sweep-timeouts", type=floats, default=None,
-                   help="late-rank only: run one trial per timeout x delay, e.g. 0.5,1,2,4")
-    p.add_argument("--sweep-delays", type=floats, default=[2.0], help="late-rank sweep: rank 1's delays, e.g. 1,3")
+    p.add_argument("--sweep-timeouts", type=floats, default=[0.5, 1.0, 2.0, 4.0],
+                   help="timeout-sweep: one trial per timeout x delay, e.g. 0.5,1,2,4")
+    p.add_argument("--sweep-delays", type=floats, default=[1.5],
+                   help="timeout-sweep: rank 1's delays, e.g. 1,3 (each 0.3 s or more from every timeout)")
     a = p.parse_args()
     a.timeout_s = DEFAULTS[a.variant][0] if a.timeout_s is None else a.timeout_s
     a.late_s = DEFAULTS[a.variant][1] if a.late_s is None else a.late_s

@@ -2,7 +2,7 @@
 PyTorch's own timeout error."""
 import pytest
 
-from ddplab import catalog
+from ddplab import catalog, claims
 from ddplab.workbook import lab01
 
 pytestmark = pytest.mark.multiprocess
@@ -164,7 +164,12 @@ def test_claims_are_judged_from_the_runs(broken):
     fixed = [replace(broken, variant="fixed-sampler", status="ok", signature=None, divergence=None, stall=None)]
     timed = replace(broken, status="failed", signature="collective-timeout")
     tta = lab01.TimeToAnswer(1800.0, 5.0, timed, broken)
-    v = lab01.claim_check(broken, fixed, tta).verdicts()
-    assert v == {"custom-loop-deadlock": "holds", "indefinite-sync": "partly"}
-    v = lab01.claim_check(broken, [broken], lab01.TimeToAnswer(1800.0, 5.0, broken, broken)).verdicts()
-    assert v == {"custom-loop-deadlock": "partly", "indefinite-sync": "holds"}
+    t = claims.check(lab01.claim_inputs(broken, fixed, tta), others={})
+    assert t.verdicts() == {"most-frequent-cause": "not tested here", "custom-loop-deadlock": "partly",
+                            "indefinite-sync": "partly"}         # 'less frequent' is never measured: never holds
+    assert {k: p.state for k, p in t.row("custom-loop-deadlock").parts.items()} == {
+        "custom_loops_deadlock": "holds", "higher_level_apis_finish": "holds", "less_frequent": "not measured",
+        "eval_on_rank0_deadlocks": "not measured", "eval_on_module_completes": "not measured"}
+    t = claims.check(lab01.claim_inputs(broken, [broken], lab01.TimeToAnswer(1800.0, 5.0, broken, broken)), others={})
+    assert t.verdicts()["indefinite-sync"] == "holds"
+    assert t.row("custom-loop-deadlock").parts["higher_level_apis_finish"].state == "fails"

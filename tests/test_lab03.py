@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import catalog, signatures
+from ddplab import catalog, claims, signatures
 from ddplab.errors import DdplabError
 from ddplab.workbook import lab03
 
@@ -182,7 +182,10 @@ def test_check_three_ranks_against_a_real_three_rank_run(runs):
 
 
 def test_claim_verdicts_follow_the_parts():
-    ex3, err, cryptic = lab03.CLAIMS
-    assert ex3.judge("m", incorrect_results=True, hang=False).verdict == "partly"
-    assert err.judge("m", errors=True, hang=False).verdict == "partly"
-    assert cryptic.judge("m", cryptic=True).verdict == "holds"
+    def verdict(key, **parts):
+        return claims.judge_alone(key, "03", claims.evidence("m", **parts)).verdict
+
+    assert verdict("example3-hang", incorrect_results=True, hang=False) == "wrong"    # DDP finishes: no hang
+    assert verdict("example3-hang", incorrect_results=True, hang=True) == "holds"
+    assert verdict("mismatch-errors-hang", errors=True, hang=False) == "partly"
+    assert verdict("cryptic-errors", cryptic=True) == "holds"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_gpus
-from ddplab import catalog, signatures
+from ddplab import catalog, claims, signatures
 from ddplab.errors import DdplabError
 from ddplab.workbook import lab04
 
@@ -149,15 +149,18 @@ def test_article_example1_as_written_trains_under_the_emulation(runs):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_claim_check_on_the_emulation_tests_no_dataparallel_claim(runs):
-    c = lab04.claim_check(*(runs(v) for v in ("article-example1", "dp-broken", "dp-fixed", "pinned-layer",
-                                               "ddp-broken", "bucketing")))
+    c = claims.check(lab04.claim_inputs(*(runs(v) for v in ("article-example1", "dp-broken", "dp-fixed",
+                                                            "pinned-layer", "ddp-broken", "bucketing"))), others={})
     v = c.verdicts()
-    dp_rows = ("example1-error", "lstm-more-evident", "model-parallelism", "custom-layer")
+    dp_rows = ("example1-error", "lstm-more-evident", "custom-layer")
     assert all(v[k] == "not tested here" for k in dp_rows), v          # an emulation judges no DataParallel claim
-    assert v["ddp-graceful"] == "partly"                                # padded batches train; own-length gathers abort
-    rows = {row.spec.key: row for row in c.claims}
-    assert "ran on every replica" in rows["custom-layer"].measured    # what the emulation did is still shown
-    assert all("emulation" in rows[k].measured for k in dp_rows)
+    # every replica holds all the parameters (replicate() and the emulation alike): not model parallelism
+    assert v["model-parallelism"] == "wrong", c.row("model-parallelism").measured
+    assert c.row("model-parallelism").parts["data_split"].state == "holds"
+    assert v["ddp-graceful"] == "partly"               # padded batches train; 'because processes' is not measured
+    assert set(c.row("ddp-graceful").parts) == {"padded_batches_train", "because_processes"}   # not ddp-broken's gather
+    assert "ran on every replica" in c.row("custom-layer").measured["04"]    # what the emulation did is still shown
+    assert all("emulation" in c.row(k).measured["04"] for k in dp_rows + ("model-parallelism",))
 
 
 @pytest.mark.multiprocess

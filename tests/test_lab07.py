@@ -5,7 +5,7 @@ import pytest
 
 from conftest import assert_nothing_left, requires_gpus
 import ddplab
-from ddplab import DdplabError
+from ddplab import DdplabError, claims
 from ddplab.workbook import lab07 as L
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -92,21 +92,26 @@ def test_claim_check_is_computed_from_the_runs(runs):
     srows = L.scaling_rows({2: grid}, cfg)
     one = next(r for r in grid if r["config"] == cfg)
     model = L.dp_model(one["params"], one["batch"], one["width"], copy_bw, one["compute_s"] / one["batch"])
-    cc = L.claim_check(grid, srows, frows, lrows, copy_bw, model)
+    cc = claims.check(L.claim_inputs(grid, srows, frows, lrows, copy_bw, model), others={})
     v = cc.verdicts()
-    rows = {c.spec.key: c for c in cc.claims}
-    assert [c.spec for c in cc.claims] == list(L.CLAIMS)
-    # 4x the samples per all-reduce at a small model and batch: far more than 10% faster
-    assert rows["frequent-allreduce"].parts["fewer_allreduces_faster"] is True
+    assert list(v) == [c.key for c in claims.for_lab("07")]
+    # 4x the samples per all-reduce at a small model and batch: far more than 10% faster in every round; the
+    # better of the two fixes' sign tests, its p doubled for the choice
     by = {r["fix"]: r for r in frows}
-    smaller = [L.sign_test_p(sum(x > L.GAIN for x in by[f]["round_speedups"]), 5) for f in ("fp16", "bf16")]
-    assert rows["frequent-allreduce"].parts["fewer_bytes_faster"] == (min(smaller) <= L.P_LEVEL)
-    assert v["frequent-allreduce"] in ("holds", "partly")
+    fewer = [L.sign_test_p(sum(x > L.GAIN for x in by[f]["round_speedups"]), len(by[f]["round_speedups"]))
+             for f in ("batch", "accumulate")]
+    part = cc.row("frequent-allreduce").parts["fewer_allreduces_faster"]
+    assert part.p == pytest.approx(min(1.0, 2 * min(fewer)))
+    assert part.state == ("holds" if 2 * min(fewer) <= claims.P_LEVEL else "not established")
+    # compression on loopback is shown, not judged: lab 09's link part is not measured here
+    assert "fp16" in cc.row("frequent-allreduce").measured["07"]
+    assert cc.row("frequent-allreduce").parts["fewer_bytes_faster_on_a_link"].state == "not measured"
+    assert v["frequent-allreduce"] in ("partly", "not established")
     # no DataParallel on GPUs, no congested network here: those claims are not judged on DDP/loopback runs
     if L.gpu_count() < 2:
         assert v["dp-transfer-dominates"] == "not tested here"
     assert v["dp-scaling"] == v["gloo-congested"] == "not tested here"
-    assert "MODEL" in rows["dp-scaling"].measured
+    assert "MODEL" in cc.row("dp-scaling").measured["07"]
 
 
 @pytest.mark.multiprocess

@@ -6,7 +6,7 @@ article 002's custom layer under DataParallel (an emulation without 2 GPUs)."""
 import pytest
 from conftest import assert_nothing_left, gpu_count, job_processes, requires_gpus
 
-from ddplab import DdplabError
+from ddplab import DdplabError, claims
 from ddplab.workbook import lab10
 
 VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
@@ -160,27 +160,28 @@ def test_custom_layer_under_real_dataparallel(runs):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_claim_check_is_computed_from_the_runs(runs):
-    cc = lab10.claim_check(*(runs[v] for v in ("unused-params", "unused-fixed", "eval-rank0", "eval-fixed",
-                                               "module-forward", "rank-init", "dp-custom-layer")))
-    rows = {c.spec.key: c for c in cc.claims}
-    assert set(rows) == {s.key for s in lab10.CLAIMS}
-    man = rows["manifestations"].parts
-    assert man["deadlock"] and man["inconsistent_states"] and man["runtime_error"]
+    cc = claims.check(lab10.claim_inputs(*(runs[v] for v in ("unused-params", "unused-fixed", "eval-rank0", "eval-fixed",
+                                                             "module-forward", "rank-init", "dp-custom-layer"))), others={})
+    assert list(cc.verdicts()) == [c.key for c in claims.for_lab("10")]
+    man = {k: p.state for k, p in cc.row("manifestations").parts.items()}
+    assert {man[k] for k in ("deadlock", "states_apart_past_the_wrapper", "states_apart_from_rank_init",
+                             "runtime_error")} == {"holds"}
+    assert man["typically"] == "not measured"
     k, n = lab10.slower_rounds(runs["unused-fixed"])
     assert n == lab10.catalog.find_lab(lab10.LAB).extra["sizes"]["cost_rounds"] and 0 <= k <= n
-    assert man["slow_training"] == (lab10.sign_test_p(k, n) <= lab10.P_LEVEL)
-    assert rows["inconsistent-states"].parts == {"seeded_parameters_differ": False, "plain_attribute_differs": True,
-                                                 "reinit_after_wrap_differs": True}
-    assert rows["inconsistent-states"].verdict == "partly"
-    assert rows["deadlock-custom-loop"].verdict == "holds"
+    slow_holds = lab10.sign_test_p(k, n) <= claims.P_LEVEL
+    assert man["slow_training"] == ("holds" if slow_holds else "not established")
+    assert cc.verdicts()["manifestations"] == ("partly" if slow_holds else "not established")
+    assert "parameter spread before DDP" in cc.row("manifestations").measured["10"]
+    dead = cc.row("custom-loop-deadlock").parts
+    assert dead["eval_on_rank0_deadlocks"].state == dead["eval_on_module_completes"].state == "holds"
     mode = lab10.dp_mode(runs["dp-custom-layer"])
     assert mode == ("real" if gpu_count() >= 2 else "emulation")     # which branch below runs
     if mode == "emulation":
-        assert rows["device-affinity"].verdict == "not tested here" and rows["device-affinity"].imitation
-    else:
-        assert rows["device-affinity"].verdict != "not tested here" and not rows["device-affinity"].imitation
-    for c in cc.claims:
-        assert c.spec.quote in repr(cc)
+        assert cc.verdicts()["device-affinity"] == "not tested here"
+        assert cc.row("device-affinity").parts["weight_off_device"].state == "stand-in"
+    for r in cc.rows:
+        assert r.claim.quote in repr(cc)
 
 
 # --- exercise checkers: right, wrong and adversarial answers against the real runs ---------------------

@@ -28,6 +28,7 @@ from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_lau
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .result import RunResult
 from .supervise import PROGRESS_EVERY_S, Snapshot, Supervisor, watch  # noqa: F401
+from .stacks import short_path
 
 Progress = Callable[[Snapshot], None]
 
@@ -206,7 +207,7 @@ def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunR
         if isinstance(show, NotebookProgress):
             show.close(result)
     if ended_by == "interrupt":
-        print(f"ddplab: interrupted; the job was ended and its evidence saved in {result.run_dir}", file=sys.stderr)
+        print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}", file=sys.stderr)
         raise KeyboardInterrupt
     return result
 

@@ -1,4 +1,5 @@
-"""Small pieces every lab notebook uses: the claim-check table and exercise checks.
+"""Small pieces every lab notebook uses: exercise checks, the lab table, the timing tests (the claim
+tables are ddplab.claims).
 
 A notebook calls these; it holds no logic of its own (nbdev / d2l style). Results render as HTML in
 Jupyter and as plain text under papermill logs or a terminal.
@@ -7,92 +8,6 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-
-
-VERDICTS = ("holds", "partly", "wrong", "not tested here")
-
-
-@dataclass(frozen=True)
-class ClaimSpec:
-    """One claim under test, as data: the article, the exact words, and what would decide it.
-
-    ``quote`` is a sentence (or a contiguous part of one) copied word for word from the article;
-    tests/test_claims.py checks it against the article text wherever that is at hand. ``criterion``
-    says, before any run, what measurement makes the claim hold or fail; ``parts`` names the
-    conditions the criterion is made of (the keys ``judge`` expects)."""
-    key: str
-    article: str        # "000".."003" (ddplab.articles)
-    quote: str
-    criterion: str
-    parts: tuple[str, ...] = ("holds",)
-
-    def judge(self, measured: str, imitation: str | None = None, **parts: bool) -> "ClaimResult":
-        """The verdict, computed: every part true -> holds, none -> wrong, some -> partly. An
-        ``imitation`` (what this run stands in for the real thing with) makes it "not tested here",
-        whatever the parts say."""
-        if imitation is None and set(parts) != set(self.parts):
-            raise ValueError(f"claim {self.key!r} is judged on {self.parts}, got {tuple(parts)}")
-        values = [bool(parts[p]) for p in self.parts] if imitation is None else []
-        verdict = ("not tested here" if imitation is not None else
-                   "holds" if all(values) else "wrong" if not any(values) else "partly")
-        return ClaimResult(self, measured, verdict, {p: bool(v) for p, v in parts.items()}, imitation)
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    """A claim's row for this execution: the spec, what was measured (made from the run's fields),
-    the verdict computed by ``ClaimSpec.judge`` and the parts it was computed from."""
-    spec: ClaimSpec
-    measured: str
-    verdict: str
-    parts: dict
-    imitation: str | None = None
-
-    @property
-    def claim(self) -> str:
-        return self.spec.quote
-
-    @property
-    def source(self) -> str:
-        from .articles import article
-
-        return article(self.spec.article).cite()
-
-    def to_dict(self) -> dict:
-        return {"key": self.spec.key, "article": self.spec.article, "quote": self.spec.quote,
-                "source": self.source, "criterion": self.spec.criterion, "measured": self.measured,
-                "parts": self.parts, "imitation": self.imitation, "verdict": self.verdict}
-
-
-class ClaimCheck:
-    """A table of the article's claims against this execution's measurements."""
-
-    COLOURS = {"holds": "#1a7f37", "wrong": "#cf222e", "partly": "#9a6700"}
-
-    def __init__(self, claims: list[ClaimResult]):
-        self.claims = list(claims)
-
-    def verdicts(self) -> dict[str, str]:
-        return {c.spec.key: c.verdict for c in self.claims}
-
-    def to_dict(self) -> list[dict]:
-        return [c.to_dict() for c in self.claims]
-
-    def __repr__(self) -> str:
-        return "\n".join(
-            f"[{c.verdict}] “{c.claim}”\n    {c.source}\n    criterion: {_criterion(c)}\n"
-            f"    measured: {c.measured}" + (f"\n    imitation: {c.imitation}" if c.imitation else "")
-            for c in self.claims)
-
-    def _repr_html_(self) -> str:
-        e = html.escape
-        rows = "".join(
-            f"<tr><td>“{e(c.claim)}”<br><small>{e(c.source)}</small></td><td>{e(_criterion(c))}</td>"
-            f"<td>{e(c.measured)}" + (f"<br><small><b>imitation:</b> {e(c.imitation)}</small>" if c.imitation else "")
-            + f"</td><td style='color:{self.COLOURS.get(c.verdict, '#6e7781')}'><b>{e(c.verdict)}</b></td></tr>"
-            for c in self.claims)
-        return ("<table><tr><th>the article says (quoted)</th><th>it holds if</th><th>measured here, this run</th>"
-                f"<th>verdict</th></tr>{rows}</table>")
 
 
 P_LEVEL = 0.05          # a timing claim's part holds when its test's p-value is at most this
@@ -142,10 +57,6 @@ def rank_sum_p(slower: list[float], than: list[float]) -> float:
         for j in range(min(n, k), 0, -1):
             ways[j, r:] += ways[j - 1, :top + 1 - r]
     return float(ways[n, observed:].sum() / ways[n].sum())
-
-
-def _criterion(c: ClaimResult) -> str:
-    return c.spec.criterion
 
 
 @dataclass(frozen=True)

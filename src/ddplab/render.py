@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from . import result as _result
 from .ledger import numel
+from .stacks import short_paths
 
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
@@ -285,4 +286,6 @@ def status_line(snap: "Snapshot") -> str:
 
 
 # result is data and imports no view: the views are registered here, where they live.
-_result.register_views(diagnosis=diagnosis, explain=explain, headline=headline, html=html, wait_phrase=wait_phrase)
+# Paths as stacks.short_path shows them: a stored output names no folder of the machine that made it.
+_result.register_views(diagnosis=lambda r: short_paths(diagnosis(r)), explain=lambda r: short_paths(explain(r)),
+                       headline=headline, html=lambda r: short_paths(html(r)), wait_phrase=wait_phrase)

@@ -225,3 +225,6 @@ class RunResult:
 
     def _repr_html_(self) -> str:
         return _view("html")(self)
+
+    def __repr__(self) -> str:           # the text view (explain): its fields are to_dict()'s
+        return self.explain()

@@ -10,6 +10,7 @@ innermost line of the user's own code.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -119,15 +120,24 @@ _LIBRARY_DIRS = _stdlib_dirs()
 
 
 def short_path(file: str) -> str:
-    p = Path(file)
-    try:
-        return str(p.resolve().relative_to(Path.cwd()))
-    except (ValueError, OSError):
-        pass
+    """A path as shown: an installed library's from its package (torch/...), anything in or beside the
+    working folder relative to it (../labs/01_hang.py from notebooks/), anything else as given. So a
+    stored output names no folder of the machine that made it."""
     for marker in ("site-packages/", "dist-packages/"):
         if marker in file:
             return file.split(marker, 1)[1]
-    return file
+    if not file.startswith("/"):
+        return file
+    rel = os.path.relpath(file, Path.cwd())
+    return file if rel.startswith("../../") or rel == "../.." else rel
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.:/<])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
+def short_paths(text: str) -> str:
+    """Every absolute path in ``text`` (a message, a command line, a rendered view) as short_path shows it."""
+    return _ABSOLUTE.sub(lambda m: short_path(m.group(0)), text)
 
 
 def is_user_file(file: str) -> bool:

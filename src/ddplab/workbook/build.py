@@ -445,12 +445,16 @@ def stamp_measured_time(nb: dict) -> dict:
 
 def store(out: Path, names: list[str]) -> list[Path]:
     """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab), each opening
-    with its own measured seconds."""
+    with its own measured seconds, and every claim table judged from the parts of all of them (a
+    claim quoted in several notebooks shows one row: ddplab.claims.restamp)."""
     import nbformat
 
+    from ddplab import claims
+
+    nbs = [stamp_measured_time(json.loads((out / "notebooks" / name).read_text())) for name in names]
+    claims.restamp(nbs, claims.stored_inputs(NOTEBOOK_DIR))
     copied = []
-    for name in names:
-        nb = stamp_measured_time(json.loads((out / "notebooks" / name).read_text()))
+    for name, nb in zip(names, nbs):
         nbformat.write(nbformat.from_dict(nb), str(NOTEBOOK_DIR / name))
         copied.append(NOTEBOOK_DIR / name)
     return copied

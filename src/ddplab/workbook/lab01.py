@@ -11,8 +11,8 @@ import urllib.request
 from dataclasses import dataclass
 
 import ddplab
-from ddplab import stacks
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab import claims, stacks
+from ddplab.notebook import Check
 from ddplab.render import _first_line
 from ddplab.result import RunResult
 
@@ -171,7 +171,8 @@ def debug_server_view(nproc: int = 2, poll_s: float = 0.5, deadline_s: float | N
                 stuck = len(waits) == nproc and all(op and f for _, op, _, f in waits)
                 if stuck and waits == last:  # the same answer twice: stuck, not passing through
                     found.update(seen_at_s=round(time.monotonic() - t0, 2), waits=tuple(waits),
-                                 page="\n".join(f"=== rank {r} ===\n{t.strip()}" for r, t in sorted(blocks.items())))
+                                 page=stacks.short_paths("\n".join(f"=== rank {r} ===\n{t.strip()}"
+                                                                  for r, t in sorted(blocks.items()))))
                     return
                 last = waits if stuck else None
             done.wait(poll_s)
@@ -201,55 +202,32 @@ def who_waits_where(r: RunResult) -> list[str]:
     return out
 
 
-CLAIMS = (
-    ClaimSpec(
-        "custom-loop-deadlock", "000",
-        "This is less frequent with PyTorch's higher-level APIs, but can occur in custom implementations of "
-        "training loops interacting with DataParallel or DDP.",
-        "holds if both custom DDP loops (hand-made uneven shards; a barrier under `if rank == 0:`) end hung with "
-        "the ranks waiting in different collectives, and the same loop finishes with the higher-level APIs "
-        "(DistributedSampler, Join); wrong if neither",
-        parts=("custom_loops_deadlock", "higher_level_apis_finish")),
-    ClaimSpec(
-        "indefinite-sync", "000",
-        "The primary reason for indefinite hangs in PyTorch's DataParallel and DistributedDataParallel (DDP) "
-        "implementations stems from improper handling of inter-process communication and synchronization, "
-        "particularly concerning gradient aggregation and model state updates.",
-        "two parts: (1) the hang is a synchronization error at gradient aggregation: a rank waits in DDP's "
-        "gradient all-reduce while its peer is in another collective; (2) it is indefinite: the job does not end "
-        "by itself, i.e. the run with init_process_group(timeout=...) also hangs instead of raising PyTorch's "
-        "timeout error",
-        parts=("sync_at_gradient_aggregation", "indefinite")),
-)
-
-
 def _deadlocked(r: RunResult) -> bool:
     return r.status == "hung" and r.divergence is not None and r.divergence.kind == "different-op"
 
 
-def claim_check(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer,
-                conditional: RunResult | None = None) -> ClaimCheck:
-    """Each row judged by ClaimSpec.judge from the runs' fields (no verdict is written here)."""
+def claim_inputs(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer,
+                 conditional: RunResult | None = None) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
     custom = [broken] + ([conditional] if conditional is not None else [])
-    c_deadlock, c_sync = CLAIMS
     hung = "; ".join(f"{r.variant}: {r.status}" + (f", {_parted(r)}" if r.divergence else "") for r in custom)
     done = ", ".join(f"{r.variant}: {r.status}" for r in fixed)
     in_grad = [x.rank for x in broken.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
     others = [f"rank {x.rank} in {x.waits_in}" for x in broken.ranks if x.rank not in in_grad and x.waits_in]
     timed = tta.with_timeout
-    return ClaimCheck([
-        c_deadlock.judge(
+    return claims.Inputs(LAB, {
+        "custom-loop-deadlock": claims.evidence(
             f"custom loops: {hung}. Higher-level APIs on the same data: {done}",
             custom_loops_deadlock=all(_deadlocked(r) for r in custom),
             higher_level_apis_finish=bool(fixed) and all(r.status == "ok" for r in fixed)),
-        c_sync.judge(
+        "indefinite-sync": claims.evidence(
             f"broken: rank(s) {in_grad} in DDP's gradient all-reduce while {', '.join(others) or 'no other rank waits'}; "
             f"with init_process_group(timeout={tta.pg_timeout_s:g} s) the job ended {timed.status}"
             + (f" [{timed.signature}] after {timed.wall_s:.1f} s: {_short(timed)}" if timed.status != "hung" else "")
             + f" (PyTorch's default for gloo is {tta.default_timeout_s / 60:g} min, read from torch, not waited for)",
             sync_at_gradient_aggregation=_deadlocked(broken) and bool(in_grad) and bool(others),
             indefinite=timed.status == "hung"),
-    ])
+    })
 
 
 def _parted(r: RunResult) -> str:

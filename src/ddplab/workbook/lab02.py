@@ -8,9 +8,9 @@ under an RLIMIT_DATA cap, on a GPU the CUDA allocator's ``max_memory_allocated``
 from __future__ import annotations
 
 import ddplab
-from ddplab import catalog
+from ddplab import catalog, claims
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.notebook import Check
 
 LAB = LAB_ID = "02"
 DEFAULT_MEM_LIMIT_MB = 48.0
@@ -218,34 +218,9 @@ def plot_full_vs_accumulate(r):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec(
-        "oom-hangs-silently", "000",
-        "Running out of GPU memory (especially with large batch sizes or models) on one or more devices can "
-        "cause processes to hang, often without clear error messages.",
-        "judged on the oom-killer run (host memory under the kernel's OOM killer: the way running out of memory "
-        "ends a process without a Python error; a CPU run cannot exhaust GPU memory, and the CUDA allocator "
-        "raises torch.OutOfMemoryError instead, as the oom variant's cap does). Two parts: (1) a process hangs: "
-        "the job ends hung (no rank made progress); (2) no clear message: the killed rank leaves no Python error "
-        "and no log line that names memory",
-        parts=("hang", "no_clear_message")),
-    ClaimSpec(
-        "hang-in-gradient-aggregation", "000",
-        "This can manifest indirectly as a hang during gradient aggregation.",
-        "holds if the run in which one rank's allocation fails and that rank carries on (skip-batch) ends hung "
-        "with a peer waiting in DDP's gradient all-reduce (issued by backward); wrong if it finishes or fails. "
-        "A failed allocation raises the same kind of Python exception under an RLIMIT cap as under the CUDA "
-        "allocator's limit, so the collective mismatch that follows is the same on a GPU",
-        parts=("hung", "peer_in_gradient_all_reduce")),
-    ClaimSpec(
-        "smaller-batch-fixes", "000",
-        "The solution involves reducing the batch size or increasing the GPU memory available.",
-        "holds if a smaller (micro-)batch fits under the same cap where the full batch did not (fixed-accumulate "
-        "finishes ok, its peak under the cap, the full batch's over it), and accumulating the micro-batches gives "
-        "the full batch's gradient (max |diff| <= 1e-5), so the smaller batch changes nothing else. More GPU memory "
-        "is not tested here (no GPU; a lifted host cap shows only that the full batch's peak is above the cap)",
-        parts=("smaller_batch_fits", "same_gradient")),
-)
+GPU_STAND_IN = "no GPU memory here: "
+KILLER_STAND_IN = GPU_STAND_IN + "the kernel's OOM killer on host memory (a cgroup limit) stands in for running out of GPU memory"
+CAP_STAND_IN = GPU_STAND_IN + "an RLIMIT_DATA cap on host memory stands in for the GPU's memory"
 
 
 def oom_killer_facts(r) -> dict:
@@ -273,44 +248,46 @@ def _first(text: str | None, n: int = 70) -> str:
     return _first_line(line, n)
 
 
-def silent_row(r_killer):
-    """The resource-exhaustion row, judged on the oom-killer run (not tested here without one)."""
-    c_silent = CLAIMS[0]
+def silent_row(r_killer) -> claims.Evidence:
+    """The resource-exhaustion claim's evidence from the oom-killer run (its parts stand-ins: host memory)."""
     if r_killer is None:
         reason = cgroup_reason() or "the oom-killer run was not made in this execution"
-        return c_silent.judge(f"not run: {reason}", imitation=f"the kernel's OOM killer could not be run here: {reason}")
+        return claims.evidence(f"not run: {reason}", hang=claims.not_measured(reason),
+                               no_clear_message=claims.not_measured(reason))
     f = oom_killer_facts(r_killer)
     peers = "; ".join(f"rank {k}: {t}: {m}" if t else f"rank {k}: no error" for k, (t, m) in f["peers"].items())
     ended = [x.rank for x in r_killer.ranks if x.signal == "SIGTERM"]
-    return c_silent.judge(
+    return claims.evidence(
         f"rank(s) {f['killed']} under a {f['limit_mb']:.1f} MiB cgroup v{f['cgroup_version']} limit: SIGKILL by the "
         f"kernel after step {f['killed_after_step']}, Python error: {f['killed_error'] or 'none'}, log names memory: "
         f"{'yes' if f['log_names_memory'] else 'no'}; the peer: {peers}; the job ended {f['status']} [{f['signature']}] "
         f"after {f['wall_s']:.1f} s" + (f" (torchrun sent SIGTERM to rank(s) {ended})" if ended else ""),
-        hang=f["hung"], no_clear_message=bool(f["killed"]) and not f["killed_error"] and not f["log_names_memory"])
+        hang=claims.stand_in(KILLER_STAND_IN), no_clear_message=claims.stand_in(KILLER_STAND_IN))
 
 
-def claim_check(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> ClaimCheck:
-    """Each row judged by ClaimSpec.judge from the runs' fields. ``r_killer`` is the oom-killer run, or
-    None where the machine cannot make a memory cgroup (that row is then not tested here, with the reason)."""
-    c_silent, c_grad, c_fix = CLAIMS
-    rows = [silent_row(r_killer)]
+def claim_inputs(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register). ``r_killer`` is the
+    oom-killer run, or None where the machine cannot make a memory cgroup. Every memory limit here is
+    host memory, a stand-in for the GPU's: the parts about GPU memory are judged by none of them."""
     waiting = [x for x in r_skip.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
     skipped = sorted({s["rank"] for s in r_skip.records_of("skipped")})
     judged = (f"no rank made progress for {r_skip.stall.window_s:g} s" if r_skip.stall else f"after {r_skip.wall_s:.1f} s")
-    rows.append(c_grad.judge(
-        f"skip-batch: rank(s) {skipped} caught the failed allocation and skipped; the job ended {r_skip.status} "
-        f"[{r_skip.signature}] ({judged}); " + "; ".join(f"rank {x.rank}: {x.waits_in or x.state}" for x in r_skip.ranks),
-        hung=r_skip.status == "hung", peer_in_gradient_all_reduce=bool(waiting)))
     m = memory_figures(r_acc)
-    rows.append(c_fix.judge(
-        f"fixed-accumulate: {r_acc.status}, micro-batch {m['micro']} x {m['accum']} peaked at {m['accum_peak_mb']:.1f} MiB "
-        f"under a {m['activation_cap_mb']:.1f} MiB activation cap; the full batch of {m['batch']} needs {m['full_peak_mb']:.1f} MiB "
-        f"(measured with the cap lifted); gradient max |diff| from the full batch {m['max_abs_diff']:.1e}; "
-        f"coordinated skip: {r_coord.status}",
-        smaller_batch_fits=r_acc.ok and m["micro"] < m["batch"] and m["accum_peak_mb"] < m["activation_cap_mb"] < m["full_peak_mb"],
-        same_gradient=m["max_abs_diff"] <= 1e-5))
-    return ClaimCheck(rows)
+    return claims.Inputs(LAB, {
+        "oom-hangs-silently": silent_row(r_killer),
+        "hang-in-gradient-aggregation": claims.evidence(
+            f"skip-batch: rank(s) {skipped} caught the failed allocation and skipped; the job ended {r_skip.status} "
+            f"[{r_skip.signature}] ({judged}); " + "; ".join(f"rank {x.rank}: {x.waits_in or x.state}" for x in r_skip.ranks),
+            gpu_allocation_fails=claims.stand_in(CAP_STAND_IN),
+            hang_in_gradient_all_reduce=r_skip.status == "hung" and bool(waiting)),
+        "smaller-batch-fixes": claims.evidence(
+            f"fixed-accumulate: {r_acc.status}, micro-batch {m['micro']} x {m['accum']} peaked at {m['accum_peak_mb']:.1f} MiB "
+            f"under a {m['activation_cap_mb']:.1f} MiB activation cap; the full batch of {m['batch']} needs {m['full_peak_mb']:.1f} MiB "
+            f"(measured with the cap lifted); gradient max |diff| from the full batch {m['max_abs_diff']:.1e}; "
+            f"coordinated skip: {r_coord.status}",
+            smaller_batch_fits=claims.stand_in(CAP_STAND_IN),
+            same_gradient=m["max_abs_diff"] <= 1e-5),
+    })
 
 
 def check_waiting_rank(answer, r_skip) -> Check:

@@ -8,7 +8,8 @@ import re
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab import claims
+from ddplab.notebook import Check
 
 LAB = "03"
 VARIANTS = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
@@ -156,61 +157,33 @@ def plot(bare, detail, guard_raise, guard_ok):
     return fig
 
 
-CLAIMS = (
-    ClaimSpec(
-        "example3-hang", "000",
-        "If different processes receive input tensors of varying shapes, the all_reduce operation will fail "
-        "silently or produce incorrect results, leading to a hang.",
-        "judged on the article's Example 3 (10 rows on rank 0, 20 on rank 1, into DDP). Two parts: (1) incorrect "
-        "results: DDP's averaged gradient differs from the single-process gradient over all 30 rows by more than "
-        "1% (relative); (2) a hang: the run ends hung (no rank made progress)",
-        parts=("incorrect_results", "hang")),
-    ClaimSpec(
-        "mismatch-errors-hang", "000",
-        "Using improperly formatted input tensors across processes, for instance mismatched tensor dimensions or "
-        "data types, can lead to errors in the collective operations, resulting in the hang.",
-        "judged on the runs whose collectives really see different shapes: gather-ragged (an all_gather of 7 vs 6 "
-        "rows) and model-mismatch (parameter shapes that differ, checked by DDP). Two parts: (1) errors in the "
-        "collective operations: both runs fail with an error raised in or around the collective; (2) the hang: "
-        "either run ends hung",
-        parts=("errors", "hang")),
-    ClaimSpec(
-        "cryptic-errors", "000",
-        "PyTorch's error handling in this area can sometimes be cryptic.",
-        "holds if the error of the bare gather-ragged run (gloo, no debug settings) names neither the ranks' tensor "
-        "shapes nor the collective (only byte counts); wrong if it names the shapes",
-        parts=("cryptic",)),
-)
-
-
-def claim_check(article, bare, detail, guard_raise, model) -> ClaimCheck:
-    """Each row judged by ClaimSpec.judge from the runs' fields (no verdict is written here)."""
+def claim_inputs(article, bare, detail, guard_raise, model) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
     g = grad_check(article)
     d = detail_report(detail)
     rep = gloo_report(bare) or {}
     caught = guard_caught(guard_raise)
-    c_ex3, c_err, c_cryptic = CLAIMS
     bare_msg = " ".join(filter(None, [bare.excerpt, bare.cause.message if bare.cause else ""]))
     names_shapes = bool(re.search(r"\[\d+, \d+\]|TensorShape|shape", bare_msg))
-    return ClaimCheck([
-        c_ex3.judge(
+    return claims.Inputs(LAB, {
+        "example3-hang": claims.evidence(
             f"rows per rank {g['rows']}: the DDP run ended {article.status} in {article.wall_s:.1f} s; its averaged gradient "
             f"differs from the {sum(g['rows'])}-row gradient by {100 * g['rel_err_naive']:.1f}% (ranks weighted equally, "
             f"not by rows); weighting the loss by rows: {g['rel_err_weighted']:.1e}. Gradients have the parameters' shapes "
             "whatever the batch size, so the all-reduce itself matches",
             incorrect_results=g["rel_err_naive"] > 0.01, hang=article.status == "hung"),
-        c_err.judge(
+        "mismatch-errors-hang": claims.evidence(
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
             f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; hung: "
             f"{[r.variant for r in (bare, model) if r.status == 'hung'] or 'neither'}",
             errors=bare.status == "failed" and model.status == "failed",
             hang="hung" in (bare.status, model.status)),
-        c_cryptic.judge(
+        "cryptic-errors": claims.evidence(
             f"bare gloo: {_gloo_words(rep)} (names shapes or the collective: {'yes' if names_shapes else 'no'}); "
             f"with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
             f"{d['op'] if d else '?'} shapes {d['shapes'] if d else '?'}; the guard: {(caught or {}).get('message', '?')}",
             cryptic=bare.status == "failed" and not names_shapes),
-    ])
+    })
 
 
 def _gloo_words(rep: dict) -> str:

@@ -8,7 +8,8 @@ import statistics
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab import claims
+from ddplab.notebook import Check
 from ddplab.result import RunResult
 
 LAB = "04"
@@ -173,64 +174,21 @@ def plot_bucketing(r: RunResult):
 
 
 # ---- claims and exercises ----------------------------------------------------------------------
-CLAIMS = (
-    ClaimSpec(
-        "example1-error", "002",
-        "In this example, when a batch of varying sequence lengths is presented to DataParallel, it might "
-        "generate error due to the padding implemented in pad_sequence.",
-        "judged on the article's Example 1 code as written (nn.Linear(10, 20) on pad_sequence batches of its "
-        "lengths 10-40, batch 4) under real nn.DataParallel on 2 GPUs: holds if a step raises an error; wrong if "
-        "every step trains. Without 2 GPUs only the emulation runs: not tested here",
-        parts=("raises",)),
-    ClaimSpec(
-        "lstm-more-evident", "002",
-        "Note that the error may not appear, but it will be more evident in more complex structures (e.g. "
-        "LSTM-like structures).",
-        "two parts, under real nn.DataParallel on 2 GPUs: (1) the error may not appear: Example 1 (nn.Linear) "
-        "trains every step; (2) it is evident with an LSTM-like structure: the extension (an LSTM packing the "
-        "padded batch, pad_packed_sequence without total_length) fails in gather. Without 2 GPUs: not tested here",
-        parts=("linear_runs", "lstm_fails")),
-    ClaimSpec(
-        "model-parallelism", "002",
-        "It is crucial to remember that the model's parameters remain in the primary process's memory, while only "
-        "copies are used on the worker GPUs, making it a form of model parallelism, while primarily data parallelism.",
-        "two parts, under real nn.DataParallel: (1) primarily data parallelism: each batch's rows are split across "
-        "the replicas; (2) a form of model parallelism: the model's layers or parameters are split across devices "
-        "(each replica holds only part of them). Without 2 GPUs: not tested here",
-        parts=("data_split", "model_split")),
-    ClaimSpec(
-        "custom-layer", "002",
-        "DataParallel relies on all tensors being on the same device in the forward pass, and also in the backward "
-        "pass when calculating the gradient, and the implementation of the CustomLayer is not guaranteed to transfer "
-        "to the worker devices.",
-        "holds if the article's CustomLayer (its weight an nn.Parameter) fails on a worker device under real "
-        "nn.DataParallel; wrong if it runs on every replica. Without 2 GPUs: not tested here",
-        parts=("article_layer_fails",)),
-    ClaimSpec(
-        "ddp-graceful", "002",
-        "The DistributedDataParallel class generally handles the process of distributed data parallelism more "
-        "gracefully, because it uses separate processes instead of threads, making the whole setup less prone to the "
-        "limitations above mentioned.",
-        "judged on real DDP runs (2 gloo processes) with the same kind of padded variable-length data. Two parts: "
-        "(1) padded variable-length batches train: each process pads its own batch, nothing is split after padding "
-        "(bucketing run ends ok); (2) the shape limitation is gone: gathering outputs padded to each rank's own "
-        "longest sequence works (ddp-broken ends ok)",
-        parts=("padded_batches_train", "no_shape_limitation")),
-)
-
-
 def _real(r: RunResult) -> bool:
     start = r.records_of("dp_start") or r.records_of("pinned_start")
     return bool(start) and start[0]["dp_mode"] == "real"
 
 
-def claim_check(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult, pinned: RunResult,
-                ddp_broken: RunResult, bucketing: RunResult) -> ClaimCheck:
-    """Each row judged by ClaimSpec.judge from the runs' fields. DataParallel rows are judged only on real
-    nn.DataParallel runs; on the emulation they say what the emulation did and are not tested here."""
+def claim_inputs(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult, pinned: RunResult,
+                 ddp_broken: RunResult, bucketing: RunResult) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register). On the emulation a
+    part about what DataParallel itself does is a stand-in; how many parameters each replica holds and
+    how the rows are split are the same in DataParallel's replicate()/scatter and the emulation."""
     e1, b, f, p = dp_summary(example1), dp_summary(dp_broken), dp_summary(dp_fixed), pinned_summary(pinned)
-    c_e1, c_lstm, c_mp, c_layer, c_ddp = CLAIMS
-    emu = lambda *rs: None if all(_real(r) for r in rs) else EMULATION
+
+    def dp_part(holds: bool, *rs: RunResult) -> claims.Part:
+        return claims.fact(holds) if all(_real(r) for r in rs) else claims.stand_in(EMULATION)
+
     fail = next((s for s in b["steps"] if s["gathered"] is None), None)
     start = dp_fixed.records_of("dp_start")[0]
     split = dp_fixed.records_of("dp_batch")[0]["rows_per_replica"]
@@ -242,25 +200,28 @@ def claim_check(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult, 
                  f"{fail['chunk_max_lengths']} gave replica lengths {fail['replica_out_lengths']}" if fail
                  else f"[{b['label']}] LSTM extension: no step failed ({b['status']})")
     d, bk = ddp_summary(ddp_broken), bucketing_summary(bucketing)
-    return ClaimCheck([
-        c_e1.judge(e1_text, imitation=emu(example1), raises=example1.status == "failed"),
-        c_lstm.judge(f"{e1_text}; {lstm_text}", imitation=emu(example1, dp_broken),
-                     linear_runs=example1.ok, lstm_fails=dp_broken.status == "failed"),
-        c_mp.judge(f"[{f['label']}] per replica call of the first step (device, parameters held, rows): "
-                   f"{[(x['device'], x['params'], x['rows']) for x in rep]}; the model has {start['params']} parameters",
-                   imitation=emu(dp_fixed),
-                   data_split=len(rep) > 1 and all(0 < x["rows"] < sum(split) for x in rep),
-                   model_split=any(x["params"] < start["params"] for x in rep)),
-        c_layer.judge(f"[{p['label']}] the article's layer (nn.Parameter weight) on {p['devices']}: "
-                      f"{'ran on every replica' if p['article_layer_ok'] else 'failed'}; a tensor created on a fixed device "
-                      f"in forward(): {'ran' if p['pinned_ok'] else 'failed'} [{p['signature']}]; created on x.device: "
-                      f"{'ran' if p['follow_ok'] else 'failed'}", imitation=emu(pinned),
-                      article_layer_fails=not p["article_layer_ok"]),
-        c_ddp.judge(f"DDP, 2 gloo processes: bucketing (padded variable-length batches, {bk['random']['batches_per_rank']} "
-                    f"steps per rank) ended {bucketing.status}; gathering outputs padded to each rank's own longest "
-                    f"sequence {d['own_max_len']} ended {ddp_broken.status} [{ddp_broken.signature}]",
-                    padded_batches_train=bucketing.ok, no_shape_limitation=ddp_broken.ok),
-    ])
+    return claims.Inputs(LAB, {
+        "example1-error": claims.evidence(e1_text, raises=dp_part(example1.status == "failed", example1)),
+        "lstm-more-evident": claims.evidence(
+            f"{e1_text}; {lstm_text}", linear_runs=dp_part(example1.ok, example1, dp_broken),
+            lstm_fails=dp_part(dp_broken.status == "failed", example1, dp_broken)),
+        "model-parallelism": claims.evidence(
+            f"[{f['label']}] per replica call of the first step (device, parameters held, rows): "
+            f"{[(x['device'], x['params'], x['rows']) for x in rep]}; the model has {start['params']} parameters",
+            data_split=len(rep) > 1 and all(0 < x["rows"] < sum(split) for x in rep),
+            model_split=any(x["params"] < start["params"] for x in rep)),
+        "custom-layer": claims.evidence(
+            f"[{p['label']}] the article's layer (nn.Parameter weight) on {p['devices']}: "
+            f"{'ran on every replica' if p['article_layer_ok'] else 'failed'}; a tensor created on a fixed device "
+            f"in forward(): {'ran' if p['pinned_ok'] else 'failed'} [{p['signature']}]; created on x.device: "
+            f"{'ran' if p['follow_ok'] else 'failed'}",
+            article_layer_fails=dp_part(not p["article_layer_ok"], pinned)),
+        "ddp-graceful": claims.evidence(
+            f"DDP, 2 gloo processes: bucketing (padded variable-length batches, {bk['random']['batches_per_rank']} "
+            f"steps per rank) ended {bucketing.status}. Not judged: the lab's own ragged all_gather of outputs padded "
+            f"to each rank's longest sequence {d['own_max_len']} ended {ddp_broken.status} [{ddp_broken.signature}]",
+            padded_batches_train=bucketing.ok),
+    })
 
 
 def _whole(answer, lo: int, hi: int, what: str) -> str | None:

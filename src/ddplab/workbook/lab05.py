@@ -15,9 +15,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 import ddplab
-from ddplab import ports
+from ddplab import claims, ports
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.notebook import Check
+from ddplab.stacks import short_paths
 
 LAB = "05"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo)
@@ -74,7 +75,7 @@ def diagnose(result) -> PortDiagnosis:
     standin = {r.get("pid") for r in result.records_of("standin")}
     who = None
     if h.get("pid"):
-        cmd = (h.get("cmdline") or "").splitlines()[0][:70]
+        cmd = short_paths((h.get("cmdline") or "").splitlines()[0])[:70]
         who = f"{h.get('process')}: {cmd}"
     return PortDiagnosis(rec.get("port") or h.get("port") or result_port(result), rec.get("error"),
                          rec.get("seconds"), h.get("pid"), who, h.get("pid") in standin)
@@ -294,36 +295,10 @@ def plot(pairs_by_variant: dict, times: dict):
     return fig
 
 
-CLAIMS = (
-    ClaimSpec(
-        "choose-a-port", "003",
-        "os.environ['MASTER_PORT'] = '12355'  # Choose an available port",
-        "holds if a port chosen by hand (free when chosen) serves every job that chose it: a job alone on it "
-        "joins (its own run), and two jobs started at once on it both join (every pair); partly if only one; "
-        "wrong if neither",
-        parts=("alone_joins", "two_at_once_join")),
-    ClaimSpec(
-        "sleep-to-report", "003",
-        "time.sleep(60)  # Allow time for other processes to report errors",
-        "on a taken port (rank 0's init fails at once and it sleeps): holds if the other rank reports its own "
-        "error within the sleep; wrong if it cannot: it was still waiting silently at the rendezvous when no rank "
-        "made progress any more, with an init timeout (as the rank recorded it) longer than the sleep",
-        parts=("peer_reports_within_sleep",)),
-    ClaimSpec(
-        "netstat-check", "003",
-        "This code snippet illustrates a simple check using system commands (in this case, `netstat` on "
-        "Linux/macOS; adapt to your OS) to verify the availability of the specified port.",
-        "holds if the snippet, run as written, tells a taken port from a free one: 'Port check failed' while a "
-        "listener holds the port and 'Port check successful' once it is free; wrong otherwise",
-        parts=("tells_taken_from_free",)),
-)
-
-
-def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCheck,
-                netstat_free: NetstatCheck, alone) -> ClaimCheck:
-    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge.
+def claim_inputs(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCheck,
+                 netstat_free: NetstatCheck, alone) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
     ``alone``: one two-jobs job by itself on a hand-chosen free port."""
-    c_port, c_sleep, c_netstat = CLAIMS
     d = diagnose(taken)
     c2 = counts(two_pairs)
     joined = [r for p in two_pairs for r in p.results if r.status == "ok"]
@@ -337,8 +312,8 @@ def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCh
                   [rec["rank"] for rec in article.records_of("init_failed") if rec["rank"] not in pic.sleeping]
     reports = bool(peer_errors) or (bool(peer_timeouts) and max(peer_timeouts) <= sleep_s)
     where = ", ".join(f"rank {k.rank}: {k.where.kind if k.where else k.state}" for k in article.ranks)
-    return ClaimCheck([
-        c_port.judge(
+    return claims.Inputs(LAB, {
+        "choose-a-port": claims.evidence(
             f"port taken by another listener: job {taken.status} [{taken.signature}] ({'EADDRINUSE' if 'EADDRINUSE' in (d.error or '') else d.error} "
             f"after {d.seconds_to_error} s on rank 0); one job alone on a hand-chosen free port: {alone.status}; "
             f"{len(two_pairs)} pair(s) of jobs started at once on one free "
@@ -346,22 +321,22 @@ def claim_check(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCh
             f"(fixed-free-port): {counts(fixed_pairs)['both ok']} of {len(fixed_pairs)} pair(s) both ok",
             alone_joins=alone.status == "ok",
             two_at_once_join=bool(two_pairs) and c2["both ok"] == len(two_pairs)),
-        c_sleep.judge(
-            f"article-retry: {article.status} [{article.signature}]; {where}; rank 0's error came "
+        "sleep-lets-others-report": claims.evidence(
+            f"article-retry (a taken port): {article.status} [{article.signature}]; {where}; rank 0's error came "
             f"{pic.knew_after_s} s after its init_process_group call; errors from the other rank: "
             f"{peer_errors or 'none'}; its init timeout {max(peer_timeouts, default=float('nan')):g} s "
             f"({'PyTorch default, as the article calls it' if not any(start.get(k.rank, {}).get('timeout_s') for k in peers) else 'set'}) "
             f"against a {sleep_s:g} s sleep; ddplab ended the job {article.wall_s:.1f} s after launch "
             f"(no rank made progress for {pic.idle_s} s)",
-            peer_reports_within_sleep=reports),
-        c_netstat.judge(
+            taken_port_peer_reports=reports),
+        "netstat-check": claims.evidence(
             f"port {netstat_taken.port} held by a listener: the snippet said '{netstat_taken.article_says}'; "
             f"port {netstat_free.port} free: '{netstat_free.article_says}' (exit {netstat_free.returncode}); "
             f"'| grep' went to netstat as an argument, no pipe ran ({netstat_taken.listed_lines} lines listed); "
             f"the bind/psutil check: {netstat_taken.working}",
             tells_taken_from_free=(netstat_taken.article_says.startswith("Port check failed")
                                    and netstat_free.article_says == "Port check successful")),
-    ])
+    })
 
 
 def _rank(answer, nproc: int) -> str | None:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab import claims
+from ddplab.notebook import Check
 
 LAB = "06"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo; NCCL: 10 min)
@@ -154,7 +155,7 @@ def give_up_seconds(r, rank: int = 1) -> float | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The timeout sweep (late-rank, many trials in one job)
+# The timeout sweep (timeout-sweep: late-rank's trials, many in one job)
 # ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def validate_sweep(timeouts: Sequence[float], delays: Sequence[float], max_trial
 
 
 def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[float] = (1.5,), **kw) -> Sweep:
-    """late-rank for each (timeout, delay) pair, in one torchrun job: every trial is a real
+    """timeout-sweep: late-rank for each (timeout, delay) pair, in one torchrun job: every trial is a real
     init_process_group with that timeout, and rank 1 joining ``delay`` seconds late."""
     validate_sweep(list(timeouts), list(delays))
     # Rank 1 idles `delay` s on purpose in each trial while rank 0 waits in init_process_group. ddplab
@@ -200,7 +201,7 @@ def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[f
     # window must cover the delay, or a deliberate wait would be judged a hang.
     if max(timeouts) > 25 and max(delays) > 2:
         kw.setdefault("stall_s", max(delays) + 3.0)
-    r = run_variant("late-rank", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
+    r = run_variant("timeout-sweep", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
             **kw)
     points = tuple(sorted(({k: p[k] for k in ("timeout_s", "delay_s", "outcome", "seconds", "error")}
                            for p in r.records_of("trial") if p["rank"] == 0),
@@ -270,44 +271,6 @@ def time_to_answer(explicit, article, explicit_timeout_s: float):
 # Claims and exercises
 # ----------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec(
-        "timeout-at-these-steps", "003",
-        "A timeout at this stage suggests a failure at one or more of these steps.",
-        "two parts: (1) every initialization that failed here failed inside those steps (in init_process_group, "
-        "while forming the process group, before any parameter was broadcast); (2) a timeout there means one of them "
-        "failed: no run with nothing broken (only a rank arriving late, within what the job could wait for) timed out",
-        parts=("failed_inside_these_steps", "only_when_a_step_failed")),
-    ClaimSpec(
-        "sleep-lets-others-report", "003",
-        "The `time.sleep` allows all processes to report errors before exiting, aiding in diagnosis.",
-        "two parts: (1) a rank that stays alive after its own init error lets the other ranks' errors reach the logs, "
-        "when they come within its stay (this lab's own 2 s linger after 3 s timeouts, missing-rank); (2) the article's "
-        "Example 2 as written (no timeout given, so PyTorch's 30 minutes) lets a rank report anything within a 60 s sleep",
-        parts=("errors_arrive_within_the_stay", "as_written_reports_within_the_sleep")),
-    ClaimSpec(
-        "firewall", "003",
-        "Firewalls might be blocking the necessary ports used by the chosen communication backend",
-        "holds if ranks whose packets to the master are dropped, as a firewall drops them, cannot initialize: "
-        "init_process_group gives up on the store after its timeout (store-unreachable); judged only on dropped packets "
-        "(a network namespace), not on loopback, where a closed port refuses at once",
-        parts=("dropped_packets_stop_init",)),
-    ClaimSpec(
-        "env-inconsistent", "003",
-        "Problems establishing the process group can stem from inconsistencies in the environment variables used "
-        "across nodes or incorrect configuration of the communication backend.",
-        "holds if ranks that disagree on an environment variable init reads cannot form the process group: "
-        "a rank with another MASTER_PORT, and a rank with another WORLD_SIZE, each make init fail",
-        parts=("port_mismatch_fails", "world_size_mismatch_fails")),
-    ClaimSpec(
-        "slow-network-default", "003",
-        "A slow or congested network can easily cause the initialization process to exceed the default timeout.",
-        "holds if a slow or congested network delays init_process_group past PyTorch's default timeout (30 minutes "
-        "for gloo); judged only on a slow network, which one machine's loopback is not",
-        parts=("exceeds_default",)),
-)
-
-
 def _init_raised(r) -> list[int]:
     """Ranks whose own exception was raised inside init_process_group (the frames of its error record)."""
     return [k.rank for k in r.ranks if k.error is not None and any(f.func == "init_process_group" for f in k.error.frames)]
@@ -330,11 +293,10 @@ def _within_stay(r) -> tuple[bool, str]:
                                           f"error came {', '.join(f'{d:g}' for d in late)} s later")
 
 
-def claim_check(missing, sweep: Sweep, unreachable, master: SilentMaster, article, mismatches: dict,
-                sleep_s: float = ARTICLE_SLEEP_S) -> ClaimCheck:
-    """The article's claims against this execution's runs; every verdict computed by ClaimSpec.judge.
+def claim_inputs(missing, sweep: Sweep, unreachable, master: SilentMaster, article, mismatches: dict,
+                 sleep_s: float = ARTICLE_SLEEP_S) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
     ``mismatches``: {"port": run, "world-size": run} of env-mismatch."""
-    c_steps, c_sleep, c_fw, c_env, c_slow = CLAIMS
     fails = [p for p in sweep.points if p["outcome"] == "failed"]
     oks = [p for p in sweep.points if p["outcome"] == "ok"]
     named = [("missing-rank", missing), ("unreachable-master", unreachable),
@@ -350,15 +312,15 @@ def claim_check(missing, sweep: Sweep, unreachable, master: SilentMaster, articl
     art_timeout_s = art_timeout if art_timeout is not None else DEFAULT_PG_TIMEOUT_S
     art_errors = article.records_of("init_failed")
     mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
-    return ClaimCheck([
-        c_steps.judge(
+    return claims.Inputs(LAB, {
+        "timeout-at-these-steps": claims.evidence(
             "failed inside init_process_group: " + ", ".join(f"{name} [{r.signature}]: {_failed_in_init(r)}"
                                                              for name, r in named)
             + f"; the sweep, rank 1 merely late (nothing broken): {len(late_only)} of {len(sweep.points)} trials "
               f"timed out (timeouts {late_t or 'none'} s; delays {delays} s)",
             failed_inside_these_steps=all(_failed_in_init(r) for _, r in named),
             only_when_a_step_failed=not late_only),
-        c_sleep.judge(
+        "sleep-lets-others-report": claims.evidence(
             f"missing-rank (3 s timeouts, a 2 s stay after an error): {within_text}. Example 2 as written: "
             f"{article.status} [{article.signature}], ranks {list(waiting_at_rendezvous(article))} waiting at the "
             f"rendezvous with no error ({len(art_errors)} reported), init timeout {art_timeout_s:g} s "
@@ -366,26 +328,25 @@ def claim_check(missing, sweep: Sweep, unreachable, master: SilentMaster, articl
             f"ddplab ended it {article.wall_s:.1f} s after launch (no rank made progress for "
             f"{article.stall.idle_s if article.stall else float('nan'):g} s)",
             errors_arrive_within_the_stay=within,
-            as_written_reports_within_the_sleep=bool(art_errors) or art_timeout_s <= sleep_s),
-        c_fw.judge(
+            as_written_reports=bool(art_errors) or art_timeout_s <= sleep_s),
+        "firewall": claims.evidence(
             f"{master.note}: rank 1 gave up after {gave_up if gave_up is not None else float('nan'):.1f} s "
             f"({unreachable.status} [{unreachable.signature}]), with init timeout "
             f"{(init_failures(unreachable)[-1:] or [{}])[0].get('timeout_s')} s",
-            imitation=None if master.kind == "netns" else
-            "loopback: a closed port refuses the connection at once; a firewall that drops packets was not made here",
-            **({"dropped_packets_stop_init": unreachable.signature == "store-unreachable" and gave_up is not None}
-               if master.kind == "netns" else {})),
-        c_env.judge(
+            dropped_packets_stop_init=claims.fact(unreachable.signature == "store-unreachable" and gave_up is not None)
+            if master.kind == "netns" else claims.stand_in(
+                "loopback: a closed port refuses the connection at once; a firewall that drops packets was not made here")),
+        "env-inconsistent": claims.evidence(
             "; ".join(f"rank 1 with another {'MASTER_PORT' if k == 'port' else 'WORLD_SIZE'}: {st} [{sig}]"
                       for k, (st, sig, _) in mm.items()),
             port_mismatch_fails=mm.get("port", (None, None, False))[2],
             world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
-        c_slow.judge(
+        "slow-network-default": claims.evidence(
             f"a rank arriving late stood in for a slow network: init answered after at most "
             f"{max((p['seconds'] for p in oks), default=float('nan')):.2f} s whenever the timeout exceeded the delay "
             f"({len(oks)} trials); a missing rank: {missing.signature} after {missing_s:.1f} s with a 3 s timeout",
-            imitation="a rank that starts late (time.sleep) in place of a slow or congested network"),
-    ])
+            exceeds_default=claims.stand_in("a rank that starts late (time.sleep) in place of a slow or congested network")),
+    })
 
 
 def _seconds(answer) -> str | None:

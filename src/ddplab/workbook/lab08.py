@@ -10,7 +10,8 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab import claims
+from ddplab.notebook import Check
 
 LAB = "08"
 TOL = 1e-5          # float32: the accumulated gradient must equal the full batch's to this (max abs)
@@ -161,42 +162,6 @@ def plot_epoch_orders(r_no, r_yes):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec(
-        "accumulation", "001",
-        "This example shows how to incorporate gradient accumulation.",
-        "holds if, for every k > 1 micro-batches per step, the gradient the article's loop hands to "
-        "optimizer.step() equals the mean gradient of all k micro-batches (max |diff| <= 1e-5, float32); "
-        "wrong if it does not (for example, if it equals the last micro-batch's alone)",
-        parts=("accumulates",)),
-    ClaimSpec(
-        "amp-scale-loss", "001",
-        "Note the use of `amp.scale_loss` to handle gradient scaling appropriately in mixed precision.",
-        "holds if the article's apex amp.scale_loss loop, run under mixed precision, applies correctly scaled "
-        "gradients; judged only on a run of apex itself",
-        parts=("scales",)),
-    ClaimSpec(
-        "sampler-balanced", "001",
-        "This prevents one worker from receiving significantly more data than others, which can lead to "
-        "imbalanced model updates.",
-        "holds if, every epoch, both ranks get the same number of indices and together visit the dataset "
-        "exactly once (the article's DistributedSampler, with and without set_epoch)",
-        parts=("equal_shares", "covers_once")),
-    ClaimSpec(
-        "sampler-reset", "001",
-        "The sampler should be reset before each epoch.",
-        "holds if, without sampler.set_epoch(epoch), every rank visits its indices in the same order every "
-        "epoch, and with it the order changes: the reset is what makes shuffle=True shuffle again",
-        parts=("repeats_without_reset", "changes_with_reset")),
-    ClaimSpec(
-        "init-no-env", "000",
-        'dist.init_process_group("gloo", rank=rank, world_size=world_size)  # Or "nccl" for NVIDIA GPUs',
-        "holds if this call, in the sample's environment (mp.spawn sets no MASTER_ADDR/MASTER_PORT), joins "
-        "the process group; wrong if it raises",
-        parts=("joins",)),
-)
-
-
 def _shares(r) -> tuple[bool, bool]:
     """(every epoch both ranks got as many indices, the ranks together visited each index once)."""
     o = orders(r)
@@ -204,17 +169,16 @@ def _shares(r) -> tuple[bool, bool]:
     return equal, shards_cover_dataset(r)
 
 
-def claim_check(r_article, r_fixed, r_no, r_yes, r_env) -> ClaimCheck:
-    """Every row judged by ClaimSpec.judge from the five runs' fields; no verdict is written here."""
-    c_acc, c_amp, c_bal, c_reset, c_env = CLAIMS
+def claim_inputs(r_article, r_fixed, r_no, r_yes, r_env) -> claims.Inputs:
+    """What the five runs measured for the register's claims (ddplab.claim_register); judged there."""
     s = accumulation_summary(r_article, r_fixed)
     art = [a for a in accumulation(r_article) if a["k"] > 1]
     kmax = max(s["ks"])
     eq_no, cover_no = _shares(r_no)
     eq_yes, cover_yes = _shares(r_yes)
     env_given = r_env.cause.env if r_env.cause is not None else {}
-    return ClaimCheck([
-        c_acc.judge(
+    return claims.Inputs(LAB, {
+        "accumulation": claims.evidence(
             f"{r_article.status}, no error; k = {', '.join(str(a['k']) for a in art)}: applied gradient vs the mean of "
             f"all k micro-batches: max |diff| {max(a['diff_full'] for a in art):.2e} (relative >= "
             f"{min(a['rel_err_full'] for a in art):.0%}); vs the last micro-batch's alone: max |diff| "
@@ -222,24 +186,25 @@ def claim_check(r_article, r_fixed, r_no, r_yes, r_env) -> ClaimCheck:
             f"Fixed loop: max |diff| {s['fixed_max_diff_full']:.1e} from the full batch, "
             f"{s['fixed_allreduces'][kmax]} all-reduce per step",
             accumulates=all(a["diff_full"] <= TOL for a in art)),
-        c_amp.judge(
+        "scale-loss": claims.evidence(
             f"apex is deprecated and not installed: the run uses torch.autocast(bfloat16) with no loss scaling; "
             f"the fixed loop is within {s['fixed_bf16_max_rel_err']:.1e} (relative) of the bf16 full-batch gradient",
-            imitation="torch.autocast(dtype=torch.bfloat16) in place of apex amp.initialize / amp.scale_loss"),
-        c_bal.judge(
+            apex_scale_loss=claims.stand_in(
+                "torch.autocast(dtype=torch.bfloat16), with no loss scaling, in place of apex amp.initialize / amp.scale_loss")),
+        "sampler-balanced": claims.evidence(
             f"{sizes()['dataset']} indices, 2 ranks: equal shares every epoch: without set_epoch {eq_no}, with {eq_yes}; "
             f"each index visited once per epoch: {cover_no}, {cover_yes}",
             equal_shares=eq_no and eq_yes, covers_once=cover_no and cover_yes),
-        c_reset.judge(
+        "sampler-reset": claims.evidence(
             f"without set_epoch(): the same order every epoch on every rank: {order_repeats(r_no)}; with "
             f"set_epoch(epoch): {order_repeats(r_yes)}",
             repeats_without_reset=order_repeats(r_no), changes_with_reset=not order_repeats(r_yes)),
-        c_env.judge(
+        "init-no-env": claims.evidence(
             f"the call with MASTER_ADDR={env_given.get('MASTER_ADDR')!r}, MASTER_PORT={env_given.get('MASTER_PORT')!r} "
             f"(torchrun started it; the script removed the two variables, as mp.spawn never sets them): "
             f"{r_env.status}" + (f" [{r_env.signature}]: {error_line(r_env)[:140]}" if r_env.status != "ok" else ""),
             joins=r_env.status == "ok" and bool(r_env.records_of("joined"))),
-    ])
+    })
 
 
 def _whole_number(answer, what: str, lo: int, hi: int) -> str | None:

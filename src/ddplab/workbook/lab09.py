@@ -12,10 +12,10 @@ import statistics
 from dataclasses import dataclass
 
 import ddplab
-from ddplab import catalog, classify
+from ddplab import catalog, claims, classify
 from ddplab import cluster as cluster_mod
 from ddplab.errors import DdplabError
-from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, rank_sum_p
+from ddplab.notebook import Check, rank_sum_p
 
 LAB = "09"
 RATES_MBIT = (None, 300, 100)              # None: no cap (the namespace link's own speed)
@@ -119,6 +119,7 @@ class Point:
     step_ms: float | None
     compute_ms: float | None
     init_s: float | None
+    steps_ms: tuple = ()        # every timed step (the slowest rank's), for tests between hooks of one run
 
     @property
     def label(self) -> str:
@@ -138,7 +139,8 @@ def sweep(rates=RATES_MBIT, compress_at=(None, "lowest"), hooks=("fp16", "powers
         res = run_variant("slow-link", rate_mbit=rate, steps=steps, compare=compare, **kw)
         for hook in ["none", *compare]:
             f = step_facts(res, hook) if res.status == "ok" else {}
-            out.append(Point(rate, hook, res.status, f.get("step_ms"), f.get("compute_ms"), f.get("init_s")))
+            out.append(Point(rate, hook, res.status, f.get("step_ms"), f.get("compute_ms"), f.get("init_s"),
+                             tuple(step_times(res, hook)) if res.status == "ok" else ()))
     return out
 
 
@@ -261,45 +263,23 @@ def preflight(variant: str, timeout_s: float = 3.0) -> dict[int, dict]:
 # Claims
 # ----------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec(
-        "bandwidth-impedes", "000",
-        "Insufficient network bandwidth or latency between machines in a DDP setup can significantly impede "
-        "communication.",
-        "holds if plain DDP's step at the lowest link cap takes at least twice the uncapped step and "
-        "communication (the step minus the compute-only step) is most of it; partly if only one; wrong if neither",
-        parts=("step_2x_slower", "communication_dominates")),
-    ClaimSpec(
-        "stall-indefinitely", "000",
-        "Packets might be dropped or delayed, causing processes to stall indefinitely while waiting for others.",
-        "with a share of node 1's incoming packets dropped, against the same job without loss run just before: the "
-        "'dropped' half holds if the lossy job's steps are slower (every timed step, the slowest rank's time at "
-        f"each; a one-sided rank-sum test, p <= {P_LEVEL}: the delays of retransmission are in the slow steps, "
-        "which a fastest step would hide); the 'stall indefinitely' half holds if the job is judged hung (no rank "
-        "made progress for the stall window); partly if only one holds",
-        parts=("slower", "stalls")),
-    ClaimSpec(
-        "firewall-ports", "003",
-        "Firewalls might be blocking the necessary ports used by the chosen communication backend (e.g., ports "
-        "used by Gloo's TCP communication).",
-        "holds if, with the rendezvous port open and the other ports closed, the job hangs in "
-        "init_process_group with a rank's connection to the other node unanswered (SYN_SENT), and "
-        "opening the cluster's subnet makes the same job finish",
-        parts=("blocked_hangs_in_init", "opening_fixes")),
-    ClaimSpec(
-        "bandwidth-init", "003",
-        "Furthermore, network latency and bandwidth limitations significantly impact initialization time.",
-        "holds if init_process_group (the slowest rank's own timing) takes at least twice as long at the lowest "
-        "link cap as uncapped and at least 1 s longer (a difference a learner notices, above this shared "
-        "machine's scheduling noise); wrong if not",
-        parts=("init_2x_slower",)),
-)
+GAIN = 1.1      # "more than 10% faster" (the register's frequent-allreduce criterion)
 
 
-def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck:
-    """The articles' network sentences against this execution's runs; verdicts computed by ClaimSpec.judge.
+def compression_test(points, rate) -> tuple[str, float]:
+    """At link ``rate``: each hook's steps against plain DDP's of the same run (a one-sided rank-sum
+    test that plain DDP's steps are more than GAIN x the hook's), and the best hook's p doubled for
+    each further hook it was chosen from."""
+    base = point(points, rate, "none")
+    hooked = [p for p in points if p.rate_mbit == rate and p.hook != "none" and p.steps_ms]
+    tests = {p.hook: rank_sum_p(list(base.steps_ms), [GAIN * x for x in p.steps_ms]) for p in hooked} if base else {}
+    text = ", ".join(f"{h} {base.step_ms / point(points, rate, h).step_ms:.2f}x (p = {q:.3f})" for h, q in tests.items())
+    return text or "no hook timed", min(1.0, min(tests.values(), default=1.0) * max(1, len(tests)))
+
+
+def claim_inputs(points, lossy, lossless, firewall, fixed_firewall) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
     ``lossless``: the lossy-link variant with drop_percent=0, run just before ``lossy``."""
-    c_bw, c_stall, c_fw, c_init = CLAIMS
     caps = [p.rate_mbit for p in points if p.rate_mbit is not None]
     free, low = point(points, None, "none"), point(points, min(caps), "none") if caps else None
     if free is None or low is None:
@@ -312,22 +292,23 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
         p_slower = rank_sum_p(lossy_steps, base_steps)
     drop = _drop_percent(lossy)
     fw = firewall_facts(firewall)
-    return ClaimCheck([
-        c_bw.judge(
+    hooks_text, hooks_p = compression_test(points, low.rate_mbit)
+    return claims.Inputs(LAB, {
+        "bandwidth-impedes": claims.evidence(
             f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label} "
             f"({low.step_ms / free.step_ms:.1f}x); compute-only step {free.compute_ms:.0f} -> {low.compute_ms:.0f} ms",
             step_2x_slower=low.step_ms >= 2 * free.step_ms,
             communication_dominates=low.step_ms - low.compute_ms >= 0.5 * low.step_ms),
-        c_stall.judge(
+        "stall-indefinitely": claims.evidence(
             f"{drop}% of node 1's incoming packets dropped: job {lossy.status}"
             + (f", median step {statistics.median(lossy_steps):.0f} ms (slowest {max(lossy_steps):.0f}) against "
                f"{statistics.median(base_steps):.0f} ms (slowest {max(base_steps):.0f}) without loss over "
                f"{len(lossy_steps)} and {len(base_steps)} steps, rank-sum p = {p_slower:.3f}" if lossy_ok else "")
             + ("; judged hung: no rank made progress for the stall window" if lossy.status == "hung" else
                "; every rank kept making progress: TCP retransmitted what was dropped"),
-            slower=(lossy_ok and p_slower <= P_LEVEL) or lossy.status == "hung",
+            slower=claims.test(p_slower) if lossy_ok else lossy.status == "hung",
             stalls=lossy.status == "hung"),
-        c_fw.judge(
+        "firewall": claims.evidence(
             f"node 0 accepts port {fw.rdzv_port} only: job {fw.status} [{fw.signature}]; unanswered connections: "
             + (", ".join(f"rank {r} -> {a}" for r, a in fw.blocked) or "none")
             + f" (the workers' store port torchrun picked: {fw.master_port}); ranks in "
@@ -336,10 +317,17 @@ def claim_check(points, lossy, lossless, firewall, fixed_firewall) -> ClaimCheck
             blocked_hangs_in_init=fw.status == "hung" and bool(fw.blocked)
             and all(k in ("rendezvous", "store") for k, _ in fw.where.values()),
             opening_fixes=fixed_firewall.status == "ok"),
-        c_init.judge(
+        "gloo-congested": claims.evidence(
+            f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label}; with {drop}% of node 1's "
+            f"packets dropped the job ended {lossy.status}",
+            delayed_on_a_slow_link=low.step_ms >= 2 * free.step_ms, looks_hung_on_a_lossy_link=lossy.status == "hung"),
+        "frequent-allreduce": claims.evidence(
+            f"at {low.label}, each hook's steps against plain DDP's in the same run: {hooks_text}",
+            fewer_bytes_faster_on_a_link=claims.test(hooks_p)),
+        "bandwidth-init": claims.evidence(
             f"init_process_group {free.init_s:.2f} s uncapped, {low.init_s:.2f} s at {low.label}",
-            init_2x_slower=low.init_s >= 2 * free.init_s and low.init_s - free.init_s >= 1.0),
-    ])
+            init_slower_at_low_bandwidth=low.init_s >= 2 * free.init_s and low.init_s - free.init_s >= 1.0),
+    })
 
 
 def _drop_percent(result) -> int | None:

@@ -9,9 +9,9 @@ article 002's custom layer meets under DataParallel (real only on 2+ GPUs, else 
 from __future__ import annotations
 
 import ddplab
-from ddplab import catalog
+from ddplab import catalog, claims
 from ddplab.errors import DdplabError
-from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, sign_test_p
+from ddplab.notebook import Check, sign_test_p
 
 LAB = "10"
 SAME = 1e-6          # ranks "agree" when no element differs by more than this (float64)
@@ -238,54 +238,14 @@ def plot_consequences(r_cost, r_bn, r_module, r_init):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec(
-        "manifestations", "001",
-        "Issues with `DistributedDataParallel` typically manifest in various ways: deadlocks, inconsistent model "
-        "states across processes, slow training speed, or outright runtime errors.",
-        "'typically' is a frequency this lab cannot measure; it tests that model code of this lab produces each of the "
-        "four: a deadlock (eval-rank0 judged hung with every rank blocked in a collective), inconsistent states "
-        "(module-forward ends ok with the ranks' parameters apart), slower training "
-        "(find_unused_parameters=True's step slower than the reference's in so many of the interleaved rounds "
-        f"that a sign test rules out chance, p <= {P_LEVEL}) and a runtime error "
-        "(unused-params fails with DDP's own RuntimeError)",
-        parts=("deadlock", "inconsistent_states", "slow_training", "runtime_error")),
-    ClaimSpec(
-        "inconsistent-states", "001",
-        "inconsistent model states across processes",
-        "for rank-dependent initialisation (torch.manual_seed(rank) before building the model): holds in each part "
-        "where a run that ends without error leaves a state the forward uses different across ranks after DDP "
-        "construction and training: the parameters built with the rank's seed, a plain tensor attribute, the "
-        "parameters re-initialised after wrapping",
-        parts=("seeded_parameters_differ", "plain_attribute_differs", "reinit_after_wrap_differs")),
-    ClaimSpec(
-        "deadlock-custom-loop", "000",
-        "This is less frequent with PyTorch's higher-level APIs, but can occur in custom implementations of "
-        "training loops interacting with `DataParallel` or `DDP`.",
-        "'less frequent' is not measured; holds if a custom loop that evaluates on rank 0 alone through the DDP "
-        "wrapper deadlocks (judged hung, every rank blocked in a collective, rank 0 in DDP's own buffer broadcast) "
-        "and the same loop evaluating model.module completes",
-        parts=("custom_loop_deadlocks", "fix_completes")),
-    ClaimSpec(
-        "device-affinity", "002",
-        "this operation may not have correct device affinity in a distributed environment",
-        "under real nn.DataParallel on >= 2 GPUs: holds if, in some replica, the article's torch.matmul(x, "
-        "self.weight) meets an x and a self.weight on different devices (an error, or a weight left on GPU 0); "
-        "wrong if every replica's weight is on its own input's device and the output equals one device's",
-        parts=("weight_off_device",)),
-)
-
-
-def claim_check(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp) -> ClaimCheck:
-    """Every row judged by ClaimSpec.judge from the runs' fields; no verdict is written here."""
-    c_man, c_inc, c_dead, c_dev = CLAIMS
+def claim_inputs(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
     w = waits(r_eval)
     deadlock = (r_eval.status == "hung" and all(x["kind"] == "collective" for x in w.values()))
     rows = replicas(r_module)
     diverged = r_module.status == "ok" and rows[-1]["broken"] > SAME
     sd = slowdown(r_cost)
     k, n = slower_rounds(r_cost)
-    slow = sign_test_p(k, n) <= P_LEVEL
     err = r_unused.cause
     runtime_error = (r_unused.status == "failed" and err is not None and err.type == "RuntimeError"
                      and r_unused.signature == "unused-parameters")
@@ -297,40 +257,34 @@ def claim_check(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp) 
     reps = ", ".join(f"{x['input']}/{x['weight']}" for x in art["replicas"])
     dp_measured = (f"{art['dp_mode']}: the article's layer in {len(art['replicas'])} replica(s), input/weight devices "
                    f"{reps}; error: {art['error'] or 'none'}")
-    dp_parts = {}
-    imitation = None
-    if dp_mode(r_dp) == "real":
-        dp_parts = {"weight_off_device": (not art["same_device"]) or art["error"] is not None}
-    else:
-        imitation = EMULATION
-    return ClaimCheck([
-        c_man.judge(
+    off_device = (claims.fact((not art["same_device"]) or art["error"] is not None) if dp_mode(r_dp) == "real"
+                  else claims.stand_in(EMULATION))
+    return claims.Inputs(LAB, {
+        "manifestations": claims.evidence(
             f"eval-rank0: {r_eval.status} [{r_eval.signature}], rank 0 in {w[0]['op']} via {w[0]['via']}, rank 1 in "
             f"{w[1]['op']}; module-forward: {r_module.status}, max |parameter difference| across ranks after step {rows[-1]['step']}: "
             f"{rows[-1]['broken']:.2e} (through the wrapper: {rows[-1]['fixed']:.1e}); find_unused_parameters=True: "
             f"{sd['find_unused_parameters=True']:.2f} x the reference's ms per step, slower in {k} of {n} rounds "
             f"(sign test p = {sign_test_p(k, n):.3f}; static_graph=True: {sd['static_graph=True']:.2f} x); "
             f"unused-params: {r_unused.status}, "
-            f"{err.type + ': ' + err.message.split('.')[0] if err else 'no error'}",
-            deadlock=deadlock, inconsistent_states=diverged, slow_training=slow, runtime_error=runtime_error),
-        c_inc.judge(
-            f"rank-init ({r_init.status}): seeded by rank, parameter spread before DDP {seeded['params_before']:.2e}, "
+            f"{err.type + ': ' + err.message.split('.')[0] if err else 'no error'}. rank-init ({r_init.status}): seeded by rank, parameter spread before DDP {seeded['params_before']:.2e}, "
             f"after construction {seeded['params_after_construction']:.1e}, after training "
             f"{seeded['params_after_training']:.1e}; plain tensor attribute after training "
             f"{seeded['proj_after_training']:.2e}; re-initialised after wrapping: parameters "
             f"{reinit['params_after_training']:.2e}; fixed (one seed, a buffer, init before wrapping): parameters "
             f"{fixed['params_after_training']:.1e}, outputs {fixed['outputs_after_training']:.1e}",
-            seeded_parameters_differ=ok_init and seeded["params_after_training"] > SAME,
-            plain_attribute_differs=ok_init and seeded["proj_after_training"] > SAME,
-            reinit_after_wrap_differs=ok_init and reinit["params_after_training"] > SAME),
-        c_dead.judge(
+            deadlock=deadlock, states_apart_past_the_wrapper=diverged,
+            states_apart_from_rank_init=ok_init and (seeded["proj_after_training"] > SAME
+                                                     or reinit["params_after_training"] > SAME),
+            slow_training=claims.test(sign_test_p(k, n)), runtime_error=runtime_error),
+        "custom-loop-deadlock": claims.evidence(
             f"eval-rank0: {r_eval.status} [{r_eval.signature}]: rank 0 at {w[0]['line']} in {w[0]['op']} "
             f"({w[0]['via']}), rank 1 at {w[1]['line']} in {w[1]['op']}; eval-fixed (model.module under no_grad): "
             f"{r_eval_fixed.status}",
-            custom_loop_deadlocks=deadlock and w[0]["via"] == "ddp-forward-buffers",
-            fix_completes=r_eval_fixed.status == "ok"),
-        c_dev.judge(dp_measured, imitation=imitation, **dp_parts),
-    ])
+            eval_on_rank0_deadlocks=deadlock and w[0]["via"] == "ddp-forward-buffers",
+            eval_on_module_completes=r_eval_fixed.status == "ok"),
+        "device-affinity": claims.evidence(dp_measured, weight_off_device=off_device),
+    })
 
 
 def _blank(answer) -> bool:

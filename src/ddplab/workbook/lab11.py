@@ -15,10 +15,10 @@ import statistics
 from pathlib import Path
 
 import ddplab
-from ddplab import catalog
+from ddplab import catalog, claims
 from ddplab import job as job_mod
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, ClaimCheck, ClaimSpec
+from ddplab.notebook import Check
 from ddplab.result import RunResult
 
 LAB = "11"
@@ -282,51 +282,32 @@ def plot_sweep(r_sweep: RunResult):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-CLAIMS = (
-    ClaimSpec("amp-performance", "001",
-              "The code also demonstrates the use of `apex` for mixed precision training, which can improve "
-              "performance significantly.",
-              f"apex is deprecated; torch.amp is its successor. Holds if the autocast step is at least {FASTER}x "
-              "faster than float32's and keeps less memory (saved activations), with the loss within 1 % at every "
-              "step. Judged only on a GPU with fp16 (the article's setting): bf16 on a CPU does not test it",
-              parts=("faster", "less_memory", "same_loss")),
-    ClaimSpec("scale-loss", "001",
-              "Note the use of `amp.scale_loss` to handle gradient scaling appropriately in mixed precision.",
-              "torch.amp.GradScaler replaces amp.scale_loss. Holds if the scaled update equals the unscaled one, "
-              "and when only rank 1's local gradient holds inf/NaN, every rank skips that step with the same new "
-              "scale and equal weights. What scaling is for (fp16 gradients that underflow) needs fp16 on a GPU",
-              parts=("same_update", "skipped_everywhere", "scales_agree", "weights_agree")),
-    ClaimSpec("illusion-of-hang", "000",
-              "If the transfer speed is significantly slower than the computation speed, processes will spend "
-              "most of their time waiting, creating the illusion of a hang.",
-              "data slower than compute (here rank 1's samples: a storage latency imitated with a sleep, and real "
-              "decoding in its DataLoader worker). Holds if both ranks spend over half their time waiting, one "
-              "wait lasts longer than ddplab's stall window (silent long enough to look hung), and the run still "
-              "ends ok (it was not a hang)",
-              parts=("mostly_waiting", "looks_hung", "not_hung")),
-)
+CPU_AMP = ("torch.amp bf16 on this machine's CPU, not fp16 on a GPU: mixed precision's speed comes from the GPU's "
+           "tensor cores, so a CPU run does not test this claim")
+CPU_SCALER = ("torch.amp.GradScaler under bf16 autocast on the CPU, in place of apex amp.scale_loss on fp16: bf16 needs no "
+              "loss scaling, so nothing here shows scaling handled appropriately")
 
 
-def claim_check(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimCheck:
+def claim_inputs(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
     s = amp_summary(ramp)
-    specs = {c.key: c for c in CLAIMS}
     gpu = on_gpu(ramp)
     mem = (f"; peak GPU memory {s['peak_mb_amp']:.0f} vs {s['peak_mb_fp32']:.0f} MiB" if gpu else "")
-    rows = [specs["amp-performance"].judge(
+    cpu_amp = claims.stand_in(CPU_AMP)
+    rows = {"amp-performance": claims.evidence(
         f"{s['device']}, autocast {s['dtype']}, GradScaler {'on' if s['scaler'] else 'off'}: "
         f"{s['step_ms_amp']:.0f} ms per step vs {s['step_ms_fp32']:.0f} ms float32 ({s['speedup']:.2f}x); saved "
         f"activations {s['act_mb_amp']:.2f} vs {s['act_mb_fp32']:.2f} MiB per micro-batch{mem}; loss within "
         f"{s['max_rel_loss_diff']:.1e} (relative) over {s['steps']} steps",
-        imitation=None if gpu else "torch.amp bf16 on this machine's CPU, not fp16 on a GPU: mixed precision's "
-                                   "speed comes from the GPU's tensor cores, so a CPU run does not test this claim",
-        **({"faster": s["speedup"] >= FASTER,
-            "less_memory": s["act_mb_amp"] < s["act_mb_fp32"] and s["peak_mb_amp"] < s["peak_mb_fp32"],
-            "same_loss": s["max_rel_loss_diff"] <= LOSS_RTOL} if gpu else {}))]
+        faster=s["speedup"] >= FASTER if gpu else cpu_amp,
+        less_memory=s["act_mb_amp"] < s["act_mb_fp32"] and s["peak_mb_amp"] < s["peak_mb_fp32"] if gpu else cpu_amp,
+        same_loss=s["max_rel_loss_diff"] <= LOSS_RTOL if gpu else cpu_amp)}
     at, sc = scaler_at_inf(r_sync), scales(r_sync)
     same = same_update_as_unscaled(r_sync, ramp)
     compared = ("the amp run's autocast replica's, which also scales on a GPU (so this part shows only that the "
                 "run repeats)" if on_gpu(r_sync) else "the unscaled run's (the amp run's autocast replica)")
-    rows.append(specs["scale-loss"].judge(
+    scaler = None if on_gpu(r_sync) else claims.stand_in(CPU_SCALER)
+    rows["scale-loss"] = claims.evidence(
         f"before step {sizes()['inf_step']} the weights equal {compared} bit for bit: {same}; at step "
         f"{sizes()['inf_step']} the local gradient is non-finite on rank(s) "
         f"{[k for k, v in at.items() if v['local_nonfinite']]}, after DDP's all-reduce on "
@@ -334,16 +315,16 @@ def claim_check(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> ClaimC
         f"scale {at[0]['scale_before']:.0f} -> {at[0]['scale_after']:.0f} (rank 0), {at[1]['scale_before']:.0f} -> "
         f"{at[1]['scale_after']:.0f} (rank 1); weights equal across ranks after every step: "
         f"{all(weights_agree(r_sync))} (GradScaler on {'a GPU, fp16' if on_gpu(r_sync) else 'the CPU with bf16 autocast'})",
-        same_update=same, skipped_everywhere=skipped_ranks(r_sync) == [0, 1], scales_agree=sc[0] == sc[1],
-        weights_agree=all(weights_agree(r_sync))))
+        same_update=scaler or same, skipped_everywhere=scaler or skipped_ranks(r_sync) == [0, 1],
+        scales_agree=scaler or sc[0] == sc[1], weights_agree=scaler or all(weights_agree(r_sync)))
     ld, share = loader(r_slow), waiting_share(r_slow)
     longest = max(ld[0]["max_compute_s"], ld[1]["max_data_wait_s"])
-    rows.append(specs["illusion-of-hang"].judge(
+    rows["illusion-of-hang"] = claims.evidence(
         f"{r_slow.status}; rank 1 waited {share[1]:.0%} of its time for its DataLoader, rank 0 {share[0]:.0%} in "
         f"its step (DDP's all-reduce, waiting for rank 1); longest single wait {longest:.1f} s against ddplab's "
         f"{stall_s():.0f} s stall window",
-        mostly_waiting=min(share.values()) > 0.5, looks_hung=longest > stall_s(), not_hung=r_slow.status == "ok"))
-    return ClaimCheck(rows)
+        mostly_waiting=min(share.values()) > 0.5, looks_hung=longest > stall_s(), not_hung=r_slow.status == "ok")
+    return claims.Inputs(LAB, rows)
 
 
 def _ranks_answer(answer) -> list[int] | None:
