@@ -1,0 +1,45 @@
+"""Synthetic evidence of a job of many ranks, built as objects (no processes): every rank but one
+waits in all_reduce #21 while the odd one waits in barrier #21, as tests/scripts/hang_n.py does
+for real at 8 ranks. Used by tests/test_groups.py and benchmarks/render_many_ranks.py."""
+from __future__ import annotations
+
+import torch  # noqa: F401  (only to find torch's own files' paths, as a real stack has them)
+
+from ddplab import classify
+from ddplab.evidence import LiveRank, RunEvidence
+from ddplab.ledger import Collective
+from ddplab.result import RunResult, Stall
+from ddplab.stacks import Frame
+
+C10D = str(__import__("pathlib").Path(torch.__file__).parent / "distributed" / "distributed_c10d.py")
+SCRIPT = "/work/job/train.py"
+
+
+def _ledger(last_op: str, n: int = 21) -> tuple[Collective, ...]:
+    done = tuple(Collective(s, "all_reduce", "gloo", ((1000,),), ("Float",), True, "0", s * 1000, 600000)
+                 for s in range(1, n))
+    return done + (Collective(n, last_op, "gloo", ((1000,),) if last_op == "all_reduce" else (),
+                              ("Float",) if last_op == "all_reduce" else (), False, "0", n * 1000, 600000),)
+
+
+def hang(nproc: int, odd: int) -> tuple:
+    """The arguments of ``classify.verdict`` for a hung job of ``nproc`` ranks."""
+    live = {}
+    for r in range(nproc):
+        op, line = ("barrier", 16) if r == odd else ("all_reduce", 18)
+        frames = [Frame(op, C10D, 4000), Frame("wrapper", C10D.replace("distributed_c10d", "c10d_logger"), 80),
+                  Frame("main", SCRIPT, line), Frame("<module>", SCRIPT, 23)]
+        live[r] = LiveRank(r, 1000 + r, frames, "worker-server", "futex_wait_queue", _ledger(op))
+    ev = RunEvidence(infos={r: {"pid": 1000 + r} for r in range(nproc)}, errors={}, exits={}, torchrun=None,
+                     logs={r: f"rank {r}: 20 steps done\n" for r in range(nproc)}, fatal={}, console="")
+    return (nproc, "stall", None, ev, live, {}, {r: 1.5 for r in range(nproc)}, {})
+
+
+def judged(nproc: int, odd: int) -> RunResult:
+    """The synthetic hang judged as ddplab judges a real one (classify), as a RunResult."""
+    args = hang(nproc, odd)
+    v = classify.verdict(*args)
+    return RunResult(target="train", variant=None, nproc=nproc, status=v.status, signature=v.signature,
+                     excerpt=v.excerpt, ranks=v.ranks, wall_s=30.0, run_dir="/tmp/runs/train/1", command=(),
+                     first_failure=v.first_failure, divergence=v.divergence,
+                     stall=classify.stall_facts(3.0, 3.1, 20.0, v.ranks, None))
