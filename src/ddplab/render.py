@@ -332,7 +332,8 @@ def html(result: "RunResult") -> str:
     sig = ""
     if result.signature:
         s = signatures.get(result.signature)
-        sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>, lab {e(s.lab)})<br>"
+        lab = f", lab {e(s.lab)}" if s.lab else ""
+        sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>{lab})<br>"
                f"{'<br>'.join(e(t) for t in s.explanation.splitlines())}</p>")
     d = diagnosis(result)
     diag = f"<p><b>Diagnosis:</b> {'<br>'.join(e(t) for t in d.splitlines())}</p>" if d else ""

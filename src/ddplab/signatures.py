@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .causes import CAUSES
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -17,7 +19,7 @@ class Signature:
     title: str
     patterns: tuple[str, ...]   # regexes (re.M); empty for stack signatures
     explanation: str            # two lines: what happened, what to do
-    lab: str                    # the lab that teaches it ("01")
+    lab: str                    # the lab that teaches it ("01"); "" when none does
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -31,8 +33,9 @@ class Signature:
                 "explanation": self.explanation, "lab": self.lab}
 
 
-# Most specific first: the first entry whose pattern matches names the failure.
-CATALOG: tuple[Signature, ...] = (
+# Most specific first: the first entry whose pattern matches names the failure. The known user
+# mistakes (ddplab.causes, matched on exception type and key phrases) come before PyTorch's own.
+CATALOG: tuple = CAUSES + (
     Signature(
         "port-in-use", "Rendezvous port already in use",
         (r"EADDRINUSE", r"[Aa]ddress already in use"),
@@ -144,7 +147,7 @@ CATALOG: tuple[Signature, ...] = (
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
         "A rank stopped on an exception in the script's own code (not a known distributed failure).\n"
         "Read the traceback of the rank that failed first; the others were ended by torchrun.",
-        "01"),
+        ""),   # no lab teaches an arbitrary exception
 )
 
 GENERIC = {"peer-lost", "python-exception"}
