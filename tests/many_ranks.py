@@ -16,10 +16,11 @@ SCRIPT = "/work/job/train.py"
 
 
 def _ledger(last_op: str, n: int = 21) -> tuple[Collective, ...]:
-    done = tuple(Collective(s, "all_reduce", "gloo", ((1000,),), ("Float",), True, "0", s * 1000, 600000)
+    ms = 50_000_000     # one collective every 50 ms
+    done = tuple(Collective(s, "all_reduce", "gloo", ((1000,),), ("Float",), True, "0", s * ms, 600000)
                  for s in range(1, n))
     return done + (Collective(n, last_op, "gloo", ((1000,),) if last_op == "all_reduce" else (),
-                              ("Float",) if last_op == "all_reduce" else (), False, "0", n * 1000, 600000),)
+                              ("Float",) if last_op == "all_reduce" else (), False, "0", n * ms, 600000),)
 
 
 def hang(nproc: int, odd: int) -> tuple:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import catalog, classify, evidence, render, turns, warm
+from . import catalog, classify, evidence, render, timeline, turns, warm
 from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
@@ -261,4 +261,5 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
         port=int(master["master_port"]) if master else (job.port or None), returncode=returncode,
         leftover=leftover, notes=tuple(notes), first_failure=v.first_failure, stall=stall, divergence=v.divergence)
     result.save()
+    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
     return result
