@@ -85,6 +85,8 @@ def test_a_real_8_rank_hang_names_rank_7(run_lab):
     lines = text.splitlines()
     assert len(lines) <= 10, text
     odd = next(l for l in lines if "likely cause" in l)
-    assert odd.strip().startswith("rank 7: in barrier #21 at tests/scripts/hang_n.py:16"), text
-    assert "rank 7: 20 steps done" in odd
+    assert odd.strip().startswith("rank 7: in barrier #21 at hang_n.py:16"), text
+    assert text.count("tests/scripts/hang_n.py") == 1, text          # a path in full once, relative
+    assert "Ranks 0-6 waited in all_reduce #21 for rank 7, which was blocked, in barrier #21" in text, text
+    assert "it last printed 'rank 7: 20 steps done'" in text
     assert any(l.strip().startswith("ranks 0-6: in all_reduce #21 of 1000 elements") for l in lines), text

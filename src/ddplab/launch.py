@@ -13,6 +13,7 @@ job is ended and checked gone before ``run`` returns.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, bui
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .result import RunResult
-from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor
+from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor, recent_cores
 
 PROGRESS_EVERY_S = 1.0
 Progress = Callable[[Snapshot], None]
@@ -252,6 +253,8 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
     world = world or job.nproc
     records = {r: evidence.records(job.run_dir, r) for r in range(world)}
     v = classify.verdict(world, ended_by, returncode, ev, live, ledgers, cpu, records)
+    v = dataclasses.replace(v, ranks=tuple(dataclasses.replace(r, cpu_busy=recent_cores(sup.ranks[r.rank].cpu))
+                                           if r.rank in sup.ranks else r for r in v.ranks))
     stall = sup.stall_facts(now, v.ranks) if ended_by == "stall" else None
     master = next((i for i in ev.infos.values() if i.get("master_port")), None)
     result = RunResult(

@@ -9,7 +9,7 @@ import html as _html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import groups
+from . import groups, waits
 from .ledger import numel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,15 +116,39 @@ def rank_phrase(r: "RankResult", result: "RunResult | None" = None) -> str:
     return f"rank {r.rank}: {state_phrase(r)}"
 
 
+def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:
+    """Which ranks the others waited for, and whether those were busy, blocked or gone."""
+    w = waits.waited_for(result)
+    if w is None:
+        return ""
+    paths = paths or Paths()
+    r = w.rep
+    what = (f" in {w.op}" + (f" #{w.seq}" if w.seq is not None else "")) if w.op else ""
+    if w.how == "busy":
+        state = f"busy: its CPU time was still growing ({r.cpu_busy:.2f} of a core){paths.at(r)}"
+    elif w.how == "gone":
+        state = f"gone: it had {state_phrase(r, paths).removeprefix('exited ')}" if r.state == "exited" else \
+            f"gone: {state_phrase(r, paths)}"
+    else:
+        state = f"blocked, {state_phrase(r, paths)}" if r.state in ("hung", "running") else "blocked"
+    last = next((c.seq for c in reversed(r.ledger) if c.completed), None)
+    done = f"; its last finished collective was #{last}" if last is not None and w.how != "gone" else ""
+    printed = _last_printed(r)
+    said = f"; it last printed {printed!r}" if printed else ""
+    return f"{groups.label(w.waiters).capitalize()} waited{what} for {groups.label(w.waited)}, which was {state}{done}{said}."
+
+
 def group_lines(result: "RunResult", paths: "Paths | None" = None) -> list[str]:
     """One line per group of ranks in the same state, the odd group first and named as such."""
     paths = paths or Paths()
     gs = groups.group(result)
+    w = waits.waited_for(result)
+    said = set(w.waited) if w is not None else set()      # the wait sentence quoted their output
     out = []
     for g in gs:
         line = f"{g.label}: {state_phrase(g.rep, paths)}"
         printed = _last_printed(g.rep)
-        if printed and g.rep.state in ("hung", "running"):
+        if printed and g.rep.state in ("hung", "running") and not said & set(g.ranks):
             line += f"; last printed {printed!r}" + (f" (rank {g.rep.rank})" if len(g.ranks) > 1 else "")
         if g.odd and result.status != "failed":
             others = groups.span(r for o in gs if o is not g for r in o.ranks)
@@ -211,7 +235,7 @@ def diagnosis(result: "RunResult") -> str:
     elif s == "exited":
         return "The job ended while ddplab watched it."
     div = _divergence(result, paths)
-    head = " ".join(x for x in (lead, div) if x)
+    head = " ".join(x for x in (lead, wait_sentence(result, paths), div) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
 
 
@@ -230,6 +254,7 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
         tail = _first_line("\n".join(reversed([l for l in r.log_tail.splitlines() if l.strip()][-1:])))
         what = f"exit code {r.exit_code}" + (f": {tail}" if tail else "")
     out = [f"Rank {first} failed first: {what}{paths.at(r)}."]
+    out.append(wait_sentence(result, paths))
     d = result.divergence
     if result.signature == "rank-exited-early" and d is not None:
         gone = [k for k, op in sorted(d.ops.items()) if op is None]
@@ -254,7 +279,7 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
                    f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
     if any(o.state == "exited" and o.signal == "SIGTERM" for o in result.ranks):
         out.append("torchrun then ended the other ranks.")
-    return " ".join(out)
+    return " ".join(x for x in out if x)
 
 
 def headline(result: "RunResult") -> str:

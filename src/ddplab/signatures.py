@@ -134,7 +134,7 @@ CATALOG: tuple = CAUSES + (
         (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
          r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
         "A rank waited longer than the process group's timeout for the others to join a collective.\n"
-        "The others were elsewhere (another collective, a crash, a longer loop): read every rank's stack.",
+        "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
         "01"),
     Signature(
         "peer-lost", "A peer rank disappeared",

@@ -102,6 +102,16 @@ def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
     return before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0])
 
 
+def recent_cores(samples: deque) -> float | None:
+    """CPU cores a rank used over its last CPU_WINDOW_S of samples (the rule above, as a number):
+    kept in the result, so a view can say whether the rank the others waited for was busy."""
+    if len(samples) < 2:
+        return None
+    now, cpu = samples[-1]
+    before = next(((t, c) for t, c in reversed(samples) if now - t >= CPU_WINDOW_S), samples[0])
+    return round((cpu - before[1]) / (now - before[0]), 3) if now > before[0] else None
+
+
 @dataclass
 class RankWatch:
     """What the loop knows about one rank as it runs."""
