@@ -27,6 +27,8 @@ REPORTED = [
      "https://github.com/open-mmlab/mmagic/issues/133"),
     ("train.py: error: unrecognized arguments: --local-rank=0", "launch-local-rank-arg",
      "https://github.com/XPixelGroup/BasicSR/issues/626"),
+    ("ValueError: ProcessGroupGloo::gather: Incorrect output list size 1. Output list size should be 2, same as size "
+     "of the process group.", "collective-list-size", "https://github.com/pytorch/pytorch/pull/27439"),
     ("RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the following "
      "reasons: 1) Use of a module parameter outside the `forward` function.", "ddp-parameter-ready-twice",
      "https://github.com/Lightning-AI/pytorch-lightning/issues/4033"),

@@ -41,6 +41,8 @@ EXPECTED = {
     "real_ddp_missing_attribute.txt": "ddp-wrapper-attribute",
     "real_ddp_state_dict_prefix.txt": "state-dict-module-prefix",
     "real_spawn_without_main_guard.txt": "spawn-without-main-guard",
+    "real_all_gather_list_size.txt": "collective-list-size",
+    "real_ddp_lazy_module.txt": "ddp-lazy-module",
 }
 
 

@@ -163,6 +163,21 @@ CAUSES: tuple[Cause, ...] = (
         sources=("https://github.com/pytorch/pytorch/issues/3805", "https://github.com/aks2203/deep-thinking/issues/5",
                  "https://github.com/pfnet/pfrl/pull/55")),
     Cause(
+        "collective-list-size", "A gather's output list does not hold one tensor per rank",
+        ("RuntimeError", "ValueError"),
+        (r"invalid output tensor list.*expected length|Incorrect output list size|must match number of collective "
+         r"participants|output tensor size must be equal to world_size",),
+        "all_gather / gather write one tensor per rank: the output list (or tensor) must have world_size entries, and this one has another number.\n"
+        "Make it [torch.empty_like(t) for _ in range(dist.get_world_size())] (or all_gather_into_tensor with world_size x the input's size).",
+        sources=("https://github.com/pytorch/pytorch/issues/27440", "https://github.com/hiyouga/LlamaFactory/issues/9194")),
+    Cause(
+        "ddp-lazy-module", "DDP around a model whose layers are not built yet (Lazy modules)",
+        ("RuntimeError",),
+        (r"Modules with uninitialized parameters can't be used with `?DistributedDataParallel",),
+        "The model has lazy layers (nn.LazyLinear, LazyConv...) whose shapes are set by a first forward; DDP must see every parameter's shape when it is built.\n"
+        "Run one forward on a sample batch before wrapping: model(sample); ddp = DDP(model, ...).",
+        sources=("https://github.com/pyg-team/pytorch_geometric/issues/9692", "https://github.com/bghira/SimpleTuner/issues/644")),
+    Cause(
         "spawn-without-main-guard", "mp.spawn without `if __name__ == '__main__':`",
         ("RuntimeError",),
         (r"start a new process before the\s+current process has finished its bootstrapping phase",),

@@ -114,6 +114,18 @@ def work(rank): pass
 mp.set_start_method("spawn", force=True)
 mp.spawn(work, nprocs=2)                                  # no `if __name__ == "__main__":` around it
 """),
+    "all_gather_list_size": (2, """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(2)
+dist.all_gather([torch.empty(2)], t)                      # one output tensor, two ranks
+"""),
+    "ddp_lazy_module": (2, """
+import torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+DDP(nn.LazyLinear(4))                                     # shapes not known before a first forward
+"""),
 }
 ENV = {"gloo_ifname_exclusion": {"GLOO_SOCKET_IFNAME": "^lo"}}
 
