@@ -49,3 +49,14 @@ def test_a_real_hang_leaves_timeline_png(run_lab):
     png = Path(r.run_dir) / timeline.FILE
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _labels(timeline.figure(r)) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+
+def test_a_rank_exception_is_marked_where_it_happened():
+    import dataclasses
+    from ddplab.result import RankError
+    r = many_ranks.judged(4, 1)
+    ranks = tuple(dataclasses.replace(x, error=RankError("RuntimeError", "Timed out waiting 3000ms", (), 1.6))
+                  if x.rank == 0 else x for x in r.ranks)
+    fig = timeline.figure(dataclasses.replace(r, ranks=ranks, status="failed", first_failure=0, stall=None))
+    assert "its exception" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert fig.axes[0].get_xlim()[1] >= 1.6 - 0.05       # seconds after the first collective (0.05 s)

@@ -52,6 +52,7 @@ def figure(result: "RunResult", by: str = "auto", width: float = 9.0):
     d = result.divergence
     ops_seen: dict[str, str] = {}
     last_t = 0.0
+    errors = False
     for y, (label, r, odd) in enumerate(rows):
         marks: dict[tuple[str, bool], list[float]] = {}
         for c in r.ledger:
@@ -62,9 +63,19 @@ def figure(result: "RunResult", by: str = "auto", width: float = 9.0):
             if d is not None and c.seq == d.seq and c.pg == d.pg:
                 ax.plot(x, y, "o", ms=17, mfc="none", mec="#cf222e", mew=1.5, zorder=3)
             last_t = max(last_t, x)
-        xs = [x for v in marks.values() for x in v]
+        if r.error is not None and r.error.time and t0:
+            x = r.error.time - t0 / 1e9
+            ax.plot(x, y, "*", ms=14, color="#cf222e", zorder=4)
+            ax.annotate(r.error.type, (x, y), xytext=(-8, 6), textcoords="offset points", ha="right", fontsize=7,
+                        color="#cf222e")
+            marks.setdefault(("error", True), [])
+            errors = True
+            last_t = max(last_t, x)
+        xs = [x for v in marks.values() for x in v] + ([x] if r.error is not None and r.error.time and t0 else [])
         ax.hlines(y, 0, max(xs, default=0), color="#d0d7de", lw=1, zorder=0)
         for (op, done), x in marks.items():
+            if op == "error":
+                continue
             colour = ops_seen.setdefault(op, OP_COLOURS.get(op, OTHER))
             ax.plot(x, [y] * len(x), "o" if done else "X", ls="", ms=6 if done else 11, color=colour,
                     mfc=colour if done else "white", mew=2, zorder=2)
@@ -90,6 +101,8 @@ def figure(result: "RunResult", by: str = "auto", width: float = 9.0):
     ax.set_title(title, fontsize=10)
     handles = [Line2D([], [], ls="", marker="o", color=c, label=op) for op, c in ops_seen.items()]
     handles.append(Line2D([], [], ls="", marker="X", ms=9, color=OTHER, mfc="white", mew=2, label="not finished"))
+    if errors:
+        handles.append(Line2D([], [], ls="", marker="*", ms=11, color="#cf222e", label="its exception"))
     if d is not None:
         handles.append(Line2D([], [], ls="", marker="o", ms=12, mfc="none", mec="#cf222e", label=f"#{d.seq}: diverges"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
