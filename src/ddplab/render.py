@@ -135,7 +135,18 @@ def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:
     done = f"; its last finished collective was #{last}" if last is not None and w.how != "gone" else ""
     printed = _last_printed(r)
     said = f"; it last printed {printed!r}" if printed else ""
-    return f"{groups.label(w.waiters).capitalize()} waited{what} for {groups.label(w.waited)}, which was {state}{done}{said}."
+    return (f"{groups.label(w.waiters).capitalize()} waited{what} for {groups.label(w.waited)}, which was {state}"
+            f"{_own_frames(r)}{done}{said}.")
+
+
+def _own_frames(r: "RankResult") -> str:
+    """The calls of the user's own code that led the rank where it stands, outermost first, when
+    there is more than the one line already named."""
+    from .stacks import is_user_file
+    own = [f for f in r.stack if is_user_file(f.file)]
+    if len(own) < 2:
+        return ""
+    return ", called from " + " < ".join(f"{f.func} (line {f.line})" for f in own[1:4])
 
 
 def group_lines(result: "RunResult", paths: "Paths | None" = None) -> list[str]:
