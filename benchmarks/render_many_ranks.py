@@ -9,7 +9,9 @@ median of the rounds for each part, the explanation's line count and the groups.
 rendering 1,024 ranks under 1 s.
 
 Measured here (2 shared cores, torch 2.13 CPU, Python 3.11) at 1,024 ranks, median of 5 rounds:
-judge 0.40 s, text 0.013 s, HTML 0.026 s, groups JSON 0.003 s; total 0.45 s; 9 lines, 2 groups.
+at load average 4.4: judge 0.09-0.11 s, text 0.023 s (with the wait sentence), HTML 0.026 s, groups JSON
+0.003 s; total 0.14-0.16 s. At load average 18 (six engineers' tests): judge 0.40 s, total 0.45 s.
+The explanation: 9 lines, 2 groups, at any number of ranks.
 """
 import argparse
 import json
