@@ -10,6 +10,7 @@ none. JupyterLab and every job it started are ended afterwards, and checked gone
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -153,17 +154,17 @@ def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
 
             run_button.first.click()
             # the live status line, seen while the job runs: the button says running... and the line
-            # names both ranks at the same moment
+            # names both ranks at the same moment (grouped when they are in the same state: "ranks 0-1: ...")
             page.wait_for_function(
                 """() => {
                     const busy = [...document.querySelectorAll('.jp-OutputArea button.jupyter-button')]
                         .some(b => b.textContent.includes('running'));
                     const line = [...document.querySelectorAll('.jp-OutputArea .widget-html code')]
-                        .map(c => c.textContent).find(t => / s \\| rank 0: /.test(t) && /rank 1: /.test(t));
+                        .map(c => c.textContent).find(t => / s \\| (rank 0: .*rank 1: |ranks 0-1: )/.test(t));
                     return busy && line !== undefined;
                 }""", timeout=PAGE_MS)
-            live = page.locator(".jp-OutputArea .widget-html code", has_text="rank 0:").first.inner_text()
-            # then the result: the button is back, and the result table has one line per rank
+            live = page.locator(".jp-OutputArea .widget-html code", has_text=" s | rank").first.inner_text()
+            # then the result: the button is back, and the result table has one line per group of ranks
             page.wait_for_function(
                 """() => [...document.querySelectorAll('.jp-OutputArea button.jupyter-button')]
                         .some(b => b.textContent.trim() === 'Run' && !b.disabled)""", timeout=CELLS_MS)
@@ -182,8 +183,8 @@ def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
         finally:
             browser.close()
 
-    assert " s | rank 0:" in live and "rank 1:" in live, live
-    assert ranks == ["0", "1"], ranks
+    assert re.search(r" s \| (rank 0: .*rank 1: |ranks 0-1: )", live), live
+    assert sorted(ranks) == ["0", "1"], ranks        # one row per group of ranks; lab 01's broken ranks differ
     # the panel starts on lab 01's first variant: the learner sees the verdict the catalog expects of it
     from ddplab import catalog
     assert verdict == catalog.find_lab("01").variants[0].expect.upper(), verdict

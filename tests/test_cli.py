@@ -76,6 +76,8 @@ def test_run_json_for_scripts_and_ci(tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["status"] == "ok" and d["variant"] == "fixed-sampler" and len(d["ranks"]) == 2
+    # the summary groups ranks by state: both exited cleanly, one group
+    assert [(g["ranks"], g["state"], g["exit_code"]) for g in d["groups"]] == [("0-1", "exited", 0)]
 
 
 def test_attach_to_a_process_that_is_not_a_job_says_what_it_is():
@@ -116,5 +118,6 @@ def test_status_line_on_a_terminal_only(tmp_path):
     os.close(master)
     assert p.returncode == 0
     lines = seen.decode(errors="replace").split("\r")
-    assert any("rank 0:" in l and "rank 1:" in l for l in lines), seen[-500:]
+    # both ranks named, each alone or as one group in the same state ("ranks 0-1: running")
+    assert any(("rank 0:" in l and "rank 1:" in l) or "ranks 0-1:" in l for l in lines), seen[-500:]
     assert "\r" not in out and out.startswith("01_hang --variant fixed-sampler: ok")

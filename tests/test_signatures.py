@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import signatures
+from ddplab import causes, signatures
 
 DATA = Path(__file__).parent / "data"
 
@@ -24,6 +24,25 @@ EXPECTED = {
     "real_cuda_oom.txt": "cuda-oom",
     "real_cuda_oom_new.txt": "cuda-oom",
     "real_nccl_error.txt": "nccl-error",
+    "real_no_torchrun.txt": "missing-master-env",
+    # known user mistakes (ddplab.causes), captured by tests/data/capture_causes.py
+    "real_cuda_set_device_cpu_torch.txt": "cuda-on-cpu-torch",
+    "real_cuda_tensor_cpu_torch.txt": "cuda-on-cpu-torch",
+    "real_ddp_device_ids_cpu.txt": "ddp-device-ids-cpu",
+    "real_gloo_ifname_exclusion.txt": "gloo-ifname-exclusion",
+    "real_launch_local_rank_arg.txt": "launch-local-rank-arg",
+    "real_pg_not_initialized.txt": "process-group-not-initialized",
+    "real_pg_initialized_twice.txt": "process-group-initialized-twice",
+    "real_nccl_without_gpu.txt": "nccl-without-gpu",
+    "real_no_backend_for_device.txt": "no-backend-for-device",
+    "real_syncbn_cpu.txt": "syncbn-on-cpu",
+    "real_ddp_mark_ready_twice.txt": "ddp-parameter-ready-twice",
+    "real_ddp_no_trainable_params.txt": "ddp-no-trainable-parameters",
+    "real_ddp_missing_attribute.txt": "ddp-wrapper-attribute",
+    "real_ddp_state_dict_prefix.txt": "state-dict-module-prefix",
+    "real_spawn_without_main_guard.txt": "spawn-without-main-guard",
+    "real_all_gather_list_size.txt": "collective-list-size",
+    "real_ddp_lazy_module.txt": "ddp-lazy-module",
 }
 
 
@@ -50,8 +69,8 @@ def test_catalog_entries_are_complete():
     ids = [s.id for s in signatures.CATALOG + signatures.STACK_CATALOG]
     assert len(ids) == len(set(ids))
     for s in signatures.CATALOG + signatures.STACK_CATALOG:
-        assert s.title and s.lab
-        assert len(s.explanation.splitlines()) == 2, s.id
+        assert s.title and len(s.explanation.splitlines()) == 2, s.id
+        assert s.lab or s.id in {c.id for c in causes.CAUSES} | {"python-exception"}, s.id   # "" only where no lab teaches it
     required = {"port-in-use", "rendezvous-timeout", "collective-timeout", "cpu-oom", "cuda-oom",
                 "collective-mismatch", "tensor-size-mismatch", "unused-parameters", "missing-master-env",
                 "nccl-error", "hang-different-collectives", "hang-rank-exited"}
@@ -64,8 +83,9 @@ def test_every_signature_classify_gives_is_in_the_catalog():
 
     ids = {s.id for s in signatures.STACK_CATALOG}
     given = set(re.findall(r'"((?:hang|stalled|no|deadline|rank)-[a-z-]+)"', inspect.getsource(classify)))
-    assert given and given <= ids
-    assert ids - given == set()           # and the catalog holds none that nothing gives
+    assert given <= ids
+    # and the catalog holds none that nothing gives: each is named by classify or carries its own rule
+    assert {s.id for s in signatures.STACK_CATALOG if s.hang_rule is None} <= given
     assert all(not s.patterns for s in signatures.STACK_CATALOG)
 
 

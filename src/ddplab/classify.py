@@ -50,7 +50,7 @@ def locate(live: LiveRank) -> stacks.Where:
 
 def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
                  live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
-                 records: Mapping[int, tuple]) -> tuple[RankResult, ...]:
+                 records: Mapping[int, tuple], busy: Mapping[int, float | None] = {}) -> tuple[RankResult, ...]:
     out = []
     for rank in range(nproc):
         info = ev.infos.get(rank, {})
@@ -58,6 +58,7 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
                  if info.get("master_port") else None)
         log = ev.logs.get(rank, "")
         common = dict(rank=rank, pid=info.get("pid"), error=ev.errors.get(rank), cpu_s=cpu.get(rank),
+                      cpu_busy=busy.get(rank),
                       consequence=(_is_consequence(ev, rank) if rank in ev.errors
                                    else _ended_for_another(ev, rank)),
                       given=given, records=tuple(records.get(rank, ())),
@@ -207,7 +208,7 @@ def judge(evidence: Evidence) -> Verdict:
     """The verdict from the evidence, whatever the job's origin (started, attached, merged nodes)."""
     w = evidence.watch
     ev, live, ended_by = evidence.run, evidence.live, w.ended_by
-    ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records)
+    ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records, w.cpu_busy)
     div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
     status = _status(w.ended_by, w.returncode, ev)
     signature, excerpt, first = _signature(status, ev, live, ranks, div)

@@ -57,7 +57,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 def _show(r, as_json: bool) -> int:
     if as_json:
-        print(json.dumps(r.to_dict(), indent=2, default=str))
+        from . import groups
+        print(json.dumps(r.to_dict() | {"groups": groups.to_dicts(r)}, indent=2, default=str))
     else:
         print(r.explain())
     return STATUS_EXIT[r.status]

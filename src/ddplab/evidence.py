@@ -302,6 +302,7 @@ class Watch:
     since_s: float            # the last progress, seconds after the watch began
     waited_for_timeout_s: float | None = None
     cpu: dict = field(default_factory=dict)       # rank -> CPU seconds (with its children)
+    cpu_busy: dict = field(default_factory=dict)  # rank -> cores used over its last second watched
     ledgers: dict = field(default_factory=dict)   # rank -> the last ledger sampled
     pids: dict = field(default_factory=dict)      # rank -> pid
     attached: bool = False    # a job ddplab did not start (``ddplab attach``)

@@ -13,6 +13,7 @@ job is ended and checked gone before ``run`` returns.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import classify, evidence, render, runfiles, turns, warm
+from . import classify, evidence, render, runfiles, timeline, turns, warm
 from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S  # noqa: F401  (re-exported)
 from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
@@ -227,4 +228,5 @@ def _result(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, gra
         port=int(master["master_port"]) if master else (job.port or None), returncode=seen.returncode,
         leftover=seen.leftover, notes=seen.notes, **v.fields())
     result.save()
+    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
     return result

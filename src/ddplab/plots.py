@@ -9,6 +9,8 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 
+from .timeline import figure as timeline   # noqa: F401  (a run's collectives on a timeline: ddplab.plots.timeline(result))
+
 STATUS_COLOURS = {"ok": "#2da44e", "failed": "#cf222e", "hung": "#bf8700", "interrupted": "#8c959f"}
 
 

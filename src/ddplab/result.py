@@ -92,6 +92,7 @@ class RankResult:
     stack: tuple[Frame, ...] = ()  # innermost first
     stack_source: str | None = None  # "worker-server", "py-spy", "faulthandler", "traceback"
     cpu_s: float | None = None     # CPU seconds it used (with its child processes)
+    cpu_busy: float | None = None  # cores it used over its last second watched (supervise.recent_cores)
     connections: tuple[dict, ...] = ()   # TCP sockets at the verdict: laddr, raddr, status
     dialling: dict | None = None   # {"host", "port"} of the store it was connecting to, if stuck there
     given: dict | None = None      # {"host", "port"} torchrun gave it (MASTER_ADDR/PORT)

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from .causes import CAUSES
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -20,7 +22,7 @@ class Signature:
     title: str
     patterns: tuple[str, ...]   # regexes (re.M); empty for stack signatures
     explanation: str            # two lines: what happened, what to do
-    lab: str                    # the lab that teaches it ("01")
+    lab: str                    # the lab that teaches it ("01"); "" when none does
     hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
     precedence: int = 0                 # hang rules are tried lowest first
 
@@ -36,8 +38,9 @@ class Signature:
                 "explanation": self.explanation, "lab": self.lab}  # (hang_rule: code, not data)
 
 
-# Most specific first: the first entry whose pattern matches names the failure.
-CATALOG: tuple[Signature, ...] = (
+# Most specific first: the first entry whose pattern matches names the failure. The known user
+# mistakes (ddplab.causes, matched on exception type and key phrases) come before PyTorch's own.
+CATALOG: tuple = CAUSES + (
     Signature(
         "port-in-use", "Rendezvous port already in use",
         (r"EADDRINUSE", r"[Aa]ddress already in use"),
@@ -136,7 +139,7 @@ CATALOG: tuple[Signature, ...] = (
         (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
          r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
         "A rank waited longer than the process group's timeout for the others to join a collective.\n"
-        "The others were elsewhere (another collective, a crash, a longer loop): read every rank's stack.",
+        "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
         "01"),
     Signature(
         "peer-lost", "A peer rank disappeared",
@@ -149,7 +152,7 @@ CATALOG: tuple[Signature, ...] = (
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
         "A rank stopped on an exception in the script's own code (not a known distributed failure).\n"
         "Read the traceback of the rank that failed first; the others were ended by torchrun.",
-        "01"),
+        ""),   # no lab teaches an arbitrary exception
 )
 
 GENERIC = {"peer-lost", "python-exception"}

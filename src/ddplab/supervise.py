@@ -108,6 +108,16 @@ def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
     return before is not None and (cpu - before[1]) >= CPU_PROGRESS_CORES * (now - before[0])
 
 
+def recent_cores(samples: deque) -> float | None:
+    """CPU cores a rank used over its last CPU_WINDOW_S of samples (the rule above, as a number):
+    kept in the result, so a view can say whether the rank the others waited for was busy."""
+    if len(samples) < 2:
+        return None
+    now, cpu = samples[-1]
+    before = next(((t, c) for t, c in reversed(samples) if now - t >= CPU_WINDOW_S), samples[0])
+    return round((cpu - before[1]) / (now - before[0]), 3) if now > before[0] else None
+
+
 @dataclass
 class RankWatch:
     """What the loop knows about one rank as it runs."""
@@ -390,6 +400,7 @@ class Supervisor:
             idle_s=now - self.job_progress, since_s=self.job_progress - self.t0,
             waited_for_timeout_s=self.waited_for_timeout_s,
             cpu={r: round(w.cpu_s, 3) for r, w in self.ranks.items()},
+            cpu_busy={r: recent_cores(w.cpu) for r, w in self.ranks.items()},
             ledgers={r: w.ledger for r, w in self.ranks.items() if w.ledger},
             pids={r: w.pid for r, w in self.ranks.items()}, attached=self.attached, stopped=stop,
             leftover=leftover, notes=tuple(notes))
