@@ -26,6 +26,7 @@ from . import catalog, classify, evidence, render, turns, warm
 from .job import (DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, HOOK_DIR, Job, build_cluster_command,  # noqa: F401
                   build_launch_command,
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
+from . import check as check_mod
 from .result import RunResult
 from .supervise import GRACE_S, POLL_S, Snapshot, Supervisor
 
@@ -125,7 +126,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto", cluster=None) -> RunResult:
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -137,6 +138,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     ``cluster``: a ``ddplab.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
     its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
     gets a cluster of its own, made and removed around the run.
+    ``check``: compare what each rank recorded about its replicas, gradients and data after the run
+    (``result.check``, a ``ddplab.check.CheckReport``), with no collective added to the job.
     """
     lab = None if isinstance(target, os.PathLike) else catalog.find_lab(target)
     spec = (lab.extra.get("network") or {}).get(variant or lab.default_variant) if lab is not None else None
@@ -144,19 +147,19 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         from . import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
             return run(target, variant, nproc, deadline_s, args, {**spec.get("env", {}), **dict(env or {})}, port,
-                       stream, run_root, grace_s, stall_s, progress, cluster=made)
+                       stream, run_root, grace_s, stall_s, progress, cluster=made, check=check)
     measured = lab is not None and lab.variant(variant or lab.default_variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
         return _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s,
-                    progress, cluster, turn)
+                    progress, cluster, turn, check)
 
 
 def _run(target, variant, nproc, deadline_s, args, env, port, stream, run_root, grace_s, stall_s, progress,
-         cluster, turn: turns.Turn) -> RunResult:
+         cluster, turn: turns.Turn, check: bool = False) -> RunResult:
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
-                  run_root=Path(run_root) if run_root else None, stall_s=stall_s)
+                  run_root=Path(run_root) if run_root else None, stall_s=stall_s, check=check)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     (job.run_dir / "ranks").mkdir(exist_ok=True)
     socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
@@ -259,6 +262,7 @@ def _finish(job: Job, cmd: list[str], proc: subprocess.Popen, sup: Supervisor, e
         excerpt=v.excerpt, ranks=v.ranks, wall_s=round(time.monotonic() - t0, 3), run_dir=str(job.run_dir),
         command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
         port=int(master["master_port"]) if master else (job.port or None), returncode=returncode,
-        leftover=leftover, notes=tuple(notes), first_failure=v.first_failure, stall=stall, divergence=v.divergence)
+        leftover=leftover, notes=tuple(notes), first_failure=v.first_failure, stall=stall, divergence=v.divergence,
+        check=check_mod.compare(job.run_dir, world) if job.check else None)
     result.save()
     return result

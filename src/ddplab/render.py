@@ -9,6 +9,7 @@ import html as _html
 from typing import TYPE_CHECKING
 
 from .ledger import numel
+from .render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
@@ -231,6 +232,7 @@ def explain(result: "RunResult") -> str:
         lines.append(f"  Evidence: {result.excerpt}")
     lines += [_rank_line(r) for r in result.ranks]
     lines += [f"  note: {n}" for n in result.notes]
+    lines += check_lines(result.check)        # ddplab run --check: "ok, but ..."
     lines.append(f"  run dir: {result.run_dir}")
     return "\n".join(lines)
 
@@ -262,7 +264,7 @@ def html(result: "RunResult") -> str:
     return (f"<div><p><b style='color:{COLOURS.get(result.status, '#000')}'>{e(result.status.upper())}</b> "
             f"<code>{e(result.target)}</code> {e(result.variant or '')}: {result.wall_s:.1f} s, {result.nproc} ranks</p>"
             f"{sig}{diag}{ev}<table><tr><th>rank</th><th>state</th><th>exit</th><th>waits in</th><th>error</th>"
-            f"<th>its code</th></tr>{rows}</table><p><small>{e(result.run_dir)}</small></p></div>")
+            f"<th>its code</th></tr>{rows}</table>{check_html(result.check)}<p><small>{e(result.run_dir)}</small></p></div>")
 
 
 def status_line(snap: "Snapshot") -> str:
