@@ -23,6 +23,7 @@ Variants (each also as NAME-fixed):
   bn-unsynced       DDP's buffer sync off, ranks reading different sources: BatchNorm running stats
                     differ between replicas (fix: buffer sync on).
 """
+import hashlib
 import inspect
 
 import torch
@@ -158,7 +159,8 @@ def main(variant: str, *, epochs: int = S["epochs"], seed: int = S["seed"], eval
                     train_step(model, opt, xb.to(ctx.device), yb.to(ctx.device))   # FIX: every rank, through DDP
             if step % eval_every == 0:
                 evaluate(model, val, step)
-    lab.record("done", steps=step, epochs=epochs)
+    digest = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in model.module.state_dict().values()))
+    lab.record("done", steps=step, epochs=epochs, sha256=digest.hexdigest())   # this replica, bit for bit
     lab.teardown()
 
 

@@ -24,10 +24,10 @@ FIXES = {
                        "model.module on one rank, not a step inside no_sync()); load weights before wrapping",
     "buffers-differ": "keep DDP's buffer sync on (forward_sync_buffers=True, formerly broadcast_buffers=True), or "
                       "use SyncBatchNorm",
-    "samples-overlap": "give every rank its own share of the data: DataLoader(..., sampler=DistributedSampler(dataset)) "
-                       "instead of a split made by rank",
-    "samples-dropped": "give every rank its own share of the data with DistributedSampler, which covers the whole "
-                       "dataset every epoch",
+    "samples-overlap": "give every rank a disjoint share of each epoch: DataLoader(..., sampler=DistributedSampler(dataset)) "
+                       "with the same seed and the same set_epoch(epoch) on every rank, not a split or seed made by rank",
+    "samples-dropped": "let a DistributedSampler (the same seed and epoch on every rank) share out the data: it covers "
+                       "the whole dataset every epoch",
     "same-order": "call sampler.set_epoch(epoch) at the start of every epoch",
     "step-in-no-sync": "take the last micro-batch's forward and backward outside no_sync(), then optimizer.step() "
                        "outside it",
@@ -288,6 +288,8 @@ def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[lis
                 world = len(ranks)
                 pad = (-size) % world if rec0["distributed"] and not rec0["drop_last"] else 0
                 drop = size % world if rec0["distributed"] and rec0["drop_last"] else 0
+                if rec0.get("loader_drop_last") and rec0.get("batch_size"):
+                    drop += world * (rec0["batch_size"] - 1)     # each rank's last incomplete batch
                 if twice > pad and over_found is None:
                     shared = tuple(r for r in ranks if any(seen[i] > 1 for i in sets[r]))
                     over_found = Finding("samples-overlap", shared, what, epoch=e, count=twice, of=size)

@@ -68,7 +68,7 @@ def check_lines(report: "CheckReport | None") -> list[str]:
         for f in report.findings:
             lines.append(f"    - {finding_sentence(f)}.")
             lines.append(f"      fix: {f.fix}.")
-    else:
+    elif report.models or report.loader_epochs:
         lines.append(f"  --check: nothing found ({report.models} DDP model(s), {report.checksums} checksum(s) "
                      f"every {report.every} forwards, {report.loader_epochs} training epoch(s) of data compared).")
     lines += [f"  {not_checked_sentence(n)}." for n in report.not_checked]
@@ -82,6 +82,8 @@ def check_html(report: "CheckReport | None") -> str:
     if report.nothing:
         return f"<p><b>--check:</b> {e(NOTHING.get(report.nothing, report.nothing))}</p>"
     extra = "".join(f"<li>{e(not_checked_sentence(n))}</li>" for n in report.not_checked)
+    if not report.findings and not (report.models or report.loader_epochs):
+        return f"<ul>{extra}</ul>" if extra else ""
     if not report.findings:
         return (f"<p><b>--check:</b> nothing found ({report.models} DDP model(s), {report.checksums} checksum(s), "
                 f"{report.loader_epochs} training epoch(s) of data compared).</p>" + (f"<ul>{extra}</ul>" if extra else ""))

@@ -228,7 +228,7 @@ def install(write, after_import):
                "shuffle": bool(getattr(sampler, "shuffle", isinstance(sampler, torch.utils.data.RandomSampler))),
                "drop_last": bool(getattr(sampler, "drop_last", False)),
                "num_replicas": getattr(sampler, "num_replicas", None),
-               "batch_size": loader.batch_size, "epochs": [], "_maps": maps}
+               "batch_size": loader.batch_size, "loader_drop_last": bool(loader.drop_last), "epochs": [], "_maps": maps}
         S.loaders[id(loader)] = rec
         S.loader_refs.append(loader)     # an id must not be reused by a later loader
         return rec
