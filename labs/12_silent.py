@@ -159,8 +159,11 @@ def main(variant: str, *, epochs: int = S["epochs"], seed: int = S["seed"], eval
                     train_step(model, opt, xb.to(ctx.device), yb.to(ctx.device))   # FIX: every rank, through DDP
             if step % eval_every == 0:
                 evaluate(model, val, step)
-    digest = hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in model.module.state_dict().values()))
-    lab.record("done", steps=step, epochs=epochs, sha256=digest.hexdigest())   # this replica, bit for bit
+    sha = lambda ts: hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in ts)).hexdigest()
+    # this replica, bit for bit: parameters and buffers, and parameters alone (the buffers of the last
+    # forward are rank-local even with buffer sync on: DDP broadcasts them at the start of the next one)
+    lab.record("done", steps=step, epochs=epochs, sha256=sha(model.module.state_dict().values()),
+               params_sha256=sha(model.module.parameters()))
     lab.teardown()
 
 

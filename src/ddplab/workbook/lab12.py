@@ -59,7 +59,7 @@ def final(result) -> dict:
         raise DdplabError(f"no validation records in this run ({result.headline()})", hint="pass a lab 12 result")
     losses = [v["val_loss"] for v in last.values()]
     return {"val_loss": last[0]["val_loss"], "val_acc": last[0]["val_acc"], "spread": max(losses) - min(losses),
-            "replicas_identical": len({d["sha256"] for d in result.records_of("done")}) == 1}
+            "replicas_identical": len({d["params_sha256"] for d in result.records_of("done")}) == 1}
 
 
 def summary(runs: dict) -> list[dict]:
