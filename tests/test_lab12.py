@@ -219,3 +219,29 @@ def test_check_bypass_rank(runs):
     assert not lab12.check_bypass_rank("0", r).passed                       # wrong type
     assert not lab12.check_bypass_rank(False, r).passed                     # adversarial: a bool is an int
     assert not lab12.check_bypass_rank(0, runs["module-update-fixed"]).passed
+
+
+def _model(**over):
+    m = {"index": 0, "names": ["w", "b"], "buffer_names": [], "sync_buffers": True, "forwards": 4, "steps": 2,
+         "checkpoints": [{"kind": "construct", "fwd": 0, "step": 0, "params": [1, 2], "buffers": []}],
+         "unsynced_steps": [], "bypass_steps": [], "accum": [2, 2], "no_grad": {}, "final": None}
+    return {**m, **over}
+
+
+def test_unequal_accumulation_and_a_gradient_missing_on_one_rank():
+    recs = {0: _rank(models=[_model()]), 1: _rank(models=[_model(accum=[2, 3], no_grad={"b": [1, 1]})])}
+    rep = compare_records(recs)
+    acc, miss = rep.of_kind("unequal-accumulation")[0], rep.of_kind("grad-missing")[0]
+    assert acc.ranks == (1,) and acc.step == 1 and acc.count == 1
+    assert miss.ranks == (1,) and miss.object == "b" and miss.step == 1
+    recs[0]["models"][0]["no_grad"] = {"b": [1, 1]}        # unused on every rank alike: not a divergence
+    assert "grad-missing" not in compare_records(recs).kinds()
+
+
+def test_replicas_first_differing_step_and_tensor():
+    cp = lambda fwd, step, params: {"kind": "forward", "fwd": fwd, "step": step, "params": params, "buffers": []}
+    base = [cp(1, 0, [1, 2]), cp(11, 10, [3, 4]), cp(21, 20, [5, 6])]
+    other = [cp(1, 0, [1, 2]), cp(11, 10, [3, 4]), cp(21, 20, [5, 7])]
+    rep = compare_records({0: _rank(models=[_model(checkpoints=base)]), 1: _rank(models=[_model(checkpoints=other)])})
+    f = rep.of_kind("replicas-differ")[0]
+    assert (f.ranks, f.step, f.since_equal, f.object, f.count, f.of) == ((1,), 20, 10, "b", 1, 2)
