@@ -1,14 +1,22 @@
 """What `ddplab run --check` costs on lab 07's training step (width 2048, depth 4, batch 8: 16.8 M
-parameters, plain DDP on 2 gloo ranks), measured as ratios in one session (this machine is noisy).
+parameters, plain DDP on 2 gloo ranks), and the checksum interval N that keeps it small.
 
-    python benchmarks/check_overhead.py [--rounds 4] [--steps 40]
+    python benchmarks/check_overhead.py [--rounds 3] [--steps 30]
 
-Each round runs benchmarks/check_step.py three times, back to back, in turn: without --check, with
---check at the default checksum interval (ddplab.check.EVERY), and with a checksum at every step
-(interval 1). Each run records every rank's median ms per step (warm-up excluded; the slowest rank
-counts). Printed: the median over rounds of each configuration against the run without the check
-of the same round, and how many rounds the checked run was slower (a sign test's p). Goal: the
-default interval costs under 5 % of a step.
+1. The checksum (every parameter's and buffer's bits summed, what the rank hook takes every N-th
+   forward): in one job, each step is timed and then the checksum alone, so both see the same load.
+   Its share of a step at interval N is median(checksum) / N / median(step). Printed for several N.
+   Measured here (2 shared cores, 4 rounds): the checksum 10-12 ms against a 245-312 ms step, 4.0 %
+   at N = 1, 0.40 % at ddplab.check.EVERY = 10; the per-step wrappers -2.1 % (1 round of 4 slower:
+   no measurable cost). Before the checksum summed float32 bits in int32 (widening to int64 first), it
+   took 97-231 ms: 7.5 % at N = 10.
+2. Everything else --check adds per step (the wrapper on DDP's forward, the optimizer pre-hook): a
+   job with --check and a checksum interval too long to fire, whose steps alternate with those
+   wrappers on and off (check_step.py takes them off every other step), so both halves see the same
+   load; the median ratio per round and a sign test over rounds. (Whole runs with and without
+   --check, compared as they were at first, moved by -15 % to +6 % between rounds on this shared
+   machine: the load, not the check.)
+Goal: under 5 % of a step in all.
 """
 import argparse
 import statistics
@@ -20,32 +28,41 @@ from ddplab.check import ENV, EVERY
 from ddplab.notebook import sign_test_p
 
 STEP = Path(__file__).resolve().parent / "check_step.py"
+NEVER = 10 ** 9      # a checksum interval no run reaches: only the per-step wrappers remain
 
 
-def step_ms(result) -> float:
+def measured(result) -> dict:
     assert result.ok, result.explain()
-    return max(r["median_ms"] for r in result.records_of("steps"))
+    recs = result.records_of("steps")
+    return {"step_ms": max(r["median_ms"] for r in recs), "checksum_ms": max(r["checksum_ms"] for r in recs),
+            "bare_ms": max((r["bare_ms"] or 0.0) for r in recs)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
     a = p.parse_args()
     root = tempfile.mkdtemp(prefix="ddplab-check-bench-")
-    configs = {"off": {}, f"every {EVERY}": {"check": True}, "every 1": {"check": True, "env": {ENV: "1"}}}
-    ratios = {k: [] for k in configs if k != "off"}
+    args = ["--steps", str(a.steps)]
+    shares, ratios = [], []
     for i in range(a.rounds):
-        ms = {k: step_ms(ddplab.run(STEP, args=["--steps", str(a.steps)], run_root=root, progress=None, **kw))
-              for k, kw in configs.items()}
-        for k in ratios:
-            ratios[k].append(ms[k] / ms["off"])
-        print(f"round {i + 1}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
-    for k, rs in ratios.items():
-        slower = sum(r > 1 for r in rs)
-        print(f"--check {k}: median {100 * (statistics.median(rs) - 1):+.1f} % per step "
-              f"(rounds slower: {slower}/{len(rs)}, sign test p = {sign_test_p(slower, len(rs)):.2f}); "
-              f"{'within' if statistics.median(rs) < 1.05 else 'over'} the 5 % goal")
+        off = measured(ddplab.run(STEP, args=args, run_root=root, progress=None))
+        hooks = measured(ddplab.run(STEP, args=args, run_root=root, progress=None, check=True, env={ENV: str(NEVER)}))
+        shares.append(off["checksum_ms"] / off["step_ms"])
+        ratios.append(hooks["step_ms"] / hooks["bare_ms"])
+        print(f"round {i + 1}: step {off['step_ms']:.1f} ms, checksum {off['checksum_ms']:.2f} ms; in the --check job: "
+              f"steps with its wrappers {hooks['step_ms']:.1f} ms, without {hooks['bare_ms']:.1f} ms", flush=True)
+    share = statistics.median(shares)
+    for n in (1, 2, 5, 10, 20, 50):
+        print(f"checksum every {n:2} forwards: {100 * share / n:.2f} % of a step" + ("   <- ddplab.check.EVERY" if n == EVERY else ""))
+    slower = sum(r > 1 for r in ratios)
+    hooks = statistics.median(ratios) - 1
+    print(f"per-step hooks: median {100 * hooks:+.1f} % (rounds slower: {slower}/{len(ratios)}, "
+          f"sign test p = {sign_test_p(slower, len(ratios)):.2f})")
+    total = share / EVERY + max(hooks, 0.0)
+    print(f"--check at its default interval ({EVERY}): about {100 * total:.1f} % of lab 07's step; goal < 5 %: "
+          f"{'met' if total < 0.05 else 'not met'}")
 
 
 if __name__ == "__main__":

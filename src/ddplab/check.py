@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # Checksums of every DDP-wrapped model's parameters and buffers every EVERY-th forward with grad (and
-# at construction and at the end). benchmarks/check_overhead.py measures the cost on lab 07's step.
+# at construction and at the end). benchmarks/check_overhead.py measures the cost on lab 07's step:
+# one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
 EVERY = 10
 ENV = "DDPLAB_CHECK"
 
