@@ -49,7 +49,7 @@ LAB = {
         "rank-split": {"expect": "ok", "about": "a random half per rank (seeded by rank), no sampler: overlap and samples never seen"},
         "rank-split-fixed": {"expect": "ok", "about": "DistributedSampler: every sample once per epoch"},
         "bn-unsynced": {"expect": "ok", "about": "buffer sync off, each rank one source: BatchNorm running stats differ"},
-        "bn-unsynced-fixed": {"expect": "ok", "about": "DDP's buffer sync on: every replica has rank 0's statistics"},
+        "bn-unsynced-fixed": {"expect": "ok", "about": "DDP's buffer sync on: rank 0's statistics copied to every rank at each forward"},
     },
     # the finding `ddplab run --check` must report for each broken variant (its -fixed twin: none)
     "findings": {"module-update": "replicas-differ", "no-set-epoch": "same-order",
