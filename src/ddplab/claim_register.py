@@ -185,8 +185,32 @@ REGISTER: tuple[Claim, ...] = (
         "sampler-reset", "001",
         "The sampler should be reset before each epoch.",
         "holds if, without sampler.set_epoch(epoch), every rank visits its indices in the same order every "
-        "epoch, and with it the order changes: the reset is what makes shuffle=True shuffle again",
-        parts={"08": ("repeats_without_reset", "changes_with_reset")}),
+        "epoch, and with it the order changes: the reset is what makes shuffle=True shuffle again. Lab 08 reads "
+        "the orders its ranks record; lab 12 asks `ddplab run --check`, which reads them from inside the "
+        "learner's DataLoader: it reports the same order every epoch without set_epoch (no-set-epoch) and "
+        "none with it (no-set-epoch-fixed)",
+        parts={"08": ("repeats_without_reset", "changes_with_reset"),
+               "12": ("check_finds_same_order", "check_clean_with_reset")}),
+    Claim(
+        "uneven-data", "001",
+        "Uneven data distribution among workers can cause discrepancies in model updates, leading to divergence "
+        "and inaccurate results.",
+        "judged on lab 12's rank-split (each rank a random half of the data, split with its rank as seed: some "
+        "samples on both ranks, some on none) against rank-split-fixed (DistributedSampler), the same seed. The "
+        "decisive part: divergence, i.e. `--check` finds the ranks' replicas different after the run. Inaccurate "
+        "results would need many seeds: one broken and one fixed run's validation losses are shown, not judged",
+        parts={"12": ("divergence",)}, decisive=("divergence",),
+        unmeasured={"inaccurate": "the validation loss of one seed's broken and fixed runs is shown, not judged: "
+                                  "a difference between two single runs is no test"}),
+    Claim(
+        "accumulation-misuse", "001",
+        "Incorrectly handling gradient accumulation (e.g., in scenarios with limited batch sizes) can result in "
+        "unexpected gradient updates or even data corruption.",
+        "judged on lab 12's step-in-no-sync (optimizer.step() inside no_sync()) against its fix: the part holds "
+        "if `--check` finds steps on gradients that were never averaged and replicas that drifted apart in the "
+        "broken run, and neither in the fixed one. Data corruption is not examined",
+        parts={"12": ("unexpected_updates",)},
+        unmeasured={"data_corruption": "no run examines data corruption"}),
     Claim(
         "manifestations", "001",
         "Issues with `DistributedDataParallel` typically manifest in various ways: deadlocks, inconsistent model "

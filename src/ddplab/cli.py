@@ -49,7 +49,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
     try:
         r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, stall_s=a.stall,
                 args=a.script_args, port=a.port, stream=not a.json and not a.quiet,
-                progress=None if a.json else "auto")
+                progress=None if a.json else "auto", check=a.check)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return _show(r, a.json)
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("run", help="run a lab or your own script under torchrun, judged by progress, with a diagnosis",
                         description="Run LAB (number or name, see `ddplab list`) or SCRIPT (any torchrun-able .py). "
                                     "Arguments after `--` go to the script.",
-                        usage="ddplab run LAB|SCRIPT [--variant V] [--nproc N] [--stall S] [--deadline S] [--port P] [--json] [-- SCRIPT ARGS]")
+                        usage="ddplab run LAB|SCRIPT [--variant V] [--nproc N] [--stall S] [--deadline S] [--port P] [--check] [--json] [-- SCRIPT ARGS]")
     pr.add_argument("target", metavar="LAB|SCRIPT", help="lab number/name, or the path of a script")
     pr.add_argument("--variant", help="the lab's variant (see `ddplab list`); labs only")
     pr.add_argument("--nproc", type=int, default=None, help="number of ranks (default: the lab's, 2 for scripts)")
@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default 0: a free one)")
     pr.add_argument("--json", action="store_true", help="print the RunResult as JSON (for scripts and CI)")
     pr.add_argument("--quiet", action="store_true", help="do not echo the ranks' output while running")
+    pr.add_argument("--check", action="store_true",
+                    help="after the run, compare the ranks' replicas, gradients and data (adds no collective): "
+                         "'ok, but ...' when a job that ended ok trained the wrong model")
     pr.set_defaults(func=_cmd_run)
 
     pa = sub.add_parser("attach", help="diagnose a running torchrun job that ddplab did not start",

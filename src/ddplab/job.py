@@ -60,12 +60,13 @@ class Job:
     args: tuple[str, ...]
     run_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    check: bool = False         # ddplab run --check: the rank hook records, ddplab.check compares
 
 
 def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | None, deadline_s: float | None,
             args: Sequence[str] = (), port: int | None = 0, host: str = "127.0.0.1",
             env: Mapping[str, str] | None = None, run_root: Path | None = None,
-            stall_s: float | None = None) -> Job:
+            stall_s: float | None = None, check: bool = False) -> Job:
     """Check every input a user can get wrong; raise DdplabError naming the fix."""
     lab = catalog.find_lab(target) if not isinstance(target, os.PathLike) else None
     if lab is not None:
@@ -112,7 +113,8 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
         if not st.free:
             raise DdplabError(st.describe(), hint="pass --port 0 to pick a free one")
     run_dir = new_run_dir(Path(run_root or runs_root()) / name, variant or "run")
-    return Job(name, script, lab, variant, nproc, stall_s, deadline_s, port, host, script_args, run_dir, dict(env or {}))
+    return Job(name, script, lab, variant, nproc, stall_s, deadline_s, port, host, script_args, run_dir, dict(env or {}),
+               bool(check))
 
 
 def new_run_dir(folder: Path, suffix: str) -> Path:
@@ -224,6 +226,9 @@ def launch_environment(job: Job, nodes: int = 1) -> dict[str, str]:
         ifname = _loopback_ifname()
         if ifname:
             changes["GLOO_SOCKET_IFNAME"] = ifname  # gloo would otherwise pick the hostname's interface
+    if job.check:
+        from .check import ENV, EVERY
+        changes[ENV] = EVERY          # the checksum interval, read by the rank hook
     changes.update(job.env)
     return child_environment(changes)
 

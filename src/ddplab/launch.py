@@ -27,6 +27,7 @@ from . import classify, evidence, render, runfiles, timeline, turns, warm
 from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S  # noqa: F401  (re-exported)
 from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
+from . import check as check_mod
 from .result import RunResult
 from .supervise import PROGRESS_EVERY_S, Snapshot, Supervisor, watch  # noqa: F401
 from .stacks import short_path
@@ -126,7 +127,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto", cluster=None) -> RunResult:
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -138,10 +139,12 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     ``cluster``: a ``ddplab.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
     its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
     gets a cluster of its own, made and removed around the run.
+    ``check``: compare what each rank recorded about its replicas, gradients and data after the run
+    (``result.check``, a ``ddplab.check.CheckReport``), with no collective added to the job.
     """
     # the lab is looked up once, here (job.lab)
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
-                  run_root=Path(run_root) if run_root else None, stall_s=stall_s)
+                  run_root=Path(run_root) if run_root else None, stall_s=stall_s, check=check)
     spec = (job.lab.extra.get("network") or {}).get(job.variant) if job.lab is not None else None
     if cluster is None and spec is not None:
         from . import cluster as cluster_mod
@@ -226,7 +229,8 @@ def _result(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, gra
         target=job.target, variant=job.variant, nproc=seen.world, wall_s=seen.wall_s,
         run_dir=str(job.run_dir), command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
         port=int(master["master_port"]) if master else (job.port or None), returncode=seen.returncode,
-        leftover=seen.leftover, notes=seen.notes, **v.fields())
+        leftover=seen.leftover, notes=seen.notes, **v.fields(),
+        check=check_mod.compare(job.run_dir, seen.world) if job.check else None)
     result.save()
     timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
     return result

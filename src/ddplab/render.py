@@ -13,6 +13,7 @@ from . import groups, waits
 from . import result as _result
 from .ledger import numel
 from .stacks import short_paths
+from .render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
@@ -336,6 +337,7 @@ def explain(result: "RunResult") -> str:
     if result.status in ("ok", "failed"):   # a hang's diagnosis already shows each group's state
         lines += [f"  {g.label}: {_state(g.rep)}" for g in groups.group(result)]
     lines += [f"  note: {n}" for n in result.notes]
+    lines += check_lines(result.check)        # ddplab run --check: "ok, but ..."
     lines.append(f"  run dir: {_rel(result.run_dir)}")
     return "\n".join(lines)
 
@@ -380,7 +382,7 @@ def html(result: "RunResult") -> str:
     return (f"<div><p><b style='color:{COLOURS.get(result.status, '#000')}'>{e(result.status.upper())}</b> "
             f"<code>{e(result.target)}</code> {e(result.variant or '')}: {result.wall_s:.1f} s, {result.nproc} ranks</p>"
             f"{sig}{diag}{ev}<table><tr><th>ranks</th><th>state</th><th>exit</th><th>waits in</th><th>error</th>"
-            f"<th>its code</th></tr>{rows}</table><p><small>{e(_rel(result.run_dir))}</small></p></div>")
+            f"<th>its code</th></tr>{rows}</table>{check_html(result.check)}<p><small>{e(_rel(result.run_dir))}</small></p></div>")
 
 
 def _row_phrase(row: dict) -> str:

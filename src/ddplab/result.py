@@ -16,6 +16,7 @@ from typing import Callable
 
 from . import runfiles
 from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
+from .check import CheckReport
 from .ledger import Collective, Divergence
 from .stacks import Frame, Where
 
@@ -158,6 +159,7 @@ class RunResult:
     stall: Stall | None = None        # why it was judged hung
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
     attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
+    check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.check)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -189,6 +191,7 @@ class RunResult:
         d["notes"] = list(self.notes)
         d["stall"] = self.stall.to_dict() if self.stall else None
         d["divergence"] = self.divergence.to_dict() if self.divergence else None
+        d["check"] = self.check.to_dict() if self.check else None
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -204,7 +207,8 @@ class RunResult:
                       "command": tuple(d["command"]), "leftover": tuple(d.get("leftover", ())),
                       "notes": tuple(d.get("notes", ())),
                       "stall": Stall(**d["stall"]) if d.get("stall") else None,
-                      "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None})
+                      "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None,
+                      "check": CheckReport.from_dict(d.get("check"))})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

@@ -19,6 +19,7 @@ Used by the rank hook (``_rankhook/sitecustomize.py``, inside every rank: this m
     RUN/ranks/rankN.records.jsonl ddplab.lab.record's events
     RUN/ranks/rankN.live.json     ``attach --save``: what was read from the live rank (stack, ledger)
     RUN/ranks/rankN.log           ``attach --save``: the rank's last output lines
+    RUN/ranks/rankN.check.json    ``run --check``: the rank's own checksums, sampler indices, steps
 """
 import os
 
@@ -40,7 +41,8 @@ STACK = "stack.txt"
 RECORDS = "records.jsonl"
 LIVE = "live.json"
 LOG = "log"
-KINDS = (INFO, ERROR, EXIT, STACK, RECORDS, LIVE, LOG)
+CHECK = "check.json"      # ddplab run --check: what the rank saw of its replicas, gradients and data
+KINDS = (INFO, ERROR, EXIT, STACK, RECORDS, LIVE, LOG, CHECK)
 
 
 def rank_name(rank, kind):

@@ -126,6 +126,9 @@ def _install():
     atexit.register(record_exit)
     if sock:
         _after_import("torch.distributed", lambda: _start_worker_server(sock))
+    if os.environ.get("DDPLAB_CHECK"):
+        # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
+        _after_import("torch", lambda: _install_check(write))
     return stack_file  # kept referenced for the life of the process
 
 
@@ -139,6 +142,14 @@ def _runfiles():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _install_check(write):
+    try:
+        import ddplab_rankcheck
+        ddplab_rankcheck.install(write, _after_import)
+    except Exception as e:   # the run goes on unchecked; the launcher says no rank left check records
+        print(f"[ddplab] --check is off in this rank ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def _start_worker_server(sock):
