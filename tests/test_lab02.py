@@ -8,6 +8,8 @@ import pytest
 from ddplab import DdplabError, signatures
 from ddplab.workbook import lab02
 
+import exercise_cases
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -103,12 +105,10 @@ def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(skip):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_check_waiting_rank_right_and_adversarial(skip):
-    assert lab02.check_waiting_rank(0, skip).passed
-    for wrong in (None, 1, "0", "rank 0", 0.0, False, [0], -1, 2, ""):
-        c = lab02.check_waiting_rank(wrong, skip)
-        assert not c.passed, wrong
-        assert "rank 0 waits" not in c.message
+def test_check_waiting_rank(skip):
+    exercise_cases.check_all(lab02.check_waiting_rank, skip, right=0, neighbour=-1, other_rank=1, shown=48,
+                             wrong=["rank 0", 2])
+    assert "rank 0 waits" not in lab02.check_waiting_rank.check(1, skip).message
 
 
 @pytest.mark.multiprocess
@@ -117,15 +117,16 @@ def test_check_accum_wants_the_fewest_micro_batches_that_fit(probe24):
     assert probe24.ok
     best = lab02.smallest_accum(probe24)
     assert best == 4                                   # 24 MiB: micro-batches of 4 fit, of 8 do not
-    assert lab02.check_accum(best, probe=probe24).passed
     fits = {p["micro"]: p["fits"] for p in lab02.sweep(probe24) if p["rank"] == 0}
     assert fits[16 // best] and not fits[2 * 16 // best]
-    # the neighbouring values (one that does not fit, one that fits but is not the fewest), a constant
-    # that always fits (16: micro-batches of 1), wrong types and the empty answer
-    for wrong in (best // 2, best * 2, 16, 1, None, "4", 4.0, True, 3, 0, -4, [4]):
-        c = lab02.check_accum(wrong, probe=probe24)
-        assert not c.passed, wrong
-        assert f"accum={best}" not in c.message
+    # neighbours both ways (one that does not fit, one that fits but is not the fewest), a constant
+    # that always fits (16: micro-batches of 1), the parameters cell's cap (48), values not offered
+    exercise_cases.check_all(lab02.check_accum, right=best, neighbour=best * 2, shown=48, probe=probe24,
+                             wrong=[best // 2, 16, 1, 3, 0, -4])
+    for wrong in (best // 2, best * 2):
+        # a wrong answer is not told which way to go: no search by halving
+        msg = lab02.check_accum.check(wrong, probe=probe24).message
+        assert f"accum={best}" not in msg and "fewer" not in msg and "does not fit" not in msg
 
 
 @pytest.mark.multiprocess
