@@ -332,23 +332,21 @@ class Exercise:
             accepted = tuple(self.accepted(*runs, **kw))
         except Exception:  # a run that lacks what the answer is read from: the checker says so
             accepted = ()
-        c = self.check(answer, *runs, **kw)
-        if self.once:
-            c = self._committed(answer, c, runs, kw)
+        c = self._committed(answer, runs, kw) if self.once else self.check(answer, *runs, **kw)
         return Checked(c.passed, c.message, self.key, accepted)
 
-    def _committed(self, answer, c: Check, runs, kw) -> Check:
+    def _committed(self, answer, runs, kw) -> Check:
+        """The first well-formed answer given for these runs is the one judged, whatever comes later."""
         try:
             value = self.kind.parse(answer, self.name)
-        except Rejected:
-            return c
-        where = tuple(id(r) for r in runs)
-        first = self._first.setdefault(where, value)
+        except Rejected as e:
+            return Check(False, str(e))
+        first = self._first.setdefault(tuple(id(r) for r in runs), value)
+        c = self.judge(first, *runs, **kw)
         if first == value:
             return c
-        was = self.judge(first, *runs, **kw)
-        return Check(was.passed, f"you predicted {first!r} first, and a prediction counts once (change it and "
-                                 f"you are no longer predicting): {was.message}")
+        return Check(c.passed, f"you predicted {first!r} first, and a prediction counts once (change it and "
+                               f"you are no longer predicting): {c.message}")
 
 
 def exercise(key: str, kind: Kind, *, accepted: Callable[..., Sequence] | None = None, name: str = "answer",

@@ -13,11 +13,17 @@ from dataclasses import dataclass
 import ddplab
 from ddplab import stacks
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 from ddplab.render import _first_line
 from ddplab.result import RunResult
 
 LAB = "01"
+
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts (the lab's knobs are ddplab.run's)."""
+    contract.check_knob_names(knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> RunResult:

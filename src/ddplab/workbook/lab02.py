@@ -11,6 +11,7 @@ import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = LAB_ID = "02"
@@ -30,8 +31,9 @@ def model_mb() -> float:
     return params * 4 * 3 / 2**20
 
 
-def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0) -> None:
+def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0, **knobs) -> None:
     """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run)
     batch = spec()["batch"] if batch is None else batch
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise DdplabError(f"batch must be a whole number of sequences, at least 1 (got {batch!r})", hint="for example batch=16")

@@ -9,6 +9,7 @@ import re
 import ddplab
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "03"
@@ -33,6 +34,13 @@ def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", 
                           hint="run variant='fixed-guard' with on_mismatch='raise'")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
         raise DdplabError(f"steps must be a whole number from 1 to 1000, not {steps!r}", hint="for example steps=30")
+
+
+def validate(variant: str = "gather-ragged", detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
+             **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or knobs ``variant`` cannot take."""
+    contract.check_knob_names(knobs, run_variant)
+    check_request(variant, detail, on_mismatch, steps)
 
 
 def run_variant(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30,

@@ -9,6 +9,7 @@ import statistics
 import ddplab
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 from ddplab.result import RunResult
 
@@ -37,6 +38,12 @@ def validate_dp(dp: str, replicas: int = 2) -> None:
     if dp == "real" and have < replicas:
         raise DdplabError(f"dp='real' needs {replicas} CUDA GPUs for nn.DataParallel, this machine has {have}",
                           hint="use dp='emulation' (or 'auto'), which runs DataParallel's steps on CPU")
+
+
+def validate(dp: str = "auto", replicas: int = 2, **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob or DataParallel mode."""
+    contract.check_knob_names(knobs, run_variant)
+    validate_dp(dp, replicas)
 
 
 def run_variant(variant: str, dp: str = "auto", replicas: int = 2, n_seqs: int = 512, reps: int = 2,

@@ -18,6 +18,7 @@ import ddplab
 from ddplab import ports
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "05"
@@ -36,7 +37,12 @@ def _check_reps(repetitions) -> int:
     return repetitions
 
 
-def run_variant(variant: str, port: int | None = None, args=(), **kw):
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
+
+
+def run_variant(variant: str, port: int | None = None, args=(), **kw) -> "ddplab.RunResult":
     """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None). A hang is found by
     the stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
     port = port or ports.free_port()

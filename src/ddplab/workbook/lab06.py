@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 import ddplab
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "06"
@@ -117,6 +118,11 @@ def leftover_namespaces(pid: int | None = None) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
+
 
 def run_variant(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
     """One real run of a lab 06 variant (a torchrun job through ddplab.run). A hang is found by the

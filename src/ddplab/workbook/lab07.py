@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import ddplab
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, sign_test_p
 
 LAB = "07"
@@ -76,6 +77,12 @@ def _csv(xs) -> str:
 # runs (no deadline: a run that computes is slow, not stuck, however long it takes on a busy machine;
 # a real hang is found by ddplab's stall rule; extra keywords, deadline_s included, go to ddplab.run)
 # ----------------------------------------------------------------------------------------------
+
+def validate(widths=(1024,), batches=(8,), nproc: int = 2, steps: int = 4, fixes=(), **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or sizes the lab cannot run."""
+    contract.check_knob_names(knobs, run_variant, run_grid, run_fixes)
+    check_knobs(widths, batches, nproc, steps, fixes)
+
 
 def run_variant(variant: str, **kw) -> ddplab.RunResult:
     """One real run of a lab 07 variant with the lab's small defaults (one thread per rank)."""

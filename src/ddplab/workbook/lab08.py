@@ -11,6 +11,7 @@ import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 
 LAB = "08"
@@ -22,8 +23,9 @@ def sizes() -> dict:
     return catalog.find_lab(LAB).extra["sizes"]
 
 
-def validate(max_k: int | None = None, epochs: int | None = None) -> None:
+def validate(max_k: int | None = None, epochs: int | None = None, **knobs) -> None:
     """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run_variant)
     ks = sizes()["ks"]
     if max_k is not None and (isinstance(max_k, bool) or max_k not in ks):
         raise DdplabError(f"max_k={max_k!r} is not one of the lab's micro-batch counts {ks}",

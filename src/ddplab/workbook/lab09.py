@@ -16,6 +16,7 @@ from ddplab import catalog, classify
 from ddplab import cluster as cluster_mod
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, rank_sum_p
 
 LAB = "09"
@@ -54,6 +55,12 @@ def _check(rate_mbit, drop_percent, steps, hook, compare=()) -> None:
     if isinstance(compare, str) or any(h not in HOOKS for h in compare):
         raise DdplabError(f"compare must be a list of hooks from {', '.join(HOOKS)}, not {compare!r}",
                           hint="for example compare=['fp16', 'powersgd']")
+
+
+def validate(rate_mbit=None, drop_percent=None, steps: int = 8, hook: str = "fp16", compare=(), **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or a link the lab cannot make."""
+    contract.check_knob_names(knobs, run_variant)
+    _check(rate_mbit, drop_percent, steps, hook, compare)
 
 
 def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percent: int | None = None,

@@ -12,6 +12,7 @@ import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import P_LEVEL, Check, ClaimCheck, ClaimSpec, sign_test_p
 
 LAB = "10"
@@ -23,6 +24,11 @@ EMULATION = ("an emulation of DataParallel's replicate() on one CPU (the meta de
 def sizes() -> dict:
     """The sizes the lab script declares in its LAB dict (read without importing torch)."""
     return catalog.find_lab(LAB).extra["sizes"]
+
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> "ddplab.RunResult":

@@ -19,6 +19,7 @@ from ddplab import catalog
 from ddplab import job as job_mod
 from ddplab.errors import DdplabError
 from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check, ClaimCheck, ClaimSpec
 from ddplab.result import RunResult
 
@@ -35,8 +36,9 @@ def stall_s() -> float:
     return catalog.find_lab(LAB).extra.get("stall_s", 3.0)
 
 
-def validate(steps: int | None = None) -> None:
+def validate(steps: int | None = None, **knobs) -> None:
     """Reject a knob that cannot work before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run_variant)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or not sizes()["inf_step"] + 1 <= steps <= 100):
         raise DdplabError(f"steps={steps!r}: the lab needs {sizes()['inf_step'] + 1} to 100 optimizer steps "
