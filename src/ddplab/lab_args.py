@@ -12,3 +12,19 @@ def within(lo, hi, cast=int):
             raise argparse.ArgumentTypeError(f"{text} is not in {lo}..{hi}")
         return v
     return parse
+
+
+def ints(text: str) -> list[int]:
+    """argparse type: comma-separated whole numbers ("256,2048")."""
+    return [int(v) for v in text.split(",")]
+
+
+def one_of(allowed):
+    """argparse type: comma-separated names, each one of ``allowed``."""
+    def parse(text: str) -> list[str]:
+        got = [v for v in text.split(",") if v]
+        bad = [v for v in got if v not in allowed]
+        if bad:
+            raise ValueError(bad)
+        return got
+    return parse
