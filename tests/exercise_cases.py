@@ -56,7 +56,7 @@ def cases(ex: Exercise, right, neighbour, *, other_rank=NA, shown=NA, wrong=()) 
         out.append(("all options", options, False))
     out += [("wrong", w, False) for w in wrong]
     for label, a, passes in out:
-        same = any(type(a) is type(r) and a == r for r in rights)   # (True == 1, but True is no rank)
+        same = any(repr(a) == repr(r) for r in rights)   # (True == 1, but True is no rank)
         assert passes or not same, f"{ex.key}: the {label} case {a!r} is a right answer"
     return out
 
