@@ -28,3 +28,14 @@ def one_of(allowed):
             raise ValueError(bad)
         return got
     return parse
+
+
+def seconds_list(text: str) -> list[float]:
+    """argparse type: comma-separated seconds, each more than 0 ("0.5,1,2")."""
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seconds, e.g. 0.5,1,2 (got {text!r})")
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, e.g. 0.5,1,2 (got {text!r})")
+    return out
