@@ -71,3 +71,28 @@ def allreduce_bandwidth(ctx, sizes, reps) -> None:
         alg = size / s
         lab.record("allreduce", backend=ctx.backend, world_size=n, bytes=size, median_s=round(s, 7),
                    algbw=alg, busbw=alg * 2 * (n - 1) / n)   # busbw: nccl-tests' definition
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves for backward while fn() runs (the activations AMP halves)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+def checksum(model) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def precision(device, wanted: str):
+    """(autocast dtype or None, GradScaler): bf16 on the CPU, fp16 + loss scaling on a GPU."""
+    if wanted == "fp32":
+        return None, torch.amp.GradScaler(device.type, enabled=False)
+    if device.type == "cuda":
+        return torch.float16, torch.amp.GradScaler("cuda")              # GPU path: fp16 needs loss scaling
+    return torch.bfloat16, torch.amp.GradScaler("cpu", enabled=wanted == "scaler")   # CPU: bf16, no scaling needed

@@ -392,15 +392,19 @@ def check_unsynced_scale(answer: str, r_unsynced: RunResult) -> Check:
                         "bring rank 1's NaN into it?")
 
 
+# DDP's collectives in a step, where rank 0 waits for the slow rank: backward's gradient all_reduce or
+# the next forward's buffer broadcast. Which one the stop catches is a race (seen in CI under load).
+DDP_STEP_OPS = ("all_reduce", "broadcast")
+
+
 def _waits(r_stopped: RunResult) -> list[tuple[str, int]]:
-    """Where rank 0 waits when the stop lands, and for which rank. The collective the stop catches rank 0
-    in is a race (the notebook says so), so DDP's gradient all_reduce, the one the question is about,
-    counts in any case, beside the one this run caught."""
+    """Where rank 0 waits when the stop lands, and for which rank: either of DDP's step collectives
+    (a race), beside the one this run caught."""
     w0 = r_stopped.rank(0).where
     slow = [r.rank for r in r_stopped.ranks if r.where is not None and r.where.kind == "dataloader" and r.rank != 0]
     if w0 is None or not w0.in_collective or not slow:
         return []
-    return sorted({(op, r) for op in {"all_reduce", w0.op} for r in slow})
+    return sorted({(op, r) for op in {*DDP_STEP_OPS, w0.op} for r in slow})
 
 
 @answers.exercise("where-rank0-waits", answers.Pair(answers.collective(), answers.Rank(2),
