@@ -34,7 +34,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import lab
-from ddplab.lab_memory import Memory, enter_memory_cgroup, is_oom
+from ddplab.lab_memory import Memory, check_gradient, enter_memory_cgroup, is_oom, largest_fitting
 
 LAB = {
     "title": "Out of memory, and the OOM that turns into a hang",
@@ -93,36 +93,12 @@ def find_micro_batch(mem: Memory, limit_mb: float, model_mb: float, device, batc
     rank, world = dist.get_rank(), dist.get_world_size()
     longest = torch.tensor([max(batch_for(rank, world, s, batch)[0].shape[1] for s in range(M["steps"]))], device=device)
     dist.all_reduce(longest, op=dist.ReduceOp.MAX)                  # every rank probes the same shape
-    probe, best, m, T = TokenMLP().to(device), 0, 1, int(longest)
+    probe, T = TokenMLP().to(device), int(longest)
 
-    def peak_of(m: int) -> float:
-        mem.reset_peak()
-        try:
-            seq_loss(probe, torch.randn(m, T, M["features"], device=device), torch.ones(m, T, device=device),
-                     torch.zeros(m, device=device), m).backward()
-            return mem.peak_above_base()
-        finally:
-            probe.zero_grad(set_to_none=True)
-
-    while m <= batch:                                               # powers of two up to the batch
-        fits = best == m // 2                                       # stop trying once one size failed
-        if fits:
-            try:
-                peak = peak_of(m)
-                best = m
-            except RuntimeError as e:
-                if not is_oom(e):
-                    raise
-                fits = False
-        if not fits and limit_mb > 0:                               # for the plot: what it would need, cap lifted
-            mem.lift()
-            peak = peak_of(m)
-            mem.cap(limit_mb, model_mb)
-        lab.record("probe", micro=m, length=T, peak_mb=peak, fits=fits)
-        m *= 2
-    agreed = torch.tensor([max(best, 1)], device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)                   # the same micro-batch on every rank
-    return int(agreed)
+    def step_of(m: int) -> None:                                    # one forward and backward of m sequences
+        seq_loss(probe, torch.randn(m, T, M["features"], device=device), torch.ones(m, T, device=device),
+                 torch.zeros(m, device=device), m).backward()
+    return largest_fitting(mem, limit_mb, model_mb, batch, step_of, probe, length=T)
 
 
 def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int = 0,
@@ -188,7 +164,9 @@ def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int 
         # --------------------------------------------------------------------------------------------
         peak = mem.peak_above_base()
         if variant == "fixed-accumulate" and step == M["long_step"]:
-            check_gradient(model, x, mask, y, mem, mem_limit_mb, model_mb)
+            ref = TokenMLP().to(x.device)                           # a plain copy: the full batch's gradient
+            ref.load_state_dict(model.module.state_dict())
+            check_gradient(model, ref, lambda: seq_loss(ref, x, mask, y, len(y)).backward(), mem, mem_limit_mb, model_mb)
         opt.step()
         opt.zero_grad()
         lab.record("step", step=step, tokens=int(x.shape[0] * x.shape[1]), peak_mb=peak)
@@ -197,24 +175,6 @@ def main(variant: str, mem_limit_mb: float, batch: int = M["batch"], accum: int 
     dist.barrier()                   # e.g. "wait for everyone before saving the checkpoint"
     lab.record("done")
     lab.teardown()
-
-
-def check_gradient(model, x, mask, y, mem: Memory, limit_mb: float, model_mb: float) -> None:
-    """The accumulated, all-reduced gradient against the full batch's, computed without the cap on a
-    plain copy (no DDP hooks), averaged over ranks by hand. Also measures the full batch's peak."""
-    acc = torch.cat([p.grad.flatten() for p in model.parameters()])
-    ref = TokenMLP().to(x.device)
-    ref.load_state_dict(model.module.state_dict())
-    mem.lift()
-    mem.reset_peak()
-    seq_loss(ref, x, mask, y, len(y)).backward()
-    full_peak = mem.peak_above_base()
-    if limit_mb > 0:
-        mem.cap(limit_mb, model_mb)
-    full = torch.cat([p.grad.flatten() for p in ref.parameters()])
-    dist.all_reduce(full)
-    full /= dist.get_world_size()
-    lab.record("grad_check", max_abs_diff=float((acc - full).abs().max()), full_batch_peak_mb=full_peak)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import ctypes
 import resource
 
 import torch
+import torch.distributed as dist
 
 from ddplab import lab
 
@@ -110,3 +111,55 @@ def enter_memory_cgroup(limit_mb: float) -> dict:
             pass
         raise SystemExit(f"[oom-killer] cannot make a memory cgroup under {parent} ({e.strerror}): not tested here") from None
     return {"path": path}
+
+
+def largest_fitting(mem: Memory, limit_mb: float, model_mb: float, batch: int, step_of, probe, **facts) -> int:
+    """The largest power-of-two micro-batch up to ``batch`` whose ``step_of(m)`` (a forward and backward
+    of ``probe``) fits under the cap, agreed on by every rank (MIN). Stops trying once a size fails; the
+    sizes that do not fit are measured with the cap lifted, for the plot. Records each probe."""
+    best, m = 0, 1
+
+    def peak_of(m: int) -> float:
+        mem.reset_peak()
+        try:
+            step_of(m)
+            return mem.peak_above_base()
+        finally:
+            probe.zero_grad(set_to_none=True)
+
+    while m <= batch:                                               # powers of two up to the batch
+        fits = best == m // 2                                       # stop trying once one size failed
+        if fits:
+            try:
+                peak = peak_of(m)
+                best = m
+            except RuntimeError as e:
+                if not is_oom(e):
+                    raise
+                fits = False
+        if not fits and limit_mb > 0:                               # for the plot: what it would need, cap lifted
+            mem.lift()
+            peak = peak_of(m)
+            mem.cap(limit_mb, model_mb)
+        lab.record("probe", micro=m, length=facts["length"], peak_mb=peak, fits=fits)
+        m *= 2
+    agreed = torch.tensor([max(best, 1)], device=mem.device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)                   # the same micro-batch on every rank
+    return int(agreed)
+
+
+def check_gradient(model, ref, full_backward, mem: Memory, limit_mb: float, model_mb: float) -> None:
+    """The accumulated, all-reduced gradient of DDP ``model`` against the full batch's, computed without
+    the cap on ``ref`` (a plain copy, no DDP hooks: ``full_backward()`` runs its backward), averaged over
+    ranks by hand. Also measures the full batch's peak."""
+    acc = torch.cat([p.grad.flatten() for p in model.parameters()])
+    mem.lift()
+    mem.reset_peak()
+    full_backward()
+    full_peak = mem.peak_above_base()
+    if limit_mb > 0:
+        mem.cap(limit_mb, model_mb)
+    full = torch.cat([p.grad.flatten() for p in ref.parameters()])
+    dist.all_reduce(full)
+    full /= dist.get_world_size()
+    lab.record("grad_check", max_abs_diff=float((acc - full).abs().max()), full_batch_peak_mb=full_peak)
