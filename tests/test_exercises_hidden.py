@@ -4,8 +4,10 @@ that checker accepts.
 Each checker's output carries, in its metadata, the exercise's key and the answers it accepted in
 that execution (`ddplab.answers.Checked`); the answer's kind (`ddplab.answers`) says how such an
 answer reads in an output (its needles). Nothing here parses the checkers' sentences."""
+import html
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,17 +18,23 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
 
 
+def _joined(v) -> str:
+    return "".join(v) if isinstance(v, list) else v
+
+
 def output_texts(cell: dict) -> list[str]:
-    """Each output of a cell as the text a reader sees (streams, plain text, tracebacks)."""
+    """Each output of a cell as the text a reader sees: streams, tracebacks, and a rich output's HTML
+    where it has one (what Jupyter, nbviewer and GitHub show), else its plain text."""
     texts = []
     for o in cell.get("outputs", []):
         if o["output_type"] == "stream":
-            texts.append("".join(o["text"]))
+            texts.append(_joined(o["text"]))
         elif o["output_type"] == "error":
             texts.append("\n".join(o.get("traceback", [])))
+        elif "text/html" in o.get("data", {}):
+            texts.append(html.unescape(re.sub(r"<[^>]+>", " ", _joined(o["data"]["text/html"]))))
         else:
-            plain = o.get("data", {}).get("text/plain", "")
-            texts.append("".join(plain) if isinstance(plain, list) else plain)
+            texts.append(_joined(o.get("data", {}).get("text/plain", "")))
     return texts
 
 
