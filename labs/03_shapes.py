@@ -36,6 +36,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import lab
+from ddplab.lab_gather import ShapeMismatchError, mismatch_message, pad_gather, shapes_of
 
 LAB = {
     "title": "Mismatched shapes across ranks: what hangs and what does not",
@@ -58,7 +59,6 @@ LAB = {
 
 ARTICLE_ROWS = 10      # rank r has 10 * (r + 1) rows, as in the article (10 vs 20)
 EVAL_ROWS, BATCH = 45, 8   # 45 rows split over 2 ranks: 23 and 22, so the last batches are 7 and 6 rows
-MAXDIM = 8
 
 
 def article_example(ctx) -> None:
@@ -104,30 +104,6 @@ def eval_shards(ctx):
     return net.to(ctx.device), mine.to(ctx.device), reference
 
 
-def shapes_of(t: torch.Tensor, world: int) -> list[tuple[int, ...]]:
-    """Every rank's shape of ``t``: one all_gather of MAXDIM+1 integers (the guard)."""
-    meta = torch.full((MAXDIM + 1,), -1, dtype=torch.int64, device=t.device)
-    meta[0] = t.dim()
-    meta[1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    got = [torch.empty_like(meta) for _ in range(world)]
-    dist.all_gather(got, meta)
-    return [tuple(m[1:1 + int(m[0])].tolist()) for m in got]
-
-
-class ShapeMismatchError(RuntimeError):
-    pass
-
-
-def pad_gather(t: torch.Tensor, shapes, world: int) -> list[torch.Tensor]:
-    """Pad dim 0 to the largest rank's size, gather equal shapes, trim each back."""
-    n = max(s[0] for s in shapes)
-    padded = torch.zeros((n, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    padded[:t.shape[0]] = t
-    got = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(got, padded)
-    return [g[:s[0]] for g, s in zip(got, shapes)]
-
-
 def evaluate(ctx, variant: str, on_mismatch: str) -> None:
     net, x, reference = eval_shards(ctx)
     lab.record("start", rows=x.shape[0], batches=-(-x.shape[0] // BATCH),
@@ -146,9 +122,7 @@ def evaluate(ctx, variant: str, on_mismatch: str) -> None:
                 t0 = time.perf_counter()
                 shapes = shapes_of(pred, ctx.world_size)  # FIX: check shapes before the collective
                 if len(set(shapes)) > 1:
-                    msg = ("tensors must have the same shape on every rank for all_gather: " +
-                           ", ".join(f"rank {r} has {list(s)}" for r, s in enumerate(shapes)) +
-                           f" (batch {b}, found in {1e3 * (time.perf_counter() - t0):.2f} ms)")
+                    msg = mismatch_message(shapes, f"batch {b}, found in {1e3 * (time.perf_counter() - t0):.2f} ms")
                     lab.record("guard_caught", batch=b, shapes=[list(s) for s in shapes], message=msg,
                                ms=1e3 * (time.perf_counter() - t0))
                     if on_mismatch == "raise":
@@ -186,22 +160,25 @@ def guard_cost(ctx, steps: int) -> None:
     lab.record("guard_cost", steps=steps, guard_ms=g, step_ms=s, overhead_pct=100 * g / s)
 
 
+def model_mismatch(ctx, *_) -> None:
+    net = nn.Linear(8, 4 + ctx.rank)                 # BROKEN: the layer width depends on the rank
+    lab.record("built", weight_shape=list(net.weight.shape))
+    DDP(net.to(ctx.device))                          # DDP compares parameter shapes across ranks here
+
+
+# the variants that differ by procedure; the gather variants differ by a line (evaluate)
+PROCEDURES = {"article-example": lambda ctx, *_: article_example(ctx), "model-mismatch": model_mismatch}
+
+
 def main(variant: str, on_mismatch: str = "pad", steps: int = 30) -> None:
     ctx = lab.setup()
     builds_ddp = variant in ("article-example", "model-mismatch", "fixed-guard")
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL" and ctx.backend == "gloo" and builds_ddp:
         lab.log("WARNING: TORCH_DISTRIBUTED_DEBUG=DETAIL crashes (SIGSEGV) when DDP is constructed on gloo with "
                 "torch 2.13; use it around plain collectives (variant gather-ragged)")
-    if variant == "article-example":
-        article_example(ctx)
-    elif variant == "model-mismatch":
-        net = nn.Linear(8, 4 + ctx.rank)                 # BROKEN: the layer width depends on the rank
-        lab.record("built", weight_shape=list(net.weight.shape))
-        DDP(net.to(ctx.device))                          # DDP compares parameter shapes across ranks here
-    else:
-        evaluate(ctx, variant, on_mismatch)
-        if variant == "fixed-guard":
-            guard_cost(ctx, steps)
+    PROCEDURES.get(variant, evaluate)(ctx, variant, on_mismatch)
+    if variant == "fixed-guard":
+        guard_cost(ctx, steps)
     lab.record("done")
     lab.teardown()
 

@@ -113,7 +113,8 @@ def job_tag() -> str:
     return f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.getppid()}"
 
 
-def main(variant: str, port: int, pg_timeout_s: float | None, steps: int, sleep_s: float) -> None:
+def main(variant: str, *, port: int = ARTICLE_PORT, pg_timeout_s: float | None = None, steps: int = 40,
+         sleep_s: float = 60.0) -> None:
     if "RANK" not in os.environ:
         sys.exit("start this script with torchrun (or `ddplab run 05`), which sets RANK and WORLD_SIZE: "
                  "torchrun --nproc-per-node 2 " + " ".join(sys.argv))
@@ -180,14 +181,7 @@ def main(variant: str, port: int, pg_timeout_s: float | None, steps: int, sleep_
 if __name__ == "__main__":
     import argparse
 
-    def within(lo, hi, cast=int):
-        """argparse type: a number in [lo, hi] (clearer than choices=range(...) for ports)."""
-        def parse(text):
-            v = cast(text)
-            if not lo <= v <= hi:
-                raise argparse.ArgumentTypeError(f"{text} is not in {lo}..{hi}")
-            return v
-        return parse
+    from ddplab.lab_args import within
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,4 +197,4 @@ if __name__ == "__main__":
     p.add_argument("--sleep-s", type=within(0, 600, float), default=60.0, metavar="S",
                    help="article-retry: the article's time.sleep after a failed init (60 s)")
     a = p.parse_args()
-    main(a.variant, a.master_port, a.pg_timeout_s, a.steps, a.sleep_s)
+    main(a.variant, port=a.master_port, pg_timeout_s=a.pg_timeout_s, steps=a.steps, sleep_s=a.sleep_s)

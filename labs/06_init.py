@@ -26,14 +26,12 @@ On a real cluster the fix is torchrun's own rendezvous, with the join timeout an
 """
 import datetime
 import os
-import socket
-import threading
 import time
 
 import torch
 import torch.distributed as dist
 
-from ddplab import lab
+from ddplab import lab, lab_store
 
 LAB = {
     "title": "Initialization that never finishes: missing ranks, late ranks, an unreachable master",
@@ -66,23 +64,9 @@ DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-ma
 LINGER_S = 2.0   # a failed rank stays 2 s so the others' errors reach their logs too (see report())
 
 
-def agent_store() -> dist.TCPStore:
-    """torchrun's own store (always reachable here): used only to share a free port and to pace sweeps."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=datetime.timedelta(seconds=30))
-
-
 def own_ports(rank: int) -> tuple[int, int]:
-    """Two fresh ports: one for this lab's own store, one where nothing listens. Rank 0 picks them,
-    the others read them from torchrun's store."""
-    store = agent_store()
-    if rank == 0:
-        with socket.socket() as s1, socket.socket() as s2:
-            s1.bind(("127.0.0.1", 0))
-            s2.bind(("127.0.0.1", 0))
-            store.set("lab06/ports", f"{s1.getsockname()[1]},{s2.getsockname()[1]}")
-    port, dead = store.get("lab06/ports").decode().split(",")
-    return int(port), int(dead)
+    """Two fresh ports: one for this lab's own store, one where nothing listens."""
+    return lab_store.shared_ports(rank, "lab06/ports")
 
 
 def init(rank: int, world: int, addr: str, port: int, timeout_s: float | None) -> float:
@@ -134,7 +118,7 @@ def env_mismatch(rank: int, world: int, addr: str, a) -> None:
 
 
 def article_sleep(rank: int, world: int, addr: str, a) -> None:
-    heartbeat(time.monotonic())   # records every 2 s how long init has waited so far (it never answers)
+    lab_store.heartbeat(time.monotonic())   # records every 2 s how long init has waited so far (it never answers)
     try:                                                                # BROKEN: the article's Example 2
         init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)   # None (the article's): 30 minutes
     except RuntimeError as e:
@@ -161,7 +145,7 @@ def main(a) -> None:
                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                max_restarts=int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)))
     if a.variant == "timeout-sweep":
-        return sweep(rank, world, a)
+        return lab_store.late_rank_sweep(rank, world, a.sweep_timeouts, a.sweep_delays)
     t0 = time.monotonic()
     try:
         VARIANTS[a.variant](rank, world, addr, a)
@@ -172,67 +156,16 @@ def main(a) -> None:
     lab.teardown()
 
 
-def heartbeat(t0: float, every_s: float = 2.0) -> None:
-    def beat():
-        while True:
-            time.sleep(every_s)
-            lab.record("waiting", seconds=round(time.monotonic() - t0, 3))
-    threading.Thread(target=beat, daemon=True).start()
-
-
 def late(rank: int, late_s: float) -> None:
     if rank == 1:
         lab.record("late_start", late_s=late_s)
         time.sleep(late_s)             # slow data staging, a busy node, a container still pulling
 
 
-def sweep(rank: int, world: int, a) -> None:
-    """late-rank for many (timeout, delay) pairs in one job: each trial is a real init_process_group
-    on a fresh store prefix; rank 1 arrives `delay` seconds after rank 0 starts waiting."""
-    store = agent_store()
-    pairs = [(t, d) for d in a.sweep_delays for t in a.sweep_timeouts]
-    for k, (timeout_s, delay) in enumerate(pairs):
-        _barrier(store, f"sweep/{k}/start", world)
-        t0 = time.monotonic()
-        outcome, err = "ok", None
-        if rank != 0:
-            while time.monotonic() - t0 < delay and not store.check([f"sweep/{k}/gave_up"]):
-                time.sleep(0.02)
-            if store.check([f"sweep/{k}/gave_up"]):
-                outcome = "too_late"          # rank 0 had already given up: nothing to join any more
-        if outcome == "ok":
-            try:
-                # Each rank names a new group by a per-process counter; reset it, or a rank that skipped a
-                # trial (too late) would look for the other rank's address under another name.
-                dist.distributed_c10d._world.group_count = 0
-                dist.init_process_group("gloo", store=dist.PrefixStore(f"sweep/{k}", store), rank=rank,
-                                        world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-                dist.destroy_process_group()
-            except RuntimeError as e:
-                outcome, err = "failed", str(e).splitlines()[0][:200]
-                store.set(f"sweep/{k}/gave_up", "1")
-        lab.record("trial", timeout_s=timeout_s, delay_s=delay, outcome=outcome,
-                   seconds=round(time.monotonic() - t0, 3), error=err)
-        _barrier(store, f"sweep/{k}/end", world)
-
-
-def _barrier(store: dist.TCPStore, key: str, world: int) -> None:
-    store.add(key, 1)
-    while int(store.add(key, 0)) < world:
-        time.sleep(0.01)
-
-
 if __name__ == "__main__":
     import argparse
 
-    def floats(s: str) -> list[float]:
-        try:
-            out = [float(x) for x in s.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated seconds, e.g. 0.5,1,2 (got {s!r})")
-        if not out or min(out) <= 0:
-            raise argparse.ArgumentTypeError(f"expected seconds > 0, e.g. 0.5,1,2 (got {s!r})")
-        return out
+    from ddplab.lab_args import seconds_list as floats
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,13 +5,12 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
     torchrun --nproc-per-node 2 labs/07_scaling.py --variant broken --width 2048 --batch 8
     ddplab run 07 --variant fixed -- --fix batch,accumulate,fp16
 
-Article 002 says DataParallel with "a large model, and a small batch size" spends its time moving
-parameters and gradients, and scales poorly past 2-3 GPUs. DDP moves less (one all-reduce of the
-gradients, overlapped with backward), but the same corner still hurts it: the bytes to all-reduce
-grow with the parameter count, the compute with parameters x batch. Per step and per rank this
-script measures forward, backward compute, the gradient all-reduce (a DDP communication hook
-timestamps each bucket's launch and completion), how much of it ran hidden under backward, and
-cross-checks with DDP's own logging data and, with --profile, torch.profiler.
+Article 002 says DataParallel with "a large model, and a small batch size" spends its time moving parameters
+and gradients, and scales poorly past 2-3 GPUs. DDP moves less (one all-reduce of the gradients, overlapped
+with backward), but the same corner still hurts it: the bytes to all-reduce grow with the parameter count, the
+compute with parameters x batch. Per step and per rank this script measures forward, backward compute, the
+gradient all-reduce (a DDP communication hook timestamps each bucket's launch and completion), how much of it
+ran hidden under backward, and cross-checks with DDP's own logging data and, with --profile, torch.profiler.
 
 Variants:
   broken        plain DDP, large model and small batch (lists sweep the grid: --width 256,2048 --batch 8,64)
@@ -21,6 +20,7 @@ Variants:
                 the bare module, DDP and the copy bandwidth that feed the workbook's traffic *model*)
 """
 import contextlib
+import itertools
 import time
 
 import torch
@@ -30,6 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import lab
+from ddplab.lab_measure import CommTimer, allreduce_bandwidth, busy, copy_bandwidth
 
 LAB = {
     "title": "Scaling overhead, measured: where a DDP step's time goes",
@@ -52,40 +53,7 @@ FIXES = ("batch", "accumulate", "bucket", "static", "fp16", "bf16")
 
 
 def make_model(width: int, depth: int) -> nn.Module:
-    layers = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
-
-
-class CommTimer:
-    """Wraps a DDP comm hook: the time each bucket's all-reduce was launched and when it finished."""
-
-    def __init__(self, hook, wire_bytes_per_elem: int):
-        self.hook, self.per_elem, self.spans, self.bytes = hook, wire_bytes_per_elem, [], 0
-        # DDP refuses a hook *named* bf16_compress_hook on builds without NCCL; gloo itself all-reduces
-        # bfloat16 fine (torch 2.13), so the wrapper's own name lets the bf16 hook run on CPU too.
-        self.__name__ = self.__qualname__ = "timed_" + hook.__name__
-
-    def __call__(self, state, bucket):
-        t0 = time.perf_counter()
-        self.bytes += bucket.buffer().numel() * self.per_elem
-        fut = self.hook(state, bucket)
-
-        def done(f):
-            self.spans.append((t0, time.perf_counter()))
-            return f.value()
-        return fut.then(done)
-
-
-def busy(spans, lo=float("-inf"), hi=float("inf")) -> float:
-    """Length of the union of the intervals, clipped to [lo, hi]."""
-    total, end = 0.0, lo
-    for a, b in sorted(spans):
-        a, b = max(a, end), min(b, hi)
-        if b > a:
-            total, end = total + b - a, b
-    return total
+    return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())][:-1])
 
 
 def train(ctx, fix, width, depth, batch, steps, warmup, accum_k, bucket_mb, profile, name):
@@ -161,37 +129,6 @@ def train(ctx, fix, width, depth, batch, steps, warmup, accum_k, bucket_mb, prof
     lab.record("ddp_logging", config=name, **{k: d.get(k) for k in (
         "avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
         "avg_backward_compute_comm_overlap_time", "bucket_sizes", "comm_hook")})
-    del model, module, opt
-
-
-def copy_bandwidth(device, nbytes=64 << 20, reps=5) -> float:
-    """Bytes per second that one tensor copy moves on this device (best of reps)."""
-    src = torch.empty(nbytes // 4, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        with lab.StepTimer(device) as t:
-            dst.copy_(src)
-        best = min(best, t.seconds)
-    return nbytes / best
-
-
-def link(ctx, sizes, reps):
-    lab.record("copy_bandwidth", device=str(ctx.device), bytes_per_s=copy_bandwidth(ctx.device))
-    n = ctx.world_size
-    for size in sizes:
-        t = torch.ones(size // 4, device=ctx.device)
-        dist.all_reduce(t)  # warm-up: connections, buffers
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            with lab.StepTimer(ctx.device) as tm:
-                dist.all_reduce(t)
-            times.append(tm.seconds)
-        s = sorted(times)[len(times) // 2]
-        alg = size / s
-        lab.record("allreduce", backend=ctx.backend, world_size=n, bytes=size, median_s=round(s, 7),
-                   algbw=alg, busbw=alg * 2 * (n - 1) / n)   # busbw: nccl-tests' definition
 
 
 def dataparallel(ctx, width, depth, batch, steps):
@@ -217,58 +154,47 @@ def dataparallel(ctx, width, depth, batch, steps):
                            params=n_params, step_s=round(t.seconds, 6))
 
 
-def main(a):
+def main(variant: str, *, width=(2048,), depth: int = 4, batch=(8,), steps: int = 6, rounds: int = 1,
+         warmup: int = 2, fix=FIXES, accum_k: int = 4, bucket_cap_mb: float = 100.0, profile: bool = False,
+         sizes: str = ",".join(str(4 ** k) for k in range(5, 14)), reps: int = 5) -> None:
     ctx = lab.setup()
-    lab.record("start", variant=a.variant, world_size=ctx.world_size, backend=ctx.backend,
+    lab.record("start", variant=variant, world_size=ctx.world_size, backend=ctx.backend,
                device=str(ctx.device), threads=torch.get_num_threads())
-    if a.variant == "link":
-        link(ctx, [int(s) for s in a.sizes.split(",")], a.reps)
-    elif a.variant == "dataparallel":
-        dataparallel(ctx, a.width[0], a.depth, a.batch[0], a.steps)
+    if variant == "link":
+        allreduce_bandwidth(ctx, [int(s) for s in sizes.split(",")], reps)
+    elif variant == "dataparallel":
+        dataparallel(ctx, width[0], depth, batch[0], steps)
     else:
-        fixes = ["none"] + (a.fix if a.variant == "fixed" else [])
-        for _ in range(a.rounds):  # rounds interleave the configurations (A B C A B C): drift hits all alike
-            for width in a.width:
-                for batch in a.batch:
-                    for fix in fixes:
-                        train(ctx, fix, width, a.depth, batch, a.steps, a.warmup, a.accum_k, a.bucket_cap_mb,
-                              a.profile, f"w{width}-b{batch}-{fix}")
+        fixes = ["none"] + (list(fix) if variant == "fixed" else [])
+        # rounds interleave the configurations (A B C A B C): drift hits all alike
+        for _, w, b, f in itertools.product(range(rounds), width, batch, fixes):
+            train(ctx, f, w, depth, b, steps, warmup, accum_k, bucket_cap_mb, profile, f"w{w}-b{b}-{f}")
     dist.barrier()
     lab.record("done")
     lab.teardown()
 
 
-def _ints(s: str) -> list[int]:
-    return [int(v) for v in s.split(",")]
-
-
-def _fixes(s: str) -> list[str]:
-    got = [v for v in s.split(",") if v]
-    bad = [v for v in got if v not in FIXES]
-    if bad:
-        raise ValueError(bad)
-    return got
-
-
 if __name__ == "__main__":
     import argparse
+
+    from ddplab.lab_args import ints, one_of
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", choices=list(LAB["variants"]), default="broken", help="what to measure")
-    p.add_argument("--width", type=_ints, default=[2048], help="hidden width(s), comma-separated (params ~ depth*width^2)")
+    p.add_argument("--width", type=ints, default=[2048], help="hidden width(s), comma-separated (params ~ depth*width^2)")
     p.add_argument("--depth", type=int, default=4, choices=range(1, 17), metavar="1..16", help="number of Linear layers")
-    p.add_argument("--batch", type=_ints, default=[8], help="per-rank batch size(s), comma-separated")
+    p.add_argument("--batch", type=ints, default=[8], help="per-rank batch size(s), comma-separated")
     p.add_argument("--steps", type=int, default=6, choices=range(1, 201), metavar="1..200", help="measured steps per configuration")
     p.add_argument("--rounds", type=int, default=1, choices=range(1, 11), metavar="1..10",
                    help="repeat every configuration this many times, interleaved")
     p.add_argument("--warmup", type=int, default=2, choices=range(0, 21), metavar="0..20", help="unmeasured steps first")
-    p.add_argument("--fix", type=_fixes, default=list(FIXES), help=f"fixes for --variant fixed, comma-separated, from {','.join(FIXES)}")
+    p.add_argument("--fix", type=one_of(FIXES), default=list(FIXES), help=f"fixes for --variant fixed, comma-separated, from {','.join(FIXES)}")
     p.add_argument("--accum-k", type=int, default=4, choices=range(2, 33), metavar="2..32",
                    help="micro-batches per all-reduce (accumulate) and batch multiplier (batch)")
     p.add_argument("--bucket-cap-mb", type=float, default=100.0, help="bucket_cap_mb for the bucket fix (DDP default: 25)")
     p.add_argument("--profile", action="store_true", help="also time the all-reduce with torch.profiler")
     p.add_argument("--sizes", default=",".join(str(4 ** k) for k in range(5, 14)), help="link: message sizes in bytes")
     p.add_argument("--reps", type=int, default=5, choices=range(1, 101), metavar="1..100", help="link: repetitions per size")
-    a = p.parse_args()
-    main(a)
+    a = vars(p.parse_args())
+    main(a.pop("variant"), **a)

@@ -8,37 +8,35 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
 Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.workbook.lab11.
 
-Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here it
-is ported to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has float32's
-exponent range) and float16 with torch.amp.GradScaler on GPUs (the GPU path runs only where CUDA is
-present). Accumulation is done right: loss / k, model.no_sync() on all but the last micro-batch,
-zero_grad() after the step (lab 08 runs the article's loop as written).
+Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here it is ported
+to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has float32's exponent range) and
+float16 with torch.amp.GradScaler on GPUs (the GPU path runs only where CUDA is present). Accumulation is done
+right: loss / k, model.no_sync() on all but the last micro-batch, zero_grad() after the step (lab 08 runs the
+article's loop as written).
 
 Variants:
-  amp                 k micro-batches per step under no_sync, two replicas stepping in turn: float32
-                      and autocast (bf16 CPU / fp16 + GradScaler GPU): loss, step time, saved
-                      activations and (GPU) peak memory.
+  amp                 k micro-batches per step under no_sync, two replicas stepping in turn: float32 and autocast
+                      (bf16 CPU / fp16 + GradScaler GPU): loss, step time, saved activations and (GPU) peak memory.
   scaler-inf          GradScaler with DDP; at one step only rank 1's local gradient holds inf/NaN.
                       DDP's all-reduce spreads it to every rank, so every rank's scaler skips the step.
   scaler-inf-unsynced the same, but the whole accumulation loop sits inside no_sync(): no all-reduce,
                       so each rank's scaler decides alone (rank 1 skips, rank 0 steps; scales differ).
-  slow-loader         rank 1's samples sit on slow storage (a sleep: an imitation) and are decoded on
-                      the CPU in its DataLoader worker: rank 0 waits seconds in DDP's all-reduce each
-                      step. Looks like a hang; ddplab sees the worker's CPU and calls it slow, not stuck.
+  slow-loader         rank 1's samples sit on slow storage (a sleep: an imitation) and are decoded on the CPU in
+                      its DataLoader worker: rank 0 waits seconds in DDP's all-reduce each step. Looks like a
+                      hang; ddplab sees the worker's CPU and calls it slow, not stuck.
   loader-sweep        num_workers, prefetch_factor and pin_memory measured on the same dataset.
 """
 import contextlib
 import time
-import warnings
-import zlib
 
 import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ddplab import lab
+from ddplab import lab, lab_loader
+from ddplab.lab_measure import checksum, precision, saved_bytes
 
 LAB = {
     "title": "Mixed precision and the input pipeline: torch.amp, GradScaler under DDP, a slow DataLoader",
@@ -73,31 +71,6 @@ def micro_batch(rank: int, step: int, i: int, device):
     x = torch.randn(S["micro"], 256, generator=g)
     y = (x[:, :10] * 3).argmax(1)                                       # a learnable target
     return x.to(device), y.to(device)
-
-
-def precision(device, wanted: str):
-    """(autocast dtype or None, GradScaler): bf16 on the CPU, fp16 + loss scaling on a GPU."""
-    if wanted == "fp32":
-        return None, torch.amp.GradScaler(device.type, enabled=False)
-    if device.type == "cuda":
-        return torch.float16, torch.amp.GradScaler("cuda")              # GPU path: fp16 needs loss scaling
-    return torch.bfloat16, torch.amp.GradScaler("cpu", enabled=wanted == "scaler")   # CPU: bf16, no scaling needed
-
-
-def saved_bytes(fn) -> int:
-    """Bytes of the tensors autograd saves for backward while fn() runs (the activations AMP halves)."""
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total[0]
-
-
-def checksum(model) -> float:
-    return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 class Replica:
@@ -171,28 +144,6 @@ def train(ctx, variant: str, steps: int, k: int) -> None:
                                             unsynced=variant == "scaler-inf-unsynced"))
 
 
-class Encoded(Dataset):
-    """Samples stored compressed: __getitem__ 'reads' (read_ms, a sleep standing in for storage
-    latency) and 'decodes' (zlib, on the CPU, until decode_ms of CPU time are spent)."""
-
-    def __init__(self, n: int, decode_ms: float, read_ms: float = 0.0):
-        self.n, self.decode_s, self.read_s = n, decode_ms / 1000, read_ms / 1000
-        self.blob = zlib.compress(bytes(range(256)) * 4096)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.read_s:
-            time.sleep(self.read_s)                    # storage latency (an imitation: a sleep)
-        t0 = time.thread_time()
-        raw = zlib.decompress(self.blob)               # the decode: real CPU work in this process,
-        while time.thread_time() - t0 < self.decode_s:  # at least once (the CPU clock can tick coarsely)
-            raw = zlib.decompress(self.blob)
-        x = torch.frombuffer(bytearray(raw[:256 * 4]), dtype=torch.uint8)[:256].float() / 255 + i % 7
-        return x, i % 10
-
-
 def epoch(ctx, model, optimizer, loader, steps: int) -> dict:
     """Run up to `steps` batches; time spent waiting for the loader vs the rest of the step."""
     waits, steps_s = [], []
@@ -212,55 +163,23 @@ def epoch(ctx, model, optimizer, loader, steps: int) -> dict:
             "max_data_wait_s": max(waits), "max_compute_s": max(steps_s), "steps": steps}
 
 
-def small_model(ctx):
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(ctx.device),
-                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
 def slow_loader(ctx, workers: int) -> None:
     # BROKEN (by design of the data): rank 1's shard sits on slow storage (400 ms per sample) and
     # costs more to decode; rank 0's is fast. Rank 1 fetches for seconds; rank 0 waits for it.
     read, decode = (S["slow_read_ms"], S["slow_ms"]) if ctx.rank == 1 else (0, S["fast_ms"])
-    data = Encoded(S["slow_batch"] * S["slow_steps"], decode, read)
+    data = lab_loader.Encoded(S["slow_batch"] * S["slow_steps"], decode, read)
     loader = DataLoader(data, batch_size=S["slow_batch"], num_workers=workers)
-    model, optimizer = small_model(ctx)
+    model, optimizer = lab_loader.ddp_mlp(ctx)
     lab.log(f"loading: {read} ms read + {decode} ms decoding per sample, {workers} worker(s)")
     lab.record("loader", workers=workers, read_ms=read, decode_ms=decode,
                **epoch(ctx, model, optimizer, loader, S["slow_steps"]))
 
 
-SWEEP = [  # (num_workers, prefetch_factor, pin_memory)
-    (0, None, False), (1, 2, False), (2, 2, False), (2, 4, False), (2, 2, True)]
-
-
-def loader_sweep(ctx) -> None:
-    model, optimizer = small_model(ctx)
-    batch, steps = S["sweep_batch"], S["sweep_steps"]
-    data = Encoded(batch * steps, S["sweep_decode_ms"], S["sweep_read_ms"])
-    for round_ in range(S["sweep_rounds"]):           # every setting once per round: the spread shows the noise
-        for workers, prefetch, pin in SWEEP:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                loader = DataLoader(data, batch_size=batch, num_workers=workers, prefetch_factor=prefetch,
-                                    pin_memory=pin, persistent_workers=False)
-                m = epoch(ctx, model, optimizer, loader, steps)
-                first = next(iter(DataLoader(data, batch_size=2, pin_memory=pin)))[0]
-            lab.record("sweep", round=round_, workers=workers, prefetch=prefetch, pin_memory=pin, batch=batch,
-                       samples_per_s=batch * steps / m["wall_s"], pinned=bool(first.is_pinned()),
-                       warnings=sorted({str(w.message) for w in caught if "pin" in str(w.message)}), **m)
-
-
 def main(variant: str, steps: int, k: int, workers: int) -> None:
     ctx = lab.setup()
     torch.set_num_threads(1)
-    if variant in ("amp", "scaler-inf", "scaler-inf-unsynced"):
-        train(ctx, variant, steps, k)
-    elif variant == "slow-loader":
-        slow_loader(ctx, workers)
-    else:
-        loader_sweep(ctx)
+    procedures = {"slow-loader": lambda: slow_loader(ctx, workers), "loader-sweep": lambda: lab_loader.loader_sweep(ctx, S, epoch)}
+    procedures.get(variant, lambda: train(ctx, variant, steps, k))()   # amp, scaler-inf, scaler-inf-unsynced
     lab.record("done")
     lab.teardown()
 

@@ -5,6 +5,8 @@ import pytest
 from ddplab import catalog, claims
 from ddplab.workbook import lab01
 
+import exercise_cases
+
 pytestmark = pytest.mark.multiprocess
 LAB = catalog.find_lab("01")
 
@@ -116,45 +118,38 @@ def test_default_timeout_is_read_from_torch():
 
 
 @pytest.mark.timeout(120)
-def test_check_waiting_rank_right_answer(broken):
-    for collective in ("all_reduce", "dist.all_reduce()", " ALL_REDUCE "):
-        c = lab01.check_waiting_rank(broken, 0, collective)
-        assert c.passed, c.message
+def test_check_waiting_rank(broken):
+    exercise_cases.check_all(lab01.check_waiting_rank, broken,
+                             right=[(0, "all_reduce"), (0, "dist.all_reduce()"), (0, " ALL_REDUCE ")],
+                             neighbour=(0, "barrier"), other_rank=(1, "all_reduce"),
+                             wrong=[(0, "all"), (0, "reduce"), (0, "all_red"), (2, "all_reduce"), (-1, "all_reduce"),
+                                    (0, "all_reduce barrier"), (0, "allreduce_coalesced"), (0, ["all_reduce"])])
+    c = lab01.check_waiting_rank.check((1, "all_reduce"), broken)
+    assert "rank 0 waits" not in c.message and "other in all_reduce" not in c.message   # a hint, not the answer
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("rank, collective", [
-    (None, None), (0, None), (0, ""), (0, "   "),            # empty
-    (1, "all_reduce"),                                     # the other rank
-    (0, "barrier"),                                        # the neighbouring value: rank 0's own collective
-    (0, "all"), (0, "reduce"), (0, "all_red"), (0, "r"),   # substrings
-    ("0", "all_reduce"), (0.0, "all_reduce"), (False, "all_reduce"), ([0], "all_reduce"),  # wrong types
-    (0, ["all_reduce"]), (0, 1),
-    (2, "all_reduce"), (-1, "all_reduce"),                 # not a rank of this job
-    (0, "all_reduce barrier"), (0, "allreduce_coalesced"),
-])
-def test_check_waiting_rank_rejects_wrong_and_adversarial_answers(broken, rank, collective):
-    c = lab01.check_waiting_rank(broken, rank, collective)
-    assert not c.passed, (rank, collective, c.message)
-    # a hint says where to look; it never states the answer
-    assert "rank 0 waits" not in c.message and "other in all_reduce" not in c.message
+@pytest.fixture(scope="module")
+def tta(broken):
+    """The time-to-answer run of the notebook, with its parameters cell's timeout (10 s)."""
+    return lab01.measure_time_to_answer(10, broken=broken)
 
 
-@pytest.mark.parametrize("answer", [None, -1, 0, True, "5", [5], float("nan"), 30, 45, 1800])
-def test_check_timeout_answer_refuses_impossible_values_without_a_run(answer, tmp_path):
-    c = lab01.check_timeout_answer(answer, run_root=tmp_path)
-    assert not c.passed
-    assert not any(tmp_path.iterdir()), "a run was started for an answer that cannot pass"
+@pytest.mark.timeout(180)
+def test_check_error_seconds(tta):
+    measured = tta.with_timeout.wall_s
+    assert tta.with_timeout.signature == "collective-timeout" and measured > 10
+    exercise_cases.check_all(lab01.check_error_seconds, tta, right=[round(measured, 1), measured * 1.2],
+                             neighbour=10.0, shown=10, wrong=[1800, 3.0, -1, 0])
+    assert lab01.check_error_seconds.accepted(tta)[0].lo > 10   # the timeout alone is not when the error comes
 
 
-@pytest.mark.timeout(120)
-def test_check_timeout_answer_runs_a_right_value_for_real(tmp_path):
-    from conftest import assert_nothing_left
-
-    c = lab01.check_timeout_answer(4, run_root=tmp_path)
-    assert c.passed, c.message
-    assert "RuntimeError" in c.message
-    assert_nothing_left(str(tmp_path))
+@pytest.mark.timeout(180)
+def test_check_error_seconds_counts_the_first_prediction(tta):
+    ex = lab01.check_error_seconds
+    first = ex(10, tta)
+    assert not first.passed and first.accepted and first.exercise == "timeout-seconds"
+    later = ex(round(tta.with_timeout.wall_s, 1), tta)
+    assert not later.passed and "first" in later.message
 
 
 def test_claims_are_judged_from_the_runs(broken):

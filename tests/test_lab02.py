@@ -9,6 +9,8 @@ from conftest import job_processes
 from ddplab import DdplabError, claims, signatures
 from ddplab.workbook import lab02
 
+import exercise_cases
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -103,12 +105,10 @@ def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(skip):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_check_waiting_rank_right_and_adversarial(skip):
-    assert lab02.check_waiting_rank(0, skip).passed
-    for wrong in (None, 1, "0", "rank 0", 0.0, False, [0], -1, 2, ""):
-        c = lab02.check_waiting_rank(wrong, skip)
-        assert not c.passed, wrong
-        assert "rank 0 waits" not in c.message
+def test_check_waiting_rank(skip):
+    exercise_cases.check_all(lab02.check_waiting_rank, skip, right=0, neighbour=-1, other_rank=1, shown=48,
+                             wrong=["rank 0", 2])
+    assert "rank 0 waits" not in lab02.check_waiting_rank.check(1, skip).message
 
 
 @pytest.mark.multiprocess
@@ -122,21 +122,17 @@ def test_check_accum_wants_the_fewest_micro_batches_that_fit(probe24):
     fit_everywhere = [m for m in {p["micro"] for p in probes}
                       if all(p["fits"] for p in probes if p["micro"] == m)]
     assert fit_everywhere, "the probe found no micro-batch that fits under 24 MiB on every rank"
-    measured = -(-batch // max(fit_everywhere))        # the fewest micro-batches whose size fit on every rank
-    assert lab02.smallest_accum(probe24) == measured
-    # every accumulation the exercise offers: right only for the measured one; a larger one fits but is
-    # not the fewest, a smaller one does not fit (its micro-batch failed on some rank, or was never tried)
-    for answer in lab02.ACCUM_CHOICES:
-        c = lab02.check_accum(answer, probe=probe24)
-        assert c.passed is (answer == measured), (answer, measured, c.message)
-        if answer != measured:
-            assert not re.search(rf"accum={measured}\b", c.message)      # a hint, not the answer
-            assert ("does not fit" in c.message) is (answer < measured)
-    # wrong types and the empty answer
-    for wrong in (None, str(measured), float(measured), True, [measured], 3, 0, -measured):
-        c = lab02.check_accum(wrong, probe=probe24)
-        assert not c.passed, wrong
-        assert not re.search(rf"accum={measured}\b", c.message)
+    best = -(-batch // max(fit_everywhere))        # the fewest micro-batches whose size fit on every rank, here
+    assert lab02.smallest_accum(probe24) == best
+    bigger = [a for a in lab02.ACCUM_CHOICES if a > best]        # fit, but not the fewest
+    smaller = [a for a in lab02.ACCUM_CHOICES if a < best]       # their micro-batch did not fit on some rank
+    # neighbours both ways, the parameters cell's cap (48), values not offered
+    exercise_cases.check_all(lab02.check_accum, right=best, neighbour=(bigger or smaller)[0], shown=48, probe=probe24,
+                             wrong=[a for a in lab02.ACCUM_CHOICES if a != best] + [3, 0, -4])
+    for wrong in smaller[-1:] + bigger[:1]:
+        # a wrong answer is not told which way to go: no search by halving
+        msg = lab02.check_accum.check(wrong, probe=probe24).message
+        assert f"accum={best}" not in msg and "fewer" not in msg and "does not fit" not in msg
 
 
 @pytest.mark.multiprocess

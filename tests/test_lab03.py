@@ -8,6 +8,8 @@ from ddplab import catalog, claims, signatures
 from ddplab.errors import DdplabError
 from ddplab.workbook import lab03
 
+import exercise_cases
+
 DATA = Path(__file__).parent / "data"
 DETAIL = lab03.DETAIL_ENV
 
@@ -157,15 +159,13 @@ def test_check_failing_right_wrong_and_adversarial(runs):
     results = {v: runs(v, steps=10) if v == "fixed-guard" else runs(v) for v in lab03.VARIANTS}
     right = {"gather-ragged", "model-mismatch"}
     assert {v for v, r in results.items() if r.status == "failed"} == right
-    assert lab03.check_failing(right, results).passed
-    assert lab03.check_failing(["model-mismatch", "gather-ragged"], results).passed
-    for wrong in (set(), "gather-ragged", "gather-ragged,model-mismatch", {"gather-ragged"},     # empty, a string, a part
-                  right | {"article-example"}, {"gather-ragged", "fixed-guard"},                 # one too many, a neighbour
-                  set(lab03.VARIANTS), {"gather"}, {"ragged", "model"}, 2, {1, 2}, None, {"": 1}):  # everything, substrings, types
-        c = lab03.check_failing(wrong, results)
-        assert not c.passed, wrong
-        shown = c.message.replace(repr(wrong), "")                          # the answer echoed back is not a leak
-        assert "model-mismatch" not in shown or "the variants are" in shown
+    exercise_cases.check_all(
+        lab03.check_failing, results, right=[right, ["model-mismatch", "gather-ragged"]],
+        neighbour={"gather-ragged", "fixed-guard"},            # what the guard's raise run shows: not its default
+        wrong=[set(), {"gather-ragged"}, right | {"article-example"}, set(lab03.VARIANTS),
+               {"gather"}, {"ragged", "model"}, "gather-ragged,model-mismatch", {1, 2}, {"": 1}])
+    c = lab03.check_failing.check({"gather-ragged"}, results)
+    assert "model-mismatch" not in c.message
 
 
 @pytest.mark.multiprocess
@@ -174,11 +174,9 @@ def test_check_three_ranks_against_a_real_three_rank_run(runs):
     r = runs("gather-ragged", nproc=3)
     assert (r.status, r.signature) == ("ok", None)                      # 15/15/15 rows: equal batches
     assert sorted(x["rows"] for x in r.records_of("start")) == [15, 15, 15]
-    assert lab03.check_three_ranks("ok", result=r).passed
-    for wrong in ("failed", "hung", "OK", "ok ", "o", "", "okay", 0, True, ["ok"], None):
-        c = lab03.check_three_ranks(wrong, result=r)
-        assert not c.passed, wrong
-        assert "ended ok" not in c.message
+    exercise_cases.check_all(lab03.check_three_ranks, right=["ok", " ok "], neighbour="failed", shown=20,
+                             wrong=["hung", "OK", "o", "okay"], result=r)
+    assert "ended ok" not in lab03.check_three_ranks.check("hung", result=r).message
 
 
 def test_claim_verdicts_follow_the_parts():

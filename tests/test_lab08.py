@@ -9,6 +9,8 @@ from conftest import assert_nothing_left, job_processes
 from ddplab import DdplabError, claims, signatures
 from ddplab.workbook import lab08
 
+import exercise_cases
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -126,28 +128,20 @@ def test_claim_check_is_computed_from_the_runs(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("answer, passed", [
-    (3, True),
-    (None, False), ("", False), ("3", False), (3.0, False), (True, False),   # empty, wrong types
-    (2, False), (4, False), (1, False), (0, False), (-3, False), (7, False),  # neighbours, k=8's answer, out of range
-])
-def test_check_saved_allreduces(runs, answer, passed):
-    c = lab08.check_saved_allreduces(answer, runs["accumulate-fixed"], k=4)
-    assert c.passed is passed, c
-    if not passed and isinstance(answer, int) and answer >= 0:
-        assert "3" not in c.message.replace("k=4", "")       # a wrong answer gets a hint, not the answer
+def test_check_saved_allreduces(runs):
+    # 8: the parameters cell's max_k; 7: k=8's answer; 4: k itself
+    exercise_cases.check_all(lab08.check_saved_allreduces, runs["accumulate-fixed"], right=3, neighbour=2, shown=8,
+                             wrong=[4, 1, 0, -3, 7], k=4)
+    for wrong in (2, 4, 1):
+        assert "3" not in lab08.check_saved_allreduces.check(wrong, runs["accumulate-fixed"], k=4).message.replace("k=4", "")
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("answer, passed", [
-    (4, True),
-    (None, False), ("", False), ("4", False), (4.0, False), (True, False),   # empty, wrong types
-    (3, False), (1, False), (5, False), (0, False), (8, False),              # neighbours, out of range, k=8
-])
-def test_check_applied_micro_batch(runs, answer, passed):
-    c = lab08.check_applied_micro_batch(answer, runs["accumulate-article"], k=4)
-    assert c.passed is passed, c
+def test_check_applied_micro_batch(runs):
+    # 8: the parameters cell's max_k (and k=8's answer)
+    exercise_cases.check_all(lab08.check_applied_micro_batch, runs["accumulate-article"], right=4, neighbour=3,
+                             shown=8, wrong=[1, 5, 0], k=4)
 
 
 @pytest.mark.multiprocess

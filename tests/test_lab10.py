@@ -9,6 +9,8 @@ from conftest import assert_nothing_left, gpu_count, job_processes, requires_gpu
 from ddplab import DdplabError, claims
 from ddplab.workbook import lab10
 
+import exercise_cases
+
 VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
             "rank-init", "dp-custom-layer")
 
@@ -188,48 +190,31 @@ def test_claim_check_is_computed_from_the_runs(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("answer, passed", [
-    (2, True),
-    (1, False), (3, False),             # the neighbouring iterations
-    (None, False), ("", False), ("  ", False),
-    ("2", False), (2.0, False), (True, False), ([2], False),   # wrong types
-    (0, False),
-])
-def test_check_unused_iteration(runs, answer, passed):
-    c = lab10.check_unused_iteration(answer, runs["unused-params"])
-    assert c.passed is passed, c.message
-    if not passed and answer in (1, 3):
-        assert "2" not in c.message      # the hint does not give the answer away
+def test_check_unused_iteration(runs):
+    # 8: the iterations the question names
+    exercise_cases.check_all(lab10.check_unused_iteration, runs["unused-params"], right=2, neighbour=3, shown=8,
+                             wrong=[1, 0])
+    for wrong in (1, 3):
+        assert "2" not in lab10.check_unused_iteration.check(wrong, runs["unused-params"]).message
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("answer, passed", [
-    ("broadcast", True), ("dist.broadcast", True), (" Broadcast ", True), ("broadcast()", True),
-    ("all_reduce", False),               # where the OTHER rank waits
-    ("broad", False), ("cast", False), ("b", False),   # substrings
-    ("", False), (None, False), ("   ", False),
-    ("all_gather", False), ("barrier", False), ("reduce", False),
-    (1, False), (["broadcast"], False), (b"broadcast", False),
-])
-def test_check_eval_op(runs, answer, passed):
-    c = lab10.check_eval_op(answer, runs["eval-rank0"])
-    assert c.passed is passed, c.message
-    if not passed:
-        assert "broadcast" not in c.message.lower()
+def test_check_eval_op(runs):
+    r = runs["eval-rank0"]
+    # all_reduce: where the OTHER rank waits
+    exercise_cases.check_all(lab10.check_eval_op, r, right=["broadcast", "dist.broadcast", " Broadcast ", "broadcast()"],
+                             neighbour="all_reduce", shown="64",
+                             wrong=["broad", "cast", "b", "all_gather", "barrier", "reduce", b"broadcast"])
+    for wrong in ("all_reduce", "broad", "all_gather", 1):
+        assert "broadcast" not in lab10.check_eval_op.check(wrong, r).message.lower()
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("answer, passed", [
-    (0, True),
-    (1, False),                          # the other rank
-    (2, False), (-1, False),
-    (None, False), ("", False), ("0", False), (0.0, False), (False, False), ([0], False),
-])
-def test_check_bn_source_rank(runs, answer, passed):
-    c = lab10.check_bn_source_rank(answer, runs["batchnorm"])
-    assert c.passed is passed, c.message
+def test_check_bn_source_rank(runs):
+    exercise_cases.check_all(lab10.check_bn_source_rank, runs["batchnorm"], right=0, neighbour=-1, other_rank=1,
+                             shown=32, wrong=[2])   # 32: the rows per rank the set-up cell prints
 
 
 @pytest.mark.multiprocess

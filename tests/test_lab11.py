@@ -8,6 +8,8 @@ import pytest
 from ddplab import DdplabError, claims
 from ddplab.workbook import lab11
 
+import exercise_cases
+
 from conftest import assert_nothing_left
 
 STEPS = 4     # enough for the scaler variants (inf at step 2) and two timed steps
@@ -188,72 +190,40 @@ def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("answer, ok", [
-    ([0, 1], True), ((1, 0), True), ({0, 1}, True),
-    ([1], False),                 # the rank whose own gradient held inf: the common wrong answer
-    ([0], False),                 # the other rank alone
-    ([], False), (None, False), ((), False),
-    ("0,1", False), ("[0, 1]", False), (2, False), (1, False),
-    ([0, 1, 2], False), ([1, 2], False), ([True, False], False), ([0.0, 1.0], False),
-])
-def test_check_skipped_ranks(r_sync, answer, ok):
-    c = lab11.check_skipped_ranks(answer, r_sync)
-    assert c.passed is ok
-    if not ok:
-        assert "[0, 1]" not in c.message.replace(repr(answer), "")    # a hint, not the answer
+def test_check_skipped_ranks(r_sync):
+    # [1]: the rank whose own gradient held inf, the common wrong answer; 6: the parameters cell's steps
+    exercise_cases.check_all(lab11.check_skipped_ranks, r_sync, right=[[0, 1], (1, 0), {0, 1}], neighbour=[1],
+                             other_rank=[0], shown=[6], wrong=["0,1", "[0, 1]", 2, [0, 1, 2], [1, 2], [0.0, 1.0]])
+    assert "[0, 1]" not in lab11.check_skipped_ranks.check([1], r_sync).message
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("answer, ok", [
-    (lambda t, o: t, True), (lambda t, o: int(t), True),
-    (lambda t, o: o, False),                      # rank 1's scale: the other rank
-    (lambda t, o: 2 * t, False), (lambda t, o: t - 1, False), (lambda t, o: t + 0.5, False),   # neighbours
-    (lambda t, o: str(int(t)), False), (lambda t, o: True, False), (lambda t, o: None, False),
-    (lambda t, o: float("nan"), False), (lambda t, o: [t], False), (lambda t, o: "", False),
-])
-def test_check_unsynced_scale(r_unsynced, answer, ok):
+def test_check_unsynced_scale(r_unsynced):
     at = lab11.scaler_at_inf(r_unsynced)
-    truth, other = at[0]["scale_after"], at[1]["scale_after"]
-    assert truth == at[0]["scale_before"] != other         # rank 0 kept its scale, rank 1's dropped
-    given = answer(truth, other)
-    c = lab11.check_unsynced_scale(given, r_unsynced)
-    assert c.passed is ok
-    if not ok:                                            # a hint, not the answer
-        assert f"{truth:.0f}" not in c.message.replace(repr(given), "").replace(str(given), "")
+    assert at[0]["scale_after"] == at[0]["scale_before"] != at[1]["scale_after"]   # rank 0 kept it, rank 1 halved
+    # "halved": what rank 1's scale did (the other rank); 65536: the scale as a number
+    exercise_cases.check_all(lab11.check_unsynced_scale, r_unsynced, right=["kept", " kept "], neighbour="doubled",
+                             other_rank="halved", shown=6, wrong=["Kept", "keep", 65536.0, "65536"])
+    assert "kept" not in lab11.check_unsynced_scale.check("halved", r_unsynced).message
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("answer, ok", [
-    (("OP", 1), True), (["OP", 1], True), ((" OP ", 1), True),
-    (("OP", 0), False),   # the other rank
-    (("OP", 2), False),   # neighbouring value
-    (("all", 1), False), (("reduce", 1), False), (("", 1), False),       # substrings, empty
-    (("OTHER", 1), False), (("dataloader", 1), False), (("all_gather", 1), False),
-    ("OP", False), (("OP", "1"), False), ((1, "OP"), False), (("OP", True), False),
-    ((), False), (None, False), (("OP", 1, 0), False),
-])
-def test_check_where_rank0_waits(r_stopped, answer, ok):
-    # OP: the collective rank 0 was caught in (the backward all-reduce, or the next forward's buffer
-    # broadcast: a race); OTHER: the other one of the two
+def test_check_where_rank0_waits(r_stopped):
+    """Which of DDP's two step collectives the stop catches rank 0 in is a race: both count, and the
+    PASS message says which one this run caught (made from the run, not fixed)."""
     op = r_stopped.rank(0).where.op
-    other = "broadcast" if op == "all_reduce" else "all_reduce"
-
-    def fill(x):
-        if isinstance(x, str):
-            return x.replace("OTHER", other).replace("OP", op)
-        return type(x)(fill(y) for y in x) if isinstance(x, (tuple, list)) else x
-
-    answer = fill(answer)
-    c = lab11.check_where_rank0_waits(answer, r_stopped)
-    assert c.passed is ok
-    if not ok:   # a hint, not the answer
-        shown = [repr(answer)] + ([repr(tuple(answer))] if isinstance(answer, (list, tuple)) else [])
-        msg = c.message
-        for part in shown:
-            msg = msg.replace(part, "")
-        assert op not in msg
+    assert op in lab11.DDP_STEP_OPS
+    exercise_cases.check_all(
+        lab11.check_where_rank0_waits, r_stopped,
+        right=[("all_reduce", 1), (" all_reduce ", 1), ("dist.all_reduce()", 1), ("broadcast", 1)],
+        neighbour=("all_reduce", 2), other_rank=("all_reduce", 0), shown=("all_reduce", 6),
+        wrong=[("all", 1), ("reduce", 1), ("", 1), ("dataloader", 1), ("all_gather", 1), ("barrier", 1),
+               ("all_reduce", "1"), (1, "all_reduce"), ("all_reduce", True), ("all_reduce", 1, 0)])
+    c = lab11.check_where_rank0_waits.check(("all_reduce", 1), r_stopped)
+    assert c.passed and f"caught rank 0 in {op}" in c.message
+    assert "all_reduce" not in lab11.check_where_rank0_waits.check(("barrier", 1), r_stopped).message
 
 
 # ------------------------------------------------------------------------------------------------

@@ -44,6 +44,47 @@ def test_lab_module_contract(name):
 
 
 @pytest.mark.parametrize("name", MODULES)
+def test_lab_module_keeps_the_protocol_by_signature(name):
+    """`ddplab.workbook.contract.WorkbookLab`, checked with inspect.signature: validate(**knobs),
+    run_variant(variant, **knobs) -> RunResult, EXERCISES of answers.Exercise, claim_inputs(runs) if present;
+    and validate refuses an unknown knob with a DdplabError before any rank starts."""
+    from ddplab import DdplabError
+    from ddplab.workbook import contract
+
+    m = importlib.import_module(f"ddplab.workbook.{name}")
+    assert contract.problems(m) == []
+    assert isinstance(m, contract.WorkbookLab)
+    m.validate()
+    with pytest.raises(DdplabError, match="unknown knob"):
+        m.validate(no_such_knob=1)
+
+
+def test_contract_check_reads_signatures_not_names():
+    """A module with every name but the wrong signatures fails the check, one problem per member."""
+    import types
+
+    from ddplab import answers
+    from ddplab.workbook import contract
+
+    def validate(mem_limit_mb):            # a required knob, no **knobs
+        pass
+
+    def run_variant(v, steps):             # not `variant`, a knob without a default, no **knobs, no RunResult
+        pass
+
+    def judge(value, run):                 # not `answer` first, no Check
+        pass
+
+    bad = types.SimpleNamespace(LAB="1", validate=validate, run_variant=run_variant,
+                                EXERCISES={"x": answers.Exercise("y", answers.Rank(2), judge)},
+                                claim_inputs=lambda a, b: None)
+    got = contract.problems(bad)
+    for words in ("two-digit", "validate must take **knobs", "defaults (validate()", "first parameter is `variant`",
+                  "run_variant must take **knobs", "return a RunResult", "EXERCISES['x']", "claim_inputs takes one"):
+        assert any(words in p for p in got), (words, got)
+
+
+@pytest.mark.parametrize("name", MODULES)
 def test_every_claim_is_shown_by_its_notebook(name):
     """The stored notebook shows every claim the module declares (its quotation in an output)."""
     nb = next((ROOT / "notebooks").glob(f"{name[3:]}_*.ipynb"))

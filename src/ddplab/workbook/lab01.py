@@ -11,12 +11,18 @@ import urllib.request
 from dataclasses import dataclass
 
 import ddplab
-from ddplab import claims, stacks
+from ddplab import answers, claims, stacks
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 from ddplab.render import _first_line
 from ddplab.result import RunResult
 
 LAB = "01"
+
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts (the lab's knobs are ddplab.run's)."""
+    contract.check_knob_names(knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> RunResult:
@@ -244,79 +250,56 @@ def _short(r: RunResult, n: int = 90) -> str:
 
 # --- exercises ------------------------------------------------------------------------------------
 
-COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv")
+def _waiting(broken: RunResult) -> dict[int, str]:
+    return {r.rank: r.where.op for r in broken.ranks if r.where is not None and r.where.in_collective}
 
 
-def _rank_answer(rank, nproc: int) -> str | None:
-    """Why ``rank`` is not a rank number (None when it is one)."""
-    if rank is None:
-        return "set `rank` to a rank number, then run this cell again"
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        return f"`rank` must be a whole number (0 to {nproc - 1}), not {rank!r}"
-    if not 0 <= rank < nproc:
-        return f"this job has ranks 0 to {nproc - 1}; {rank} is not one of them"
-    return None
-
-
-def _collective_answer(collective) -> str | None | Check:
-    if collective is None or (isinstance(collective, str) and not collective.strip()):
-        return None
-    if not isinstance(collective, str):
-        return Check(False, f"`collective` must be a name like \"all_reduce\", not {collective!r}")
-    name = collective.strip().lower().removeprefix("torch.distributed.").removeprefix("dist.").removesuffix("()")
-    if name not in COLLECTIVES:
-        return Check(False, f"{collective!r} is not a torch.distributed collective; write its full name, one of: "
-                            + ", ".join(COLLECTIVES))
-    return name
-
-
-def check_waiting_rank(broken: RunResult, rank, collective) -> Check:
-    """Exercise 1 (predicted before the run): which rank ends up waiting in the barrier, and in which
-    collective does the OTHER rank wait? ``collective`` is its torch.distributed name ("all_reduce"...)."""
-    why = _rank_answer(rank, broken.nproc)
-    if why:
-        return Check(False, why)
-    name = _collective_answer(collective)
-    if isinstance(name, Check):
-        return name
-    if name is None:
-        return Check(False, "set `collective` to the collective the other rank waits in, then run this cell again")
-    truth = {r.rank: r.where.op for r in broken.ranks if r.where is not None and r.where.in_collective}
+def _waiting_answers(broken: RunResult) -> list[tuple[int, str]]:
+    truth = _waiting(broken)
     barrier = [k for k, v in truth.items() if v == "barrier"]
-    other = [v for k, v in truth.items() if k != rank]
-    if barrier == [rank] and other and all(v == name for v in other):
+    others = {v for k, v in truth.items() if k not in barrier}
+    return [(barrier[0], others.pop())] if len(barrier) == 1 and len(others) == 1 else []
+
+
+@answers.exercise("waiting-rank", answers.Pair(answers.Rank(2), answers.collective(), names=("rank", "collective"),
+                                               what="a rank and a collective"),
+                  accepted=_waiting_answers, name="(rank, collective)")
+def check_waiting_rank(answer: tuple[int, str], broken: RunResult) -> Check:
+    """Exercise 1 (predicted before the run): ``(rank, collective)``: which rank ends up waiting in
+    the barrier, and in which collective (its torch.distributed name) does the OTHER rank wait?"""
+    rank, name = answer
+    if answer in _waiting_answers(broken):
         return Check(True, f"rank {rank} waits in {broken.rank(rank).waits_in}; the other in {name}, as the stacks show")
-    if barrier != [rank]:
+    if [k for k, v in _waiting(broken).items() if v == "barrier"] != [rank]:
         return Check(False, "not that rank: count each rank's batches (rows per rank / batch size); the rank that "
                             "runs out first leaves the loop. Then read each rank's `where.op` in broken.ranks")
     return Check(False, f"right rank; the other rank is not in {name}: where is the step it is still running "
                         "(forward, backward, optimizer)? Read `broken.rank(n).where` for the other rank")
 
 
-def check_timeout_answer(timeout_s, **run_kw) -> Check:
-    """Exercise 2: choose --pg-timeout-s so that PyTorch ITSELF ends the broken job with its timeout error,
-    rather than ddplab's stall verdict. ddplab waits for PyTorch's timeout only when it will fire within
-    ``supervise.TIMEOUT_PATIENCE_S`` (30 s) of the stall, so longer values are refused without a run. The
-    checker runs the job for real and judges by what it ended with (no clock: a loaded machine is slow,
-    not wrong)."""
-    from ddplab.supervise import TIMEOUT_PATIENCE_S
-
-    if timeout_s is None:
-        return Check(False, "set `timeout_s` to a number of seconds, then run this cell again")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        return Check(False, f"`timeout_s` must be a number of seconds, not {timeout_s!r}")
-    if not timeout_s > 0:
-        return Check(False, "a timeout must be more than 0 seconds")
-    if timeout_s >= TIMEOUT_PATIENCE_S:
-        return Check(False, f"with {timeout_s:g} s ddplab does not wait for PyTorch: it judges the job hung itself once no "
-                            f"rank made progress for the stall window; it waits for PyTorch's own timeout only when that "
-                            f"fires within {TIMEOUT_PATIENCE_S:g} s")
-    r = run_variant("broken", args=["--pg-timeout-s", str(timeout_s)], **run_kw)
-    said = f"{round(timeout_s * 1000)}ms" in (r.cause.message if r.cause else "")
-    if r.status == "failed" and r.signature == "collective-timeout" and said:
-        return Check(True, f"PyTorch raised its own timeout error after {r.wall_s:.1f} s: {_short(r)}")
-    return Check(False, f"the run ended {r.status} ({r.signature}), not with PyTorch's timeout error for {timeout_s:g} s: "
-                        "see the time-to-answer rows above")
+def _error_after(tta: TimeToAnswer) -> list[answers.Interval]:
+    """From a little more than the timeout (a collective's timeout counts from that collective, after
+    the start-up) to what this execution measured, with room for a slower machine."""
+    measured = tta.with_timeout.wall_s
+    return [answers.Interval(tta.pg_timeout_s + 1.0, max(measured * 1.3, tta.pg_timeout_s + 3.0))]
 
 
-EXERCISES = {"waiting-rank": check_waiting_rank, "timeout": check_timeout_answer}
+@answers.exercise("timeout-seconds", answers.Number(0, 3600, "a number of seconds", label="timeout"),
+                  accepted=_error_after, once=True, name="error_after_s")
+def check_error_seconds(answer: float, tta: TimeToAnswer) -> Check:
+    """Exercise 2 (predicted before the run): with ``init_process_group(timeout=pg_timeout_s)``, how many
+    seconds after launch does the broken job end with PyTorch's own timeout error? Right: more than the
+    timeout (it counts from the collective that never completes, not from the launch) and up to what
+    this execution measured (30% more, for a slower machine). One prediction counts."""
+    r = tta.with_timeout
+    if r.signature != "collective-timeout":
+        return Check(False, f"the timeout run ended {r.status} ({r.signature}), not with PyTorch's timeout error; "
+                            "run the time-to-answer cell again")
+    if answer in _error_after(tta)[0]:
+        return Check(True, f"measured {r.wall_s:.1f} s: the {tta.pg_timeout_s:g} s count from the collective that never "
+                           f"completes, after the start-up and the steps before it; you said {answer:g} s")
+    return Check(False, f"not {answer:g} s: when does a collective's timeout start "
+                        "counting, and how long did the broken run take to reach its hang (its stall verdict above)?")
+
+
+EXERCISES = answers.exercises(check_waiting_rank, check_error_seconds)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog, claims
 from ddplab.errors import DdplabError
+from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = LAB_ID = "02"
@@ -29,8 +31,9 @@ def model_mb() -> float:
     return params * 4 * 3 / 2**20
 
 
-def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0) -> None:
+def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0, **knobs) -> None:
     """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run)
     batch = spec()["batch"] if batch is None else batch
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise DdplabError(f"batch must be a whole number of sequences, at least 1 (got {batch!r})", hint="for example batch=16")
@@ -290,18 +293,16 @@ def claim_inputs(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> claims.Inputs:
     })
 
 
-def check_waiting_rank(answer, r_skip) -> Check:
+def _in_gradient_all_reduce(r_skip) -> list[int]:
+    return [x.rank for x in r_skip.ranks
+            if x.state == "hung" and x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
+
+
+@answers.exercise("waiting-rank", answers.Rank(2), accepted=_in_gradient_all_reduce, name="waiting_rank")
+def check_waiting_rank(answer: int, r_skip) -> Check:
     """Exercise 1 (predicted before the run): in skip-batch, which rank waits in DDP's gradient
     all-reduce when the job is judged hung?"""
-    if answer is None:
-        return Check(False, "set `answer` to a rank number, then run the cell again")
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return Check(False, f"`answer` must be a rank number (a whole number), not {answer!r}")
-    if not 0 <= answer < r_skip.nproc:
-        return Check(False, f"this job has ranks 0 to {r_skip.nproc - 1}")
-    waiting = [x.rank for x in r_skip.ranks
-               if x.state == "hung" and x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
-    if answer in waiting:
+    if answer in _in_gradient_all_reduce(r_skip):
         return Check(True, f"rank {answer} waits in {r_skip.rank(answer).waits_in} at {r_skip.rank(answer).user_frame}")
     return Check(False, f"rank {answer} is not in the gradient all-reduce: which rank skipped the batch, and what "
                         "does the OTHER rank's backward() do? Read r_skip.rank(n).where for each rank")
@@ -319,29 +320,31 @@ def smallest_accum(probe) -> int:
     return -(-st["batch"] // st["micro"])
 
 
-def check_accum(answer, probe=None, mem_limit_mb: float = EXERCISE_MEM_LIMIT_MB, **kw) -> Check:
+def _fewest(probe=None, **kw) -> list[int]:
+    return [smallest_accum(probe)] if probe is not None else []
+
+
+@answers.exercise("accum", answers.Whole(1, 16, "a number of micro-batches per step", label="accum",
+                                               only=ACCUM_CHOICES), once=True, runs_answer=True,
+                  accepted=_fewest)
+def check_accum(answer: int, probe=None, mem_limit_mb: float = EXERCISE_MEM_LIMIT_MB, **kw) -> Check:
     """Exercise 2: under a smaller cap (``mem_limit_mb``, 24 MiB), what is the FEWEST micro-batches per
     step (--accum) with which fixed-accumulate fits? Read it off the memory-vs-batch plot, then check:
-    the checker measures it with a real probe run under that cap (or uses ``probe``, such a run)."""
-    if answer is None:
-        return Check(False, f"set `answer` to 1, 2, 4, 8 or 16 micro-batches per step for mem_limit_mb={mem_limit_mb:g}")
-    if isinstance(answer, bool) or not isinstance(answer, int) or answer not in ACCUM_CHOICES:
-        return Check(False, f"`answer` must be one of {', '.join(map(str, ACCUM_CHOICES))} (a whole number), not {answer!r}")
+    the checker measures it with a real probe run under that cap (or uses ``probe``, such a run).
+    One prediction counts, and a wrong one is not told which way to go (no search by halving)."""
     if probe is None:
         probe = run("fixed-accumulate", mem_limit_mb=mem_limit_mb, accum=0, **kw)
     if not probe.ok:
         return Check(False, f"the probe run ended {probe.status} [{probe.signature}]; run the cell again")
-    best = smallest_accum(probe)
+    best, micro = smallest_accum(probe), _start(probe)["micro"]
     cap = _start(probe)["mem_limit_mb"]
     if answer == best:
-        fit = max(p["peak_mb"] for p in sweep(probe) if p["micro"] == _start(probe)["micro"])
-        return Check(True, f"accum={answer}: micro-batches of {_start(probe)['micro']} peaked at {fit:.1f} MiB under the "
+        fit = max(p["peak_mb"] for p in sweep(probe) if p["micro"] == micro)
+        return Check(True, f"accum={answer}: micro-batches of {micro} peaked at {fit:.1f} MiB under the "
                            f"{cap:g} MiB cap (model included); half as many micro-batches did not fit")
-    if answer > best:
-        return Check(False, f"accum={answer} fits under {cap:g} MiB, but so do fewer, larger micro-batches: find the largest "
-                            "micro-batch whose peak on the plot stays under the cap's activation share")
-    return Check(False, f"accum={answer} does not fit under {cap:g} MiB: its micro-batch's peak (on the plot) is above the "
-                        "cap minus the model's share")
+    return Check(False, f"accum={answer} is not the fewest that fits under {cap:g} MiB: on the plot, take the cap's "
+                        "activation share (the cap minus the model) and find the largest micro-batch whose peak stays "
+                        "under it; accum is the batch divided by that micro-batch")
 
 
-EXERCISES = {"waiting-rank": check_waiting_rank, "accum": check_accum}
+EXERCISES = answers.exercises(check_waiting_rank, check_accum)

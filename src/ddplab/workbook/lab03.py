@@ -8,7 +8,8 @@ import re
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab import claims
+from ddplab import answers, claims
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = "03"
@@ -33,6 +34,13 @@ def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", 
                           hint="run variant='fixed-guard' with on_mismatch='raise'")
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
         raise DdplabError(f"steps must be a whole number from 1 to 1000, not {steps!r}", hint="for example steps=30")
+
+
+def validate(variant: str = "gather-ragged", detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
+             **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or knobs ``variant`` cannot take."""
+    contract.check_knob_names(knobs, run_variant)
+    check_request(variant, detail, on_mismatch, steps)
 
 
 def run_variant(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
@@ -196,41 +204,40 @@ def _gloo_words(rep: dict) -> str:
 # Exercises
 # ----------------------------------------------------------------------------------------------
 
-def check_failing(answer, results: dict) -> Check:
-    """Exercise 1: which variants end in 'failed' on 2 gloo ranks? ``results``: variant -> RunResult
-    from this execution (the default runs, without DETAIL and with the guard padding)."""
-    if answer is None:
-        return Check(False, "set answer to a set of variant names, e.g. {'article-example'}")
-    if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(a, str) for a in answer):
-        return Check(False, f"answer must be a set of variant names (strings), e.g. {{'article-example'}}, not {answer!r}")
-    got = {a.strip() for a in answer}
-    unknown = got - set(VARIANTS)
-    if unknown:
-        return Check(False, f"unknown variant(s) {sorted(unknown)}; the variants are {', '.join(VARIANTS)}")
-    truth = {v for v, r in results.items() if r.status == "failed"}
-    if got == truth:
+def run_all(guard_steps: int = 30, **kw) -> dict:
+    """The five variants as the lab runs them by default (no DETAIL; fixed-guard pads), each once:
+    exercise 1's runs, which the notebook then reads one by one."""
+    return {v: run_variant(v, **({"steps": guard_steps} if v == "fixed-guard" else {}), **kw) for v in VARIANTS}
+
+
+def _failed(results: dict) -> list[frozenset]:
+    return [frozenset(v for v, r in results.items() if r.status == "failed")]
+
+
+@answers.exercise("failing-variants", answers.Options(VARIANTS, "a set of variant names, like {\"fixed-guard\"}"),
+                  accepted=_failed, name="failing")
+def check_failing(answer: frozenset, results: dict) -> Check:
+    """Exercise 1 (predicted before the runs): which variants end in 'failed' on 2 gloo ranks?
+    ``results``: variant -> RunResult from `run_all` (the default runs: no DETAIL, the guard padding)."""
+    truth = _failed(results)[0]
+    if answer == truth:
         return Check(True, f"measured: {sorted(truth)} failed, the others ended ok")
-    return Check(False, f"the runs in this notebook say otherwise: {len(got ^ truth)} variant(s) classified differently")
+    return Check(False, f"the runs say otherwise: {len(answer ^ truth)} of your variants classified differently; "
+                        "for each, ask: does any collective see different shapes on the ranks, and does anything check?")
 
 
-ENDINGS = ("ok", "failed", "hung")
-
-
-def check_three_ranks(answer, result=None, **kw) -> Check:
+@answers.exercise("three-ranks", answers.Choice(answers.STATUSES), runs_answer=True)
+def check_three_ranks(answer: str, result=None, **kw) -> Check:
     """Exercise 2 (predicted before the run): with 3 ranks the 45 evaluation rows split 15/15/15. What
     does gather-ragged end with: 'ok', 'failed' or 'hung'? The checker runs it for real (about 8 s),
     or uses ``result``, such a run."""
-    if answer is None:
-        return Check(False, "set answer to 'ok', 'failed' or 'hung', then run this cell again")
-    if not isinstance(answer, str) or answer not in ENDINGS:
-        return Check(False, f"answer must be exactly one of 'ok', 'failed' or 'hung', not {answer!r}")
     r = result if result is not None else run_variant("gather-ragged", nproc=3, **kw)
     rows = [x["rows"] for x in sorted(r.records_of("start"), key=lambda x: x["rank"])]
     if answer == r.status:
-        return Check(True, f"ranks had {rows} rows; the run ended {r.status}: every last batch had the same size, "
-                           "so every all_gather saw equal shapes")
+        return Check(True, f"ranks had {rows} rows and the run ended {r.status}"
+                           + (f" [{r.signature}]" if r.signature else ": every all_gather saw equal shapes"))
     return Check(False, f"not what the run did: ranks had {rows} rows; work out each rank's batch sizes (labs/03_shapes.py: EVAL_ROWS, BATCH) "
                         "and ask whether any all_gather sees different shapes")
 
 
-EXERCISES = {"failing-variants": check_failing, "three-ranks": check_three_ranks}
+EXERCISES = answers.exercises(check_failing, check_three_ranks)

@@ -8,7 +8,8 @@ import statistics
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab import claims
+from ddplab import answers, claims
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 from ddplab.result import RunResult
 
@@ -37,6 +38,12 @@ def validate_dp(dp: str, replicas: int = 2) -> None:
     if dp == "real" and have < replicas:
         raise DdplabError(f"dp='real' needs {replicas} CUDA GPUs for nn.DataParallel, this machine has {have}",
                           hint="use dp='emulation' (or 'auto'), which runs DataParallel's steps on CPU")
+
+
+def validate(dp: str = "auto", replicas: int = 2, **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob or DataParallel mode."""
+    contract.check_knob_names(knobs, run_variant)
+    validate_dp(dp, replicas)
 
 
 def run_variant(variant: str, dp: str = "auto", replicas: int = 2, n_seqs: int = 512, reps: int = 2,
@@ -224,57 +231,59 @@ def claim_inputs(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult,
     })
 
 
-def _whole(answer, lo: int, hi: int, what: str) -> str | None:
-    if answer is None:
-        return f"set `answer` to {what}, then run the cell again"
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return f"`answer` must be a whole number ({what}), not {answer!r}"
-    if not lo <= answer <= hi:
-        return f"`answer` must be from {lo} to {hi}"
-    return None
+def _failed_step(dp_broken: RunResult) -> list[int]:
+    step = dp_summary(dp_broken)["failed_at_step"]
+    return [step] if step is not None else []
 
 
-def check_failing_step(answer, dp_broken: RunResult) -> Check:
+@answers.exercise("failing-step", answers.Whole(0, 2, "a step number (0, 1 or 2)", label="failed"),
+                  accepted=_failed_step, name="failing_step")
+def check_failing_step(answer: int, dp_broken: RunResult) -> Check:
     """Exercise 1 (predicted before the run, from the batches' lengths): at which step (0, 1 or 2)
     does the LSTM extension under DataParallel fail?"""
     s = dp_summary(dp_broken)
-    why = _whole(answer, 0, len(s["steps"]) - 1 if s["steps"] else 2, "a step number (0, 1 or 2)")
-    if why:
-        return Check(False, why)
-    if answer == s["failed_at_step"]:
+    if answer in _failed_step(dp_broken):
         return Check(True, f"step {answer}: its chunks' longest sequences were "
                            f"{s['steps'][answer]['chunk_max_lengths']} ({s['label']})")
     return Check(False, f"not step {answer}: split each batch's lengths into 2 halves (rows 0-3, 4-7) and compare the "
                         "halves' longest sequences; the first step where they differ fails")
 
 
-def check_global_length(answer, ddp_fixed: RunResult) -> Check:
+def _global_length(ddp_fixed: RunResult) -> list[int]:
+    return [ddp_summary(ddp_fixed)["global_max_len"]]
+
+
+@answers.exercise("global-length", answers.Whole(1, 10_000, "a length in time steps", label="long"),
+                  accepted=_global_length, name="global_length")
+def check_global_length(answer: int, ddp_fixed: RunResult) -> Check:
     """Exercise 2 (predicted before the run): to what length must every rank pad before all_gather?"""
-    d = ddp_summary(ddp_fixed)
-    why = _whole(answer, 1, 10_000, "a length in time steps")
-    if why:
-        return Check(False, why)
-    if answer == d["global_max_len"]:
-        return Check(True, f"{answer} = the longest of the ranks' own longest sequences {d['own_max_len']}")
+    if answer in _global_length(ddp_fixed):
+        return Check(True, f"{answer} = the longest of the ranks' own longest sequences "
+                           f"{ddp_summary(ddp_fixed)['own_max_len']}")
     return Check(False, f"{answer} is not it: every rank needs the same shape, and no rank may cut a sequence; "
                         "rank r gets rows r, r+2, r+4, ... of EVAL_LENGTHS")
 
 
-def check_padding_fraction(answer, bucketing: RunResult, tolerance: float = 0.05) -> Check:
-    """Exercise 3 (predicted before the numbers are shown): what fraction of the RANDOM batches' token
-    slots is padding (0..1)? Within ``tolerance`` of the measured value."""
+PADDING_TOLERANCE = 0.05
+
+
+def _padding(bucketing: RunResult, tolerance: float = PADDING_TOLERANCE) -> list[answers.Interval]:
     got = bucketing_summary(bucketing)["random"]["padding_fraction"]
-    if answer is None:
-        return Check(False, "set `answer` to a fraction between 0 and 1")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != answer:
-        return Check(False, f"`answer` must be a number between 0 and 1, not {answer!r}")
-    if not 0 <= answer <= 1:
-        return Check(False, "a fraction is between 0 and 1 (e.g. 0.25 for a quarter)")
-    if abs(float(answer) - got) <= tolerance:
-        return Check(True, f"measured {got:.1%} (you said {float(answer):.1%})")
-    return Check(False, f"not within {tolerance:.0%} of the measured value: per batch, padding slots = rows x the batch's "
-                        "longest length - the real tokens; look at the length histogram")
+    return [answers.Interval(max(0.0, got - tolerance), min(1.0, got + tolerance))]
 
 
-EXERCISES = {"failing-step": check_failing_step, "global-length": check_global_length,
-             "padding-fraction": check_padding_fraction}
+@answers.exercise("padding-fraction", answers.Number(0, 1, "a fraction from 0 to 1 (0.25 for a quarter)",
+                                                     label="padding"),
+                  accepted=_padding, name="padding_fraction", once=True)
+def check_padding_fraction(answer: float, bucketing: RunResult, tolerance: float = PADDING_TOLERANCE) -> Check:
+    """Exercise 3 (predicted before the numbers are shown): what fraction of the RANDOM batches' token
+    slots is padding (0..1)? Within ``tolerance`` of the measured value. One prediction counts: a
+    learner who tries 0.1, 0.2, ... is judged on the first."""
+    got = bucketing_summary(bucketing)["random"]["padding_fraction"]
+    if answer in _padding(bucketing, tolerance)[0]:
+        return Check(True, f"measured {got:.1%} (you said {answer:.1%})")
+    return Check(False, f"not within {tolerance:.0%} of the measured value: per batch, padding slots = rows x the "
+                        "batch's longest length - the real tokens; look at the length histogram")
+
+
+EXERCISES = answers.exercises(check_failing_step, check_global_length, check_padding_fraction)

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import ddplab
 from ddplab import claims, ports
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check
+from ddplab import answers
 from ddplab.stacks import short_paths
+from ddplab.workbook import contract
+from ddplab.notebook import Check
 
 LAB = "05"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo)
@@ -36,7 +38,12 @@ def _check_reps(repetitions) -> int:
     return repetitions
 
 
-def run_variant(variant: str, port: int | None = None, args=(), **kw):
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
+
+
+def run_variant(variant: str, port: int | None = None, args=(), **kw) -> "ddplab.RunResult":
     """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None). A hang is found by
     the stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
     port = port or ports.free_port()
@@ -339,23 +346,15 @@ def claim_inputs(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatC
     })
 
 
-def _rank(answer, nproc: int) -> str | None:
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return "set your answer to a rank number, then run this cell again"
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return f"a rank is a whole number (0 to {nproc - 1}), not {answer!r}"
-    if not 0 <= answer < nproc:
-        return f"this job has ranks 0 to {nproc - 1}; {answer} is not one of them"
-    return None
+def _first_failure(taken) -> list[int]:
+    return [taken.first_failure] if taken.first_failure is not None else []
 
 
-def check_failing_rank(answer, taken) -> Check:
+@answers.exercise("failing-rank", answers.Rank(2), accepted=_first_failure, name="predicted_rank")
+def check_failing_rank(answer: int, taken) -> Check:
     """Exercise "failing-rank" (predicted before the port-taken run): which rank raises first when
     MASTER_PORT is held by another process? Checked against the run's first failure (the ranks' own
     time-ordered error records)."""
-    why = _rank(answer, taken.nproc)
-    if why:
-        return Check(False, why)
     if taken.first_failure is None:
         return Check(False, f"the run recorded no failing rank ({taken.status}); run the port-taken cell again")
     if answer == taken.first_failure:
@@ -374,25 +373,25 @@ def errno_name(result) -> str | None:
     return m.group(1) if m else None
 
 
-def check_error_answer(answer, taken) -> Check:
-    """Exercise "errno-name": the errno name PyTorch printed when the port was taken (from the real run).
-    The whole name, exactly (case aside); a part of it, the number or the exception type are refused."""
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return Check(False, "set your answer to the error name PyTorch printed (a word in capitals), then run this cell again")
-    if isinstance(answer, bool) or isinstance(answer, (int, float)):
-        return Check(False, f"{answer!r} is a number; the exercise asks for the errno's *name* (a word in capitals)")
-    if not isinstance(answer, str):
-        return Check(False, f"the answer is a word in capitals, not {type(answer).__name__}")
+ERRNO_NAMES = ("EADDRINUSE", "EADDRNOTAVAIL", "EACCES", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EHOSTUNREACH")
+
+
+def _errno(taken) -> list[str]:
+    return [n for n in [errno_name(taken)] if n]
+
+
+@answers.exercise("errno-name", answers.Choice(ERRNO_NAMES, normalise=str.upper), accepted=_errno,
+                  name="predicted_errno")
+def check_error_answer(answer: str, taken) -> Check:
+    """Exercise "errno-name" (predicted before the run): the errno name PyTorch prints when the port is
+    taken, checked against the real run's message."""
     truth = errno_name(taken)
     if truth is None:
         return Check(False, f"this port-taken run printed no errno name ({taken.status}); run it again")
-    given = answer.strip().upper()
-    if given == truth:
+    if answer == truth:
         return Check(True, f"{truth}: rank 0's real error, in PyTorch's words: {(taken.cause.message if taken.cause else '')[:120]}")
-    if given.endswith("ERROR"):
-        return Check(False, f"{answer!r} is an exception type; the errno name is inside its message, after 'name:'")
-    return Check(False, "not that name: read the message of rank 0's exception (taken.cause.message) and copy "
-                        "the whole name that follows 'name:'")
+    return Check(False, f"not {answer}: rank 0 does not connect anywhere, it *binds* MASTER_PORT; which errno does "
+                        "bind() give for a port another process listens on?")
 
 
-EXERCISES = {"failing-rank": check_failing_rank, "errno-name": check_error_answer}
+EXERCISES = answers.exercises(check_failing_rank, check_error_answer)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab import claims
+from ddplab import answers, claims
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = "06"
@@ -117,6 +118,11 @@ def leftover_namespaces(pid: int | None = None) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
+
 
 def run_variant(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
     """One real run of a lab 06 variant (a torchrun job through ddplab.run). A hang is found by the
@@ -349,59 +355,52 @@ def claim_inputs(missing, sweep: Sweep, unreachable, master: SilentMaster, artic
     })
 
 
-def _seconds(answer) -> str | None:
-    """Why ``answer`` is not a number of seconds (None when it is one)."""
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return "set your answer to a number of seconds, then run this cell again"
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"the answer is a number of seconds (like 2 or 0.5), not {answer!r}"
-    if not answer > 0:
-        return "a timeout is more than 0 seconds"
-    return None
+def _smallest_ok(sweep: Sweep, delay_s: float | None = None) -> list[float]:
+    delay_s = delay_s if delay_s is not None else max(p["delay_s"] for p in sweep.points)
+    return sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s and p["outcome"] == "ok")[:1]
 
 
-def check_smallest_timeout(answer, sweep: Sweep, delay_s: float | None = None) -> Check:
+@answers.exercise("smallest-timeout", answers.Number(0, 3600, "a number of seconds, one of sweep_timeouts",
+                                                     label="timeout s"),
+                  accepted=_smallest_ok, name="predicted_smallest_timeout")
+def check_smallest_timeout(answer: float, sweep: Sweep, delay_s: float | None = None) -> Check:
     """Exercise "smallest-timeout" (predicted before the sweep): the smallest swept timeout that let
     rank 1 (``delay_s`` late) join."""
-    why = _seconds(answer)
-    if why:
-        return Check(False, why)
     delay_s = delay_s if delay_s is not None else max(p["delay_s"] for p in sweep.points)
     swept = sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s)
-    ok = sorted(p["timeout_s"] for p in sweep.points if p["delay_s"] == delay_s and p["outcome"] == "ok")
+    ok = _smallest_ok(sweep, delay_s)
     if not ok:
         return Check(False, f"no swept timeout was long enough for a {delay_s:g} s delay; sweep longer timeouts")
-    if not any(abs(float(answer) - t) < 1e-9 for t in swept):
+    if not any(abs(answer - t) < 1e-9 for t in swept):
         return Check(False, f"{answer:g} s was not swept; the sweep tried {', '.join(f'{t:g}' for t in swept)} s")
-    if abs(float(answer) - ok[0]) < 1e-9:
+    if abs(answer - ok[0]) < 1e-9:
         return Check(True, f"measured: {ok[0]:g} s is the smallest swept timeout that let a rank {delay_s:g} s late join")
     return Check(False, f"not {answer:g} s: compare each swept timeout with how late rank 1 was, and read the "
                         f"sweep's outcome column for delay {delay_s:g} s")
 
 
-def check_give_up(answer, unreachable, tolerance: float = 0.15) -> Check:
-    """Exercise "give-up" (predicted before the run): how many seconds rank 1 spends dialing the silent
-    master before it gives up. Right: from the timeout rank 1 was given (the bound PyTorch documents)
-    up to what it measured (on a loaded machine the client's retry takes longer), each with
-    ``tolerance``. Another rank's timeout is refused by name, whatever the measurement."""
-    fails = {f["rank"]: f for f in init_failures(unreachable)}
-    mine = fails.get(1, {})
-    measured, given = mine.get("seconds"), mine.get("timeout_s")
-    if measured is None or given is None:
-        return Check(False, "the unreachable-master run recorded no give-up time for rank 1; run it again")
-    why = _seconds(answer)
-    if why:
-        return Check(False, why)
-    a = float(answer)
-    others = {d["timeout_s"] for d in unreachable.records_of("dials") if d["rank"] != 1 and d.get("timeout_s")}
-    if any(abs(a - t) <= 0.05 * t for t in others) and abs(a - given) > 0.05 * given:
-        return Check(False, f"{a:g} s is another rank's timeout in this variant; the question is about rank 1")
-    if given * (1 - tolerance) <= a <= max(given, measured) * (1 + tolerance):
-        return Check(True, f"rank 1 was given timeout={given:g} s and gave up after {measured:.2f} s "
-                           f"(the client retries once more on a busy machine); your {a:g} s fits")
-    return Check(False, f"{a:g} s does not fit what rank 1 measured: which timeout did rank 1 call "
-                        "init_process_group with (lab06.init_failures(unreach)), and is that the one that bounds "
-                        "its dialling?")
+INIT_ERRORS = ("DistStoreError", "DistNetworkError", "TimeoutError", "ConnectionRefusedError", "RuntimeError")
 
 
-EXERCISES = {"smallest-timeout": check_smallest_timeout, "give-up": check_give_up}
+def _rank1_error(unreachable) -> list[str]:
+    return [f["error"] for f in init_failures(unreachable) if f["rank"] == 1 and f["error"]][:1]
+
+
+@answers.exercise("unreachable-error", answers.Choice(INIT_ERRORS), accepted=_rank1_error,
+                  name="predicted_error")
+def check_unreachable_error(answer: str, unreachable) -> Check:
+    """Exercise "unreachable-error" (predicted before the run): rank 1 dials a master address where
+    nothing answers; which exception does its init_process_group raise? Checked against the error
+    rank 1 recorded. (The missing-rank run above raised DistStoreError: a store that answers but
+    waits; here nothing answers at all.)"""
+    truth = _rank1_error(unreachable)
+    if not truth:
+        return Check(False, "the unreachable-master run recorded no init error for rank 1; run it again")
+    mine = next(f for f in init_failures(unreachable) if f["rank"] == 1)
+    if answer == truth[0]:
+        return Check(True, f"rank 1 raised {truth[0]} after {mine['seconds']} s: {mine['message']}")
+    return Check(False, f"not {answer}: in the missing-rank run the store answered and then waited (a store "
+                        "error); here no packet comes back at all. Which layer gives up first?")
+
+
+EXERCISES = answers.exercises(check_smallest_timeout, check_unreachable_error)

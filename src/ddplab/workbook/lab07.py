@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import ddplab
 from ddplab.errors import DdplabError
-from ddplab import claims
-from ddplab.notebook import Check, sign_test_p
+from ddplab import answers, claims
+from ddplab.workbook import contract
+from ddplab.notebook import Check, P_LEVEL, sign_test_p
 
 LAB = "07"
 FIXES = ("batch", "accumulate", "bucket", "static", "fp16", "bf16")
@@ -76,6 +77,12 @@ def _csv(xs) -> str:
 # runs (no deadline: a run that computes is slow, not stuck, however long it takes on a busy machine;
 # a real hang is found by ddplab's stall rule; extra keywords, deadline_s included, go to ddplab.run)
 # ----------------------------------------------------------------------------------------------
+
+def validate(widths=(1024,), batches=(8,), nproc: int = 2, steps: int = 4, fixes=(), **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or sizes the lab cannot run."""
+    contract.check_knob_names(knobs, run_variant, run_grid, run_fixes)
+    check_knobs(widths, batches, nproc, steps, fixes)
+
 
 def run_variant(variant: str, **kw) -> ddplab.RunResult:
     """One real run of a lab 07 variant with the lab's small defaults (one thread per rank)."""
@@ -513,41 +520,54 @@ FIX_ANSWERS = ("none",) + FIXES
 WITHIN_BEST = 0.95   # check_best_fix: a fix with at least this share of the best's speedup counts (the noise)
 
 
-def check_best_fix(answer, frows) -> Check:
+def _best_fixes(frows) -> list[str]:
+    best = best_fix(frows)
+    return [r["fix"] for r in frows if r["fix"] in FIXES and (r["fix"] == best["fix"] or r["speedup"] >= WITHIN_BEST * best["speedup"])]
+
+
+@answers.exercise("best-fix", answers.Choice(FIXES, labels=FIX_LABELS, normalise=str.lower), accepted=_best_fixes,
+                  name="predicted_best_fix")
+def check_best_fix(answer: str, frows) -> Check:
     """Exercise "best-fix" (predicted before the fixes run): which fix raised samples/s the most in this
     execution's run? A fix within 5% of the best counts (the machine's noise is about that)."""
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return Check(False, f"set your answer to one of {', '.join(FIXES)}, then run this cell again")
-    if not isinstance(answer, str):
-        return Check(False, f"the answer is a fix's name (one of {', '.join(FIXES)}), not {answer!r}")
-    name = answer.strip().lower()
-    if name not in FIXES:
-        return Check(False, f"{answer!r} is not one of the fixes: {', '.join(FIXES)} (the whole name)")
     best = best_fix(frows)
-    got = next((r for r in frows if r["fix"] == name), None)
+    got = next((r for r in frows if r["fix"] == answer), None)
     if got is None:
-        return Check(False, f"{name} was not run in this execution's fixes run")
-    if name == best["fix"] or got["speedup"] >= WITHIN_BEST * best["speedup"]:
-        return Check(True, f"{FIX_LABELS[name]}: {got['speedup']:.2f}x the baseline's samples/s (best measured: "
+        return Check(False, f"{answer} was not run in this execution's fixes run")
+    if answer in _best_fixes(frows):
+        return Check(True, f"{FIX_LABELS[answer]}: {got['speedup']:.2f}x the baseline's samples/s (best measured: "
                            f"{best['label']}, {best['speedup']:.2f}x)")
-    return Check(False, f"{FIX_LABELS[name]} gave {got['speedup']:.2f}x the baseline's samples/s; another fix gave more. "
+    return Check(False, f"{FIX_LABELS[answer]} gave {got['speedup']:.2f}x the baseline's samples/s; another fix gave more. "
                         "Which fix changes how many samples each all-reduce pays for, and which only how it is sent?")
 
 
-def check_batch_for_fraction(answer, width: int = 2048, target: float = 0.25, nproc: int = 2, **kw) -> Check:
-    """Exercise "batch-for-fraction": a per-rank batch at which exposed communication is under ``target`` of
-    the step for a model of this width, checked with a real run of that batch."""
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return Check(False, f"set your answer to a per-rank batch size (a whole number) for width {width}")
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return Check(False, f"a batch size is a whole number, not {answer!r}")
-    if not 1 <= answer <= 4096:
-        return Check(False, f"{answer} is out of range: use a per-rank batch from 1 to 4096")
-    r = summarize(run_grid((width,), (answer,), nproc=nproc, steps=3, **kw))[0]
-    ok = r["comm_frac"] < target
-    return Check(ok, f"batch {answer}: communication {100 * r['comm_frac']:.0f}% of a {1e3 * r['step_s']:.0f} ms step "
-                     f"(target under {100 * target:.0f}%), measured just now"
-                     + ("" if ok else "; compute grows with the batch, the bytes all-reduced do not"))
+BATCH_CHOICES = tuple(2 ** k for k in range(3, 13))   # 8 .. 4096
 
 
-EXERCISES = {"best-fix": check_best_fix, "batch-for-fraction": check_batch_for_fraction}
+@answers.exercise("batch-for-fraction", answers.Whole(8, 4096, "a per-rank batch size, a power of two from 8 to 4096",
+                                                      label="batch", only=BATCH_CHOICES), name="predicted_batch",
+                  runs_answer=True)
+def check_batch_for_fraction(answer: int, width: int = 2048, target: float = 0.25, nproc: int = 2, result=None,
+                             **kw) -> Check:
+    """Exercise "batch-for-fraction": the SMALLEST power-of-two per-rank batch at which exposed
+    communication is under ``target`` of the step for a model of this width. The checker runs your
+    batch and half of it for real, in one job: yours must be under the target and half of it not
+    (or reads ``result``, a grid run at this width that holds both)."""
+    sizes = (answer // 2, answer) if answer > BATCH_CHOICES[0] else (answer,)
+    if result is None:
+        result = run_grid((width,), sizes, nproc=nproc, steps=3, **kw)
+    rows = {r["batch"]: r for r in summarize(result) if r["width"] == width}
+    r, half = rows[answer], rows.get(answer // 2)
+    said = f"batch {answer}: communication {100 * r['comm_frac']:.0f}% of a {1e3 * r['step_s']:.0f} ms step"
+    if r["comm_frac"] >= target:
+        return Check(False, f"{said}, not under {100 * target:.0f}% (measured just now); compute grows with the batch, "
+                            "the bytes all-reduced do not")
+    if half is not None and half["comm_frac"] < target:
+        return Check(False, f"{said}, under {100 * target:.0f}%, but so is batch {answer // 2} "
+                            f"({100 * half['comm_frac']:.0f}%): the exercise asks for the smallest")
+    return Check(True, f"{said}, under {100 * target:.0f}%"
+                 + (f"; batch {answer // 2} was not ({100 * half['comm_frac']:.0f}%)" if half else "")
+                 + " (measured just now)")
+
+
+EXERCISES = answers.exercises(check_best_fix, check_batch_for_fraction)

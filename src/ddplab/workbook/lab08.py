@@ -10,7 +10,8 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
-from ddplab import claims
+from ddplab import answers, claims
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = "08"
@@ -22,8 +23,9 @@ def sizes() -> dict:
     return catalog.find_lab(LAB).extra["sizes"]
 
 
-def validate(max_k: int | None = None, epochs: int | None = None) -> None:
+def validate(max_k: int | None = None, epochs: int | None = None, **knobs) -> None:
     """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run_variant)
     ks = sizes()["ks"]
     if max_k is not None and (isinstance(max_k, bool) or max_k not in ks):
         raise DdplabError(f"max_k={max_k!r} is not one of the lab's micro-batch counts {ks}",
@@ -207,44 +209,42 @@ def claim_inputs(r_article, r_fixed, r_no, r_yes, r_env) -> claims.Inputs:
     })
 
 
-def _whole_number(answer, what: str, lo: int, hi: int) -> str | None:
-    """Why ``answer`` is not a whole number in lo..hi (None when it is one)."""
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        return f"set your answer to {what}, then run this cell again"
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return f"`answer` must be a whole number ({what}), not {answer!r}"
-    if not lo <= answer <= hi:
-        return f"{answer} is not between {lo} and {hi}"
-    return None
+def _saved(r_fixed, k: int = 4) -> list[int]:
+    saved = {a["allreduces_saved"] for a in r_fixed.records_of("accum") if a["k"] == k and a["amp"] == "fp32"}
+    return sorted(saved) if len(saved) == 1 else []
 
 
-def check_saved_allreduces(answer, r_fixed, k: int = 4) -> Check:
+@answers.exercise("saved-allreduces", answers.Whole(0, 8, "a number of all-reduces per step", label="saved"),
+                  accepted=_saved, name="predicted_saved")
+def check_saved_allreduces(answer: int, r_fixed, k: int = 4) -> Check:
     """Exercise "saved-allreduces" (predicted before the fixed run): how many all-reduces per optimizer
     step does accumulate-fixed save at this k? Checked against the comm hook's count on every rank."""
     rows = [a for a in r_fixed.records_of("accum") if a["k"] == k and a["amp"] == "fp32"]
     if not rows:
         return Check(False, f"the run has no k={k}; run accumulate-fixed with max_k >= {k}")
-    why = _whole_number(answer, f"the number of all-reduces saved per step with k={k}", 0, k)
-    if why:
-        return Check(False, why)
-    saved = {a["allreduces_saved"] for a in rows}
-    if saved == {answer}:
+    if answer in _saved(r_fixed, k):
         return Check(True, f"k={k}: DDP all-reduced {k - answer} time(s) per step instead of {k}, counted by the "
                            f"comm hook on {len(rows)} ranks")
     return Check(False, f"not {answer}: count the backward passes that run outside model.no_sync() in one "
                         "optimizer step; each of those is one all-reduce (the comm hook counts them)")
 
 
-def check_applied_micro_batch(answer, r_article, k: int = 4) -> Check:
+def _applied(r_article, k: int = 4) -> list[int]:
+    rows = {a["k"]: a for a in accumulation(r_article)}
+    return [k] if k in rows and rows[k]["diff_last"] <= TOL else []
+
+
+@answers.exercise("applied-micro-batch", answers.Whole(1, 8, "a micro-batch number (1 to 4)", label="applied"),
+                  accepted=_applied, name="predicted_micro_batch")
+def check_applied_micro_batch(answer: int, r_article, k: int = 4) -> Check:
     """Exercise "applied-micro-batch" (predicted before the article's run): with k micro-batches, the
     gradient optimizer.step() applies is the gradient of which micro-batch (1..k)? Only the last one can
     be told apart from the rest by the run (it records the applied gradient against the last one's)."""
     rows = {a["k"]: a for a in accumulation(r_article)}
     if k not in rows:
         return Check(False, f"the run has no k={k}")
-    why = _whole_number(answer, f"a micro-batch number from 1 to {k}", 1, k)
-    if why:
-        return Check(False, why)
+    if answer > k:
+        return Check(False, f"with k={k} the micro-batches are 1 to {k}, not {answer}")
     if rows[k]["diff_last"] > TOL:
         return Check(False, f"in this run the applied gradient is not any single micro-batch's "
                             f"(max |diff| to the last {rows[k]['diff_last']:.1e}); it is not the article's loop")
@@ -255,4 +255,4 @@ def check_applied_micro_batch(answer, r_article, k: int = 4) -> Check:
                         "iteration, and which backward() ran last before optimizer.step()")
 
 
-EXERCISES = {"saved-allreduces": check_saved_allreduces, "applied-micro-batch": check_applied_micro_batch}
+EXERCISES = answers.exercises(check_saved_allreduces, check_applied_micro_batch)

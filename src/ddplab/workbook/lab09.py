@@ -15,7 +15,9 @@ import ddplab
 from ddplab import catalog, claims, classify
 from ddplab import cluster as cluster_mod
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, rank_sum_p
+from ddplab import answers
+from ddplab.workbook import contract
+from ddplab.notebook import Check, P_LEVEL, rank_sum_p
 
 LAB = "09"
 RATES_MBIT = (None, 300, 100)              # None: no cap (the namespace link's own speed)
@@ -53,6 +55,12 @@ def _check(rate_mbit, drop_percent, steps, hook, compare=()) -> None:
     if isinstance(compare, str) or any(h not in HOOKS for h in compare):
         raise DdplabError(f"compare must be a list of hooks from {', '.join(HOOKS)}, not {compare!r}",
                           hint="for example compare=['fp16', 'powersgd']")
+
+
+def validate(rate_mbit=None, drop_percent=None, steps: int = 8, hook: str = "fp16", compare=(), **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob, or a link the lab cannot make."""
+    contract.check_knob_names(knobs, run_variant)
+    _check(rate_mbit, drop_percent, steps, hook, compare)
 
 
 def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percent: int | None = None,
@@ -346,40 +354,62 @@ def _drop_percent(result) -> int | None:
 # Exercises
 # ----------------------------------------------------------------------------------------------
 
-def _whole(answer) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
+BLOCKED_KINDS = ("rendezvous", "store", "gloo")
 
 
-def check_blocked_port(answer, firewall) -> Check:
-    """Which port on node 0 did a rank fail to reach (a whole number)? Not the rendezvous port."""
+def _blocked_kind(firewall) -> list[str]:
+    """Which of node 0's listeners the unanswered connections went to: torchrun's rendezvous port, the
+    workers' store torchrun started (MASTER_PORT), or another port (gloo's data connections)."""
     fw = firewall_facts(firewall)
     ports = {int(a.rsplit(":", 1)[1]) for _, a in fw.blocked}
-    if not ports:
+    return sorted({"rendezvous" if p == fw.rdzv_port else "store" if p == fw.master_port else "gloo" for p in ports})
+
+
+@answers.exercise("blocked-listener", answers.Choice(BLOCKED_KINDS), accepted=_blocked_kind, name="predicted_blocked")
+def check_blocked_listener(answer: str, firewall) -> Check:
+    """Exercise "blocked-listener" (predicted before the run): node 0 accepts the rendezvous port only.
+    Which of node 0's listeners does a rank on node 1 fail to reach: "rendezvous" (torchrun's agents,
+    port 29400), "store" (the workers' store torchrun starts, MASTER_PORT) or "gloo" (gloo's data
+    connections)? Checked against the connections the hung ranks left unanswered."""
+    fw = firewall_facts(firewall)
+    truth = _blocked_kind(firewall)
+    if not truth:
         raise DdplabError("this run has no unanswered connection", hint="pass the firewall variant's result")
-    if not _whole(answer):
-        return Check(False, f"answer with the port as a whole number (int), not {answer!r}")
-    if answer in ports:
-        return Check(True, f"yes: port {answer}, the store torchrun started for the workers (MASTER_PORT), "
-                           f"a random port, not the rendezvous port {fw.rdzv_port} the firewall leaves open")
-    if answer == fw.rdzv_port:
-        return Check(False, f"{answer} is the rendezvous port: the firewall lets it through, and the agents met")
-    return Check(False, f"{answer} is not it: read the hung ranks' connections in SYN_SENT")
+    if answer in truth:
+        return Check(True, f"{answer}: rank(s) {sorted({r for r, _ in fw.blocked})} sent SYN to "
+                           f"{', '.join(a for _, a in fw.blocked)} and got no answer; the agents had met on "
+                           f"{fw.rdzv_port}, which the firewall lets through")
+    if answer == "rendezvous":
+        return Check(False, "the agents met: torchrun's rendezvous got through. What does torchrun start next, on a "
+                            "port it does not choose in advance?")
+    return Check(False, f"not {answer}: which connection comes first after the rendezvous, before any collective?")
 
 
-def check_dialled_address(answer, wrong_interface) -> Check:
-    """Which address did the failing rank try to reach (a string, e.g. "10.0.0.1")?"""
+LOOPBACK_ENDINGS = ("refused", "timed out")
+
+
+def _how_it_ended(wrong_interface) -> list[str]:
+    f = loopback_facts(wrong_interface)
+    err = wrong_interface.rank(f["rank"]).error if f["rank"] is not None else None
+    if err is None:
+        return []
+    # gloo's own message: "... timed out connecting: SO_ERROR: Connection refused, remote=[...]"
+    return ["refused"] if "Connection refused" in err.message else ["timed out"]
+
+
+@answers.exercise("loopback-dial", answers.Choice(LOOPBACK_ENDINGS), accepted=_how_it_ended, name="predicted_dial")
+def check_loopback_dial(answer: str, wrong_interface) -> Check:
+    """Exercise "loopback-dial" (predicted before the run): gloo tells the peer to dial the address its
+    hostname resolves to (127.0.1.1). Is the peer's connection "refused" or does it go unanswered until it
+    "timed out"? Checked against the failing rank's error (gloo's own words)."""
     f = loopback_facts(wrong_interface)
     if f["dialled"] is None:
         raise DdplabError("this run has no gloo connect error", hint="pass the wrong-interface variant's result")
-    if not isinstance(answer, str):
-        return Check(False, f"answer with the address as a string, not {answer!r}")
-    got = answer.strip()
-    if got == f["dialled"]:
-        return Check(True, f"yes: {got}, the peer's hostname as its own hosts file resolves it; on this node it is "
-                           "this node's own loopback, where nobody listens")
-    if got.startswith("10.213."):
-        return Check(False, f"{got} is a node's real address: that is where gloo should have dialled")
-    return Check(False, f"{got!r} is not it: read rank {f['rank']}'s error message (remote=[...])")
+    if answer in _how_it_ended(wrong_interface):
+        return Check(True, f"{answer}: rank {f['rank']} dialled {f['dialled']}, which on its own node is its own "
+                           "loopback: the kernel answers at once that nobody listens there")
+    return Check(False, f"not {answer}: on the dialling node, whose machine is {f['dialled']}? A firewall drops "
+                        "packets silently; what does a kernel say when a port has no listener?")
 
 
-EXERCISES = {"blocked-port": check_blocked_port, "dialled-address": check_dialled_address}
+EXERCISES = answers.exercises(check_blocked_listener, check_loopback_dial)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import ddplab
 from ddplab import catalog, claims
 from ddplab.errors import DdplabError
-from ddplab.notebook import Check, sign_test_p
+from ddplab import answers
+from ddplab.workbook import contract
+from ddplab.notebook import Check, P_LEVEL, sign_test_p
 
 LAB = "10"
 SAME = 1e-6          # ranks "agree" when no element differs by more than this (float64)
@@ -22,6 +24,11 @@ EMULATION = ("an emulation of DataParallel's replicate() on one CPU (the meta de
 def sizes() -> dict:
     """The sizes the lab script declares in its LAB dict (read without importing torch)."""
     return catalog.find_lab(LAB).extra["sizes"]
+
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts."""
+    contract.check_knob_names(knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> "ddplab.RunResult":
@@ -287,67 +294,64 @@ def claim_inputs(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp)
     })
 
 
-def _blank(answer) -> bool:
-    return answer is None or (isinstance(answer, str) and not answer.strip())
+def _failing_iteration(r_unused) -> list[int]:
+    steps = set(failing_step(r_unused).values())
+    return sorted(steps) if len(steps) == 1 else []
 
 
-def check_unused_iteration(answer, r_unused) -> Check:
+@answers.exercise("unused-iteration", answers.Whole(1, 1000, "an iteration number (1, 2, 3, ...)", label="iteration"),
+                  accepted=_failing_iteration, name="answer_iteration")
+def check_unused_iteration(answer: int, r_unused) -> Check:
     """Exercise "unused-iteration" (predicted before the unused-params run): in which training iteration
     (1, 2, 3, ...) does DDP raise because the aux head got no gradient? Checked against every rank's
     last step_start record before its error."""
-    steps = failing_step(r_unused)
-    if not steps:
+    if not failing_step(r_unused):
         return Check(False, "the run has no rank that raised; pass the unused-params run")
-    if _blank(answer):
-        return Check(False, "set `answer` to an iteration number (1, 2, 3, ...), then run the cell again")
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return Check(False, f"`answer` must be a whole number (an iteration), not {answer!r}")
-    if set(steps.values()) == {answer}:
+    if answer in _failing_iteration(r_unused):
         return Check(True, f"iteration {answer} on every rank: iteration 1 runs to the end; the reducer only "
                            f"finds out at the next forward that it never finished reducing")
     return Check(False, f"not iteration {answer}: read the error's first sentence ('... in the prior iteration') and "
                         "ask which forward call is the first that can notice the previous one never finished")
 
 
-def check_eval_op(answer, r_eval) -> Check:
+def _rank0_op(r_eval) -> list[str]:
+    w = waits(r_eval)
+    return [w[0]["op"]] if r_eval.status == "hung" and 0 in w and w[0]["op"] else []
+
+
+@answers.exercise("eval-op", answers.collective(), accepted=_rank0_op, name="answer_eval_op")
+def check_eval_op(answer: str, r_eval) -> Check:
     """Exercise "eval-op" (predicted before the eval-rank0 run): in which collective is rank 0 blocked
     (its torch.distributed name, e.g. "all_gather")? Checked against rank 0's where.op."""
     w = waits(r_eval)
-    if r_eval.status != "hung" or 0 not in w or w[0]["op"] is None:
+    if not _rank0_op(r_eval):
         return Check(False, "pass the eval-rank0 run: it must be hung with rank 0 in a collective")
-    if _blank(answer):
-        return Check(False, "set `answer` to a collective's name (a string such as \"all_gather\")")
-    if not isinstance(answer, str):
-        return Check(False, f"`answer` must be a string (the collective's name), not a {type(answer).__name__}")
-    a = answer.strip().lower().removeprefix("dist.").removesuffix("()")
-    if a == w[0]["op"]:
+    if answer == w[0]["op"]:
         return Check(True, f"rank 0 waits in {w[0]['op']} (via {w[0]['via']}): DDP's forward broadcasts the "
                            f"BatchNorm buffers from rank 0, while rank 1 waits in {w[1]['op']}")
-    if a == w[1]["op"]:
+    if answer == w.get(1, {}).get("op"):
         return Check(False, f"{answer!r} is where rank 1 waits, not rank 0: rank 0 never reached that line. "
                             "What does DDP's forward do before it calls the module's forward?")
     return Check(False, f"not {answer!r}: look at rank 0's stack in the run's diagnosis: which DDP method sits "
                         "between model(x) and the collective, and what does it send?")
 
 
-def check_bn_source_rank(answer, r_bn) -> Check:
+def _bn_source(r_bn) -> list[int]:
+    own = bn_summary(r_bn)["sync"]["own_data"]
+    return [k for k in (0, 1) if own.get(k)]
+
+
+@answers.exercise("bn-source-rank", answers.Rank(2), accepted=_bn_source, name="answer_bn_rank")
+def check_bn_source_rank(answer: int, r_bn) -> Check:
     """Exercise "bn-source-rank" (predicted before the batchnorm run): with DDP's buffer sync on (the
     default), the running_mean rank 0 ends with (the one a rank-0 checkpoint saves) reflects the data of
     which rank only? Checked by comparing it with each rank's own-data statistics."""
-    own = bn_summary(r_bn)["sync"]["own_data"]
-    if _blank(answer):
-        return Check(False, "set `answer` to a rank number (0 or 1)")
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return Check(False, f"`answer` must be a rank number (an int), not {answer!r}")
-    if answer not in (0, 1):
-        return Check(False, f"{answer} is not a rank of this 2-rank job")
-    if own.get(0) and answer == 0:
-        return Check(True, "rank 0's own data only: at every forward DDP overwrites rank 1's buffers with rank 0's, "
-                           "so nothing rank 1 saw reaches rank 0's statistics (measured: equal to a BatchNorm fed rank "
-                           "0's batches alone)")
+    if answer in _bn_source(r_bn):
+        return Check(True, f"rank {answer}'s own data only: at every forward DDP overwrites the other ranks' buffers "
+                           f"with rank {answer}'s, so nothing they saw reaches its statistics (measured: equal to a "
+                           f"BatchNorm fed rank {answer}'s batches alone)")
     return Check(False, f"not rank {answer}: which way does DDP's buffer broadcast go, from which rank to which, and "
                         "when in the step does it happen?")
 
 
-EXERCISES = {"unused-iteration": check_unused_iteration, "eval-op": check_eval_op,
-             "bn-source-rank": check_bn_source_rank}
+EXERCISES = answers.exercises(check_unused_iteration, check_eval_op, check_bn_source_rank)

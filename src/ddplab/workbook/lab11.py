@@ -18,6 +18,8 @@ import ddplab
 from ddplab import catalog, claims
 from ddplab import job as job_mod
 from ddplab.errors import DdplabError
+from ddplab import answers
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 from ddplab.result import RunResult
 
@@ -34,8 +36,9 @@ def stall_s() -> float:
     return catalog.find_lab(LAB).stall_s
 
 
-def validate(steps: int | None = None) -> None:
+def validate(steps: int | None = None, **knobs) -> None:
     """Reject a knob that cannot work before any rank starts (one line, naming the fix)."""
+    contract.check_knob_names(knobs, run_variant)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or not sizes()["inf_step"] + 1 <= steps <= 100):
         raise DdplabError(f"steps={steps!r}: the lab needs {sizes()['inf_step'] + 1} to 100 optimizer steps "
@@ -327,62 +330,81 @@ def claim_inputs(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> claim
     return claims.Inputs(LAB, rows)
 
 
-def _ranks_answer(answer) -> list[int] | None:
-    if isinstance(answer, (list, tuple, set, frozenset)) and all(
-            isinstance(a, int) and not isinstance(a, bool) for a in answer):
-        return sorted(set(answer))
-    return None
+def _skipped(r_sync: RunResult) -> list[tuple[int, ...]]:
+    return [tuple(skipped_ranks(r_sync))]
 
 
-def check_skipped_ranks(answer, r_sync: RunResult) -> Check:
+@answers.exercise("skipped-ranks", answers.Ranks(2), accepted=_skipped, name="predicted_skipped_ranks")
+def check_skipped_ranks(answer: tuple[int, ...], r_sync: RunResult) -> Check:
     """Exercise 1: at the step where only rank 1's local gradient holds inf/NaN, on which ranks does
-    scaler.step() skip the update? A list of rank numbers, e.g. [3] or [2, 3]."""
-    if answer is None or answer == [] or answer == ():
-        return Check(False, "set `answer` to a list of rank numbers (written like [3] or [2, 3]), then run the cell again")
-    got = _ranks_answer(answer)
-    if got is None:
-        return Check(False, f"{answer!r} is not a list of rank numbers: write it like [3] or [2, 3]")
+    scaler.step() skip the update? A list of rank numbers, e.g. [1] or [0, 1]."""
     truth = skipped_ranks(r_sync)
-    if got == truth:
-        return Check(True, f"skipped on {truth}: after DDP's all-reduce every rank's gradient held the NaN, so every "
-                           f"rank's scaler found it (steps and scales stayed equal)")
-    return Check(False, f"not {got}: look at the 'after the all-reduce' column: the scaler checks the gradient "
-                        "DDP has averaged, not the rank's own")
+    if list(answer) == truth:
+        return Check(True, f"skipped on {truth}: after DDP's all-reduce the gradient of rank(s) {truth} held the NaN, "
+                           f"and each scaler checks the gradient it holds (scales after the step: "
+                           f"{[round(x['scale_after']) for x in scaler_at_inf(r_sync).values()]})")
+    return Check(False, f"not {list(answer)}: the scaler checks the gradient DDP has all-reduced, not the rank's own; "
+                        "what does an all-reduce of inf and a finite number give?")
 
 
-def check_unsynced_scale(answer, r_unsynced: RunResult) -> Check:
-    """Exercise 2: in scaler-inf-unsynced, what is rank 0's GradScaler scale after the inf step?"""
-    if answer is None:
-        return Check(False, "set `answer` to a number (rank 0's scale after the step), then run the cell again")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
-        return Check(False, f"{answer!r} is not a number: write it like 1024.0")
-    truth = scaler_at_inf(r_unsynced)[0]["scale_after"]
-    if float(answer) == truth:
-        return Check(True, f"{truth:.0f}: rank 0 never saw rank 1's NaN (no all-reduce ran), so its scaler "
-                           f"stepped and kept its scale while rank 1's dropped")
+SCALE_CHANGES = ("kept", "halved", "doubled")
+
+
+def _change(before: float, after: float) -> str:
+    return "kept" if after == before else "halved" if after == before / 2 else "doubled" if after == 2 * before else "other"
+
+
+def _rank0_change(r_unsynced: RunResult) -> list[str]:
+    x = scaler_at_inf(r_unsynced)[0]
+    return [c for c in [_change(x["scale_before"], x["scale_after"])] if c in SCALE_CHANGES]
+
+
+@answers.exercise("unsynced-scale", answers.Choice(SCALE_CHANGES), accepted=_rank0_change,
+                  name="predicted_rank0_scale")
+def check_unsynced_scale(answer: str, r_unsynced: RunResult) -> Check:
+    """Exercise 2: in scaler-inf-unsynced, does rank 0's GradScaler scale stay ("kept"), halve ("halved")
+    or double ("doubled") at the inf step? Checked against rank 0's recorded scale before and after."""
+    x = scaler_at_inf(r_unsynced)[0]
+    if answer in _rank0_change(r_unsynced):
+        return Check(True, f"{answer}: rank 0's scale {x['scale_before']:.0f} -> {x['scale_after']:.0f}; rank 0 "
+                           f"{'stepped' if x['stepped'] else 'skipped'}: no all-reduce brought rank 1's NaN into its "
+                           "gradient")
     return Check(False, f"not {answer}: which gradient does rank 0's scaler check, and did any all-reduce "
                         "bring rank 1's NaN into it?")
 
 
-def check_where_rank0_waits(answer, r_stopped: RunResult) -> Check:
+# DDP's collectives in a step, where rank 0 waits for the slow rank: backward's gradient all_reduce or
+# the next forward's buffer broadcast. Which one the stop catches is a race (seen in CI under load).
+DDP_STEP_OPS = ("all_reduce", "broadcast")
+
+
+def _waits(r_stopped: RunResult) -> list[tuple[str, int]]:
+    """Where rank 0 waits when the stop lands, and for which rank: either of DDP's step collectives
+    (a race), beside the one this run caught."""
+    w0 = r_stopped.rank(0).where
+    slow = [r.rank for r in r_stopped.ranks if r.where is not None and r.where.kind == "dataloader" and r.rank != 0]
+    if w0 is None or not w0.in_collective or not slow:
+        return []
+    return sorted({(op, r) for op in {*DDP_STEP_OPS, w0.op} for r in slow})
+
+
+@answers.exercise("where-rank0-waits", answers.Pair(answers.collective(), answers.Rank(2),
+                                                    what='a pair like ("barrier", 0)'),
+                  accepted=_waits, name="predicted_wait")
+def check_where_rank0_waits(answer: tuple[str, int], r_stopped: RunResult) -> Check:
     """Exercise 3: slow-loader stopped while it looked hung: rank 0 is blocked in which collective,
     and waiting for which rank? A pair: ("collective name", rank)."""
-    if answer is None or answer == ():
-        return Check(False, 'set `answer` to a pair like ("barrier", 0), then run the cell again')
-    if (not isinstance(answer, (tuple, list)) or len(answer) != 2 or not isinstance(answer[0], str)
-            or isinstance(answer[1], bool) or not isinstance(answer[1], int)):
-        return Check(False, f"{answer!r} is not a pair (collective name, rank number), e.g. (\"barrier\", 0)")
     w0 = r_stopped.rank(0).where
-    slow = [r.rank for r in r_stopped.ranks if r.where is not None and r.where.kind == "dataloader"]
-    if w0 is None or not slow:
-        return Check(False, "this stopped run did not catch rank 0 waiting on a DataLoader: run the stop cell again")
-    op, rank = answer[0].strip(), answer[1]
-    if op == w0.op and rank in slow and rank != 0:
-        return Check(True, f"{w0.op} (DDP's gradients, inside backward), waiting for rank {rank}, whose stack "
-                           "is in its DataLoader: slow, not stuck")
-    return Check(False, f"not {tuple(answer)!r}: read each rank's `where` in the stopped run: what is rank 0 "
+    if not _waits(r_stopped):
+        return Check(False, "this stopped run did not catch rank 0 in a collective while another rank was in its "
+                            "DataLoader: run the stop cell again")
+    op, rank = answer
+    if answer in _waits(r_stopped):
+        caught = f"this run caught rank 0 in {w0.op}" + (f" ({w0.via})" if w0.via else "")
+        return Check(True, f"({op!r}, {rank}): {caught}, waiting for rank {rank}, whose stack is in its DataLoader: "
+                           "slow, not stuck")
+    return Check(False, f"not {answer!r}: read each rank's `where` in the stopped run: what is rank 0 "
                         "blocked in, and which rank is somewhere else?")
 
 
-EXERCISES = {"skipped-ranks": check_skipped_ranks, "unsynced-scale": check_unsynced_scale,
-             "where-rank0-waits": check_where_rank0_waits}
+EXERCISES = answers.exercises(check_skipped_ranks, check_unsynced_scale, check_where_rank0_waits)

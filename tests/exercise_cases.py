@@ -1,0 +1,79 @@
+"""The answers every checker is tried with, made in one place from what a lab supplies (the right
+answer and its neighbour, and where they apply the other rank and the value a parameters cell
+shows): right, wrong, empty, wrong type, the neighbouring value, the other rank, the value a
+parameters cell shows, and a list of all the options. Only the right answers may pass."""
+from __future__ import annotations
+
+from ddplab import answers
+from ddplab.answers import Exercise
+
+NA = object()   # "does not apply to this exercise"
+
+
+def _wrong_types(kind: answers.Kind, right) -> list:
+    if isinstance(kind, (answers.Choice,)):
+        return [1, [right], b"x"]
+    if isinstance(kind, answers.Options):
+        return [sorted(right)[0] if right else "x", 3]
+    if isinstance(kind, answers.Pair):
+        return [str(right), list(right) + [0], right[0]]
+    if isinstance(kind, answers.Ranks):
+        return [right[0] if right else 0, str(list(right)), [True]]
+    if isinstance(kind, answers.Number):
+        return [str(right), True, float("nan"), [right]]
+    return [str(right), float(right) + 0.5, True, [right]]   # Whole, Rank
+
+
+def _all_options(kind: answers.Kind):
+    if isinstance(kind, answers.Choice):
+        return list(kind.options)
+    if isinstance(kind, answers.Options):
+        return None   # a set of every option is an answer of its kind: tried as `wrong` where it is wrong
+    if isinstance(kind, answers.Whole) and kind.only:
+        return list(kind.only)
+    if isinstance(kind, answers.Rank):
+        return list(range(kind.nproc))
+    if isinstance(kind, answers.Pair) and isinstance(kind.first, answers.Choice):
+        return list(kind.first.options)
+    return None
+
+
+def cases(ex: Exercise, right, neighbour, *, other_rank=NA, shown=NA, wrong=()) -> list[tuple[str, object, bool]]:
+    """(label, answer, passes) for every case; ``right`` may be one answer or a list of them (an empty
+    list where only a real run of the learner's answer can pass, tried in a test of its own)."""
+    rights = right if isinstance(right, list) else [right]
+    out = [("right", r, True) for r in rights]
+    out += [("empty", e, False) for e in (None, "", "   ", [], ())
+            if not (isinstance(ex.kind, answers.Options) and e in ([], ()))]
+    out += [("wrong type", w, False) for w in _wrong_types(ex.kind, rights[0] if rights else neighbour)]
+    out += [("neighbour", neighbour, False)]
+    if other_rank is not NA:
+        out.append(("other rank", other_rank, False))
+    if shown is not NA:
+        out.append(("parameters cell", shown, False))
+    options = _all_options(ex.kind)
+    if options is not None:
+        out.append(("all options", options, False))
+    out += [("wrong", w, False) for w in wrong]
+    for label, a, passes in out:
+        same = any(repr(a) == repr(r) for r in rights)   # (True == 1, but True is no rank)
+        assert passes or not same, f"{ex.key}: the {label} case {a!r} is a right answer"
+    return out
+
+
+def check_all(ex: Exercise, *runs, right, neighbour, other_rank=NA, shown=NA, wrong=(), **kw) -> None:
+    """Every case through the checker (stateless: `Exercise.check`); only the right answers pass, and
+    the answers it accepts (its `accepted`, where it names them) are the right ones."""
+    bad = []
+    for label, answer, passes in cases(ex, right, neighbour, other_rank=other_rank, shown=shown, wrong=wrong):
+        c = ex.check(answer, *runs, **kw)
+        if c.passed != passes or not c.message.strip():
+            bad.append(f"{label} {answer!r}: {'PASS' if c.passed else 'NOT YET'} {c.message}")
+        if label == "empty" and not c.message.startswith(f"set `{ex.name}`"):
+            bad.append(f"empty {answer!r} is not answered with the common wording: {c.message}")
+    accepted = list(ex.accepted(*runs, **kw))
+    rights = right if isinstance(right, list) else [right]
+    if accepted and not all(isinstance(a, answers.Interval) for a in accepted):
+        if set(map(repr, accepted)) != {repr(ex.kind.parse(r, ex.name)) for r in rights}:
+            bad.append(f"accepted {accepted!r} is not the right answers {rights!r}")
+    assert not bad, f"{ex.key}:\n" + "\n".join(bad)
