@@ -13,6 +13,8 @@ from ddplab.cli import main as cli_main
 from ddplab.result import RunResult
 from ddplab.workbook import lab12
 
+import exercise_cases
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 # each script after a real report, and the findings --check must give for it (all of them, no more)
 SILENT = {
@@ -198,30 +200,24 @@ def test_claim_rows_are_computed_from_the_runs(runs):
 @pytest.mark.timeout(1200)
 def test_check_bn_finding(runs):
     r = runs["bn-unsynced"]
-    assert lab12.check_bn_finding("buffers-differ", r).passed
-    assert lab12.check_bn_finding(" buffers-differ ", r).passed
-    assert not lab12.check_bn_finding("replicas-differ", r).passed          # the neighbouring finding
-    assert not lab12.check_bn_finding("same-order", r).passed
-    assert not lab12.check_bn_finding(None, r).passed
-    assert not lab12.check_bn_finding("", r).passed
-    assert not lab12.check_bn_finding(["buffers-differ"], r).passed         # wrong type
-    assert not lab12.check_bn_finding("buffers", r).passed                  # not a kind
-    assert not lab12.check_bn_finding("buffers-differ", runs["bn-unsynced-fixed"]).passed   # the other run
-    assert "buffers-differ" not in lab12.check_bn_finding("replicas-differ", r).message     # no answer in the hint
+    right = lab12.check_bn_finding.accepted(r)
+    assert right == ["buffers-differ"]                 # what this run found, and only that
+    exercise_cases.check_all(lab12.check_bn_finding, r, right=["buffers-differ", " buffers-differ "],
+                             neighbour="replicas-differ", shown="samples-overlap",
+                             wrong=["same-order", "buffers", "BUFFERS-DIFFER"])
+    assert not lab12.check_bn_finding.check("buffers-differ", runs["bn-unsynced-fixed"]).passed   # the other run
+    assert "buffers-differ" not in lab12.check_bn_finding.check("replicas-differ", r).message     # no answer in the hint
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
 def test_check_bypass_rank(runs):
     r = runs["module-update"]
-    assert lab12.check_bypass_rank(0, r).passed
-    assert not lab12.check_bypass_rank(1, r).passed                         # the other rank
-    assert not lab12.check_bypass_rank(-1, r).passed                        # neighbouring value
-    assert not lab12.check_bypass_rank(2, r).passed
-    assert not lab12.check_bypass_rank(None, r).passed
-    assert not lab12.check_bypass_rank("0", r).passed                       # wrong type
-    assert not lab12.check_bypass_rank(False, r).passed                     # adversarial: a bool is an int
-    assert not lab12.check_bypass_rank(0, runs["module-update-fixed"]).passed
+    right = lab12.check_bypass_rank.accepted(r)
+    assert right == [0]                                # the script's # BROKEN line: rank 0 steps through .module
+    exercise_cases.check_all(lab12.check_bypass_rank, r, right=0, neighbour=-1, other_rank=1, shown=2,
+                             wrong=[2, "0", 0.0])
+    assert not lab12.check_bypass_rank.check(0, runs["module-update-fixed"]).passed
 
 
 def _model(**over):

@@ -12,7 +12,8 @@ import ddplab
 from ddplab import catalog
 from ddplab.check import KINDS
 from ddplab.errors import DdplabError
-from ddplab import claims
+from ddplab import answers, claims
+from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = "12"
@@ -136,45 +137,44 @@ def _kinds(r) -> str:
 # Exercises
 # ----------------------------------------------------------------------------------------------
 
-def _kind_answer(answer) -> Check | None:
-    if answer is None or answer == "":
-        return Check(False, "set answer to one finding kind (a string), e.g. 'replicas-differ'")
-    if not isinstance(answer, str):
-        return Check(False, f"answer must be one finding kind as a string, not {answer!r}")
-    if answer.strip() not in KINDS:
-        return Check(False, f"{answer!r} is not a finding kind; the kinds are: {', '.join(KINDS)}")
-    return None
-
-
-def check_bn_finding(answer, result) -> Check:
-    """Exercise 1 (predicted before the run): which finding does --check report for bn-unsynced?
-    ``result``: the bn-unsynced run of this execution."""
-    bad = _kind_answer(answer)
-    if bad is not None:
-        return bad
+def _bn_kinds(result: ddplab.RunResult) -> list[str]:
+    """The finding --check reported for bn-unsynced, when it reported exactly one kind."""
     kinds = result.check.kinds() if result.check else set()
-    if answer.strip() in kinds and len(kinds) == 1:
+    return sorted(kinds) if len(kinds) == 1 else []
+
+
+@answers.exercise("bn-finding", answers.Choice(tuple(KINDS)), accepted=_bn_kinds, name="bn_answer", once=True)
+def check_bn_finding(answer: str, result: ddplab.RunResult) -> Check:
+    """Exercise 1 (predicted before the runs): which finding does --check report for bn-unsynced?
+    ``result``: the bn-unsynced run of this execution."""
+    if answer in _bn_kinds(result):
         fd = result.check.findings[0]
         return Check(True, f"measured: only {fd.kind} ({fd.object} first); the parameters stayed equal")
     return Check(False, "not what the run found: the optimizer steps averaged gradients on both ranks; ask what "
                         "BatchNorm keeps besides weights, and who updates it when DDP's buffer sync is off")
 
 
-def check_bypass_rank(answer, result) -> Check:
-    """Exercise 2: in module-update, which rank took optimizer steps with no forward through DDP?
-    ``result``: the module-update run of this execution."""
-    if answer is None:
-        return Check(False, "set answer to a rank number (an int), e.g. 1")
-    if isinstance(answer, bool) or not isinstance(answer, int):
-        return Check(False, f"answer must be one rank number as an int, not {answer!r}")
-    if not 0 <= answer < result.nproc:
-        return Check(False, f"the run had ranks 0 to {result.nproc - 1}")
+def _bypass(result: ddplab.RunResult) -> list[int]:
+    """The one rank --check found stepping with no forward through DDP (module-update)."""
     found = result.check.of_kind("update-outside-ddp") if result.check else []
-    if found and found[0].ranks == (answer,):
-        return Check(True, f"rank {answer} took {found[0].count} steps through model.module (first at step "
-                           f"{found[0].step}); its replica drifted from the others")
-    return Check(False, "not that rank: look at the lines marked # BROKEN in labs/12_silent.py, and at which rank "
-                        "the finding 'updates outside the DDP wrapper' names")
+    return list(found[0].ranks) if found and len(found[0].ranks) == 1 else []
 
 
-EXERCISES = {"bn-finding": check_bn_finding, "bypass-rank": check_bypass_rank}
+@answers.exercise("bypass-rank", answers.Rank(2), accepted=_bypass, name="bypass_answer", once=True)
+def check_bypass_rank(answer: int, result: ddplab.RunResult) -> Check:
+    """Exercise 2 (predicted from the script, before the runs): in module-update, which rank takes optimizer
+    steps with no forward through DDP? ``result``: the module-update run of this execution."""
+    if answer in _bypass(result):
+        found = result.check.of_kind("update-outside-ddp")[0]
+        return Check(True, f"rank {answer} took {found.count} steps through model.module (first at step "
+                           f"{found.step}); its replica drifted from the others")
+    return Check(False, "not that rank: read the lines marked # BROKEN in labs/12_silent.py again: which rank's "
+                        "forward goes to model.module instead of the DDP wrapper?")
+
+
+def validate(**knobs) -> None:
+    """Refuse an unknown knob before any rank starts (one line, naming the knobs)."""
+    contract.check_knob_names(knobs, run_variant)
+
+
+EXERCISES = answers.exercises(check_bn_finding, check_bypass_rank)
