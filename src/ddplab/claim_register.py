@@ -18,9 +18,54 @@ Adding a lab's claims (lab NN):
 """
 from __future__ import annotations
 
-from .claims import Claim
+from dataclasses import dataclass, field
+
 from .notebook import P_LEVEL
-from .workbook.lab11 import FASTER, LOSS_RTOL
+
+# Lab 11's thresholds, stated by its claim's criterion (the lab measures against them)
+LOSS_RTOL = 0.01     # autocast loss within 1 % of float32's at every step
+FASTER = 1.25        # "significantly": at least 1.25x less time per step
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One article sentence, once. ``parts``: {lab: part names that lab's runs supply};
+    ``unmeasured``: {part: why no lab can measure it}; ``decisive``: the parts that, shown false,
+    make the claim wrong; ``shown_in``: further notebooks that quote it without supplying a part."""
+    key: str
+    article: str            # "000".."003" (ddplab.articles)
+    quote: str              # one sentence, or a contiguous part of one, word for word
+    criterion: str
+    parts: dict
+    unmeasured: dict = field(default_factory=dict)
+    decisive: tuple = ()
+    shown_in: tuple = ()
+
+    @property
+    def labs(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.parts) | set(self.shown_in)))
+
+    @property
+    def source(self) -> str:
+        from .articles import article
+        return article(self.article).cite()
+
+
+def verdict(states: dict[str, str], decisive: tuple = ()) -> str:
+    """The one rule that turns part states into a verdict (see the module's docstring)."""
+    values = list(states.values())
+    if any(states.get(d) == FAILS for d in decisive):
+        return "wrong"
+    resolved = [s for s in values if s in (HOLDS, FAILS)]
+    if values and len(resolved) == len(values):
+        return "holds" if FAILS not in resolved else "wrong" if HOLDS not in resolved else "partly"
+    if not resolved:
+        return "not established" if NOT_ESTABLISHED in values else "not tested here"
+    if NOT_ESTABLISHED in values and FAILS not in resolved:
+        return "not established"
+    return "partly"
+
+
 
 LATENCY = "no latency was added to any link (tc netem is absent here); only the bandwidth was capped"
 

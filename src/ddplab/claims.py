@@ -24,6 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .claim_register import REGISTER, Claim  # noqa: F401  (Claim: re-exported)
 from .notebook import P_LEVEL
 
 HOLDS, FAILS, NOT_MEASURED, STAND_IN, NOT_ESTABLISHED = "holds", "fails", "not measured", "stand-in", "not established"
@@ -110,45 +111,6 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class Claim:
-    """One article sentence, once. ``parts``: {lab: part names that lab's runs supply};
-    ``unmeasured``: {part: why no lab can measure it}; ``decisive``: the parts that, shown false,
-    make the claim wrong; ``shown_in``: further notebooks that quote it without supplying a part."""
-    key: str
-    article: str            # "000".."003" (ddplab.articles)
-    quote: str              # one sentence, or a contiguous part of one, word for word
-    criterion: str
-    parts: dict
-    unmeasured: dict = field(default_factory=dict)
-    decisive: tuple = ()
-    shown_in: tuple = ()
-
-    @property
-    def labs(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.parts) | set(self.shown_in)))
-
-    @property
-    def source(self) -> str:
-        from .articles import article
-        return article(self.article).cite()
-
-
-def verdict(states: dict[str, str], decisive: tuple = ()) -> str:
-    """The one rule that turns part states into a verdict (see the module's docstring)."""
-    values = list(states.values())
-    if any(states.get(d) == FAILS for d in decisive):
-        return "wrong"
-    resolved = [s for s in values if s in (HOLDS, FAILS)]
-    if values and len(resolved) == len(values):
-        return "holds" if FAILS not in resolved else "wrong" if HOLDS not in resolved else "partly"
-    if not resolved:
-        return "not established" if NOT_ESTABLISHED in values else "not tested here"
-    if NOT_ESTABLISHED in values and FAILS not in resolved:
-        return "not established"
-    return "partly"
-
-
-@dataclass(frozen=True)
 class Row:
     """A claim judged from every lab's parts: the same row wherever the claim is quoted."""
     claim: Claim
@@ -187,7 +149,6 @@ def judge_alone(key: str, lab: str, ev: Evidence) -> Row:
 
 
 def register() -> dict[str, Claim]:
-    from .claim_register import REGISTER
     return {c.key: c for c in REGISTER}
 
 
