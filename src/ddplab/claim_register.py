@@ -51,22 +51,6 @@ class Claim:
         return article(self.article).cite()
 
 
-def verdict(states: dict[str, str], decisive: tuple = ()) -> str:
-    """The one rule that turns part states into a verdict (see the module's docstring)."""
-    values = list(states.values())
-    if any(states.get(d) == FAILS for d in decisive):
-        return "wrong"
-    resolved = [s for s in values if s in (HOLDS, FAILS)]
-    if values and len(resolved) == len(values):
-        return "holds" if FAILS not in resolved else "wrong" if HOLDS not in resolved else "partly"
-    if not resolved:
-        return "not established" if NOT_ESTABLISHED in values else "not tested here"
-    if NOT_ESTABLISHED in values and FAILS not in resolved:
-        return "not established"
-    return "partly"
-
-
-
 LATENCY = "no latency was added to any link (tc netem is absent here); only the bandwidth was capped"
 
 REGISTER: tuple[Claim, ...] = (

@@ -24,7 +24,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .claim_register import REGISTER, Claim  # noqa: F401  (Claim: re-exported)
+from . import claim_register
+from .claim_register import Claim  # noqa: F401  (re-exported: a lab's claims are written with it)
 from .notebook import P_LEVEL
 
 HOLDS, FAILS, NOT_MEASURED, STAND_IN, NOT_ESTABLISHED = "holds", "fails", "not measured", "stand-in", "not established"
@@ -110,6 +111,21 @@ class Inputs:
         return cls(d["lab"], {k: Evidence.from_dict(e) for k, e in d["rows"].items()})
 
 
+def verdict(states: dict[str, str], decisive: tuple = ()) -> str:
+    """The one rule that turns part states into a verdict (see the module's docstring)."""
+    values = list(states.values())
+    if any(states.get(d) == FAILS for d in decisive):
+        return "wrong"
+    resolved = [s for s in values if s in (HOLDS, FAILS)]
+    if values and len(resolved) == len(values):
+        return "holds" if FAILS not in resolved else "wrong" if HOLDS not in resolved else "partly"
+    if not resolved:
+        return "not established" if NOT_ESTABLISHED in values else "not tested here"
+    if NOT_ESTABLISHED in values and FAILS not in resolved:
+        return "not established"
+    return "partly"
+
+
 @dataclass(frozen=True)
 class Row:
     """A claim judged from every lab's parts: the same row wherever the claim is quoted."""
@@ -149,7 +165,7 @@ def judge_alone(key: str, lab: str, ev: Evidence) -> Row:
 
 
 def register() -> dict[str, Claim]:
-    return {c.key: c for c in REGISTER}
+    return {c.key: c for c in claim_register.REGISTER}
 
 
 def for_lab(lab: str) -> list[Claim]:
