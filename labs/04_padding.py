@@ -21,27 +21,16 @@ the same broken/fixed line. DataParallel is one process: only rank 0 runs the dp
 
 Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.workbook.lab04.
 
-Variants:
-  article-example1  the article's Example 1 code under DataParallel (emulation without GPUs).
-  dp-broken     extension (an LSTM, not the article's code) under DataParallel (emulation without GPUs),
-                pad_packed_sequence without total_length.
-  dp-fixed      the same with total_length=x.size(1); outputs compared with the single-process model.
-  pinned-layer  the article's custom layer plus a tensor created on a fixed device inside forward().
-  ddp-broken    each rank all_gathers outputs padded to its own longest sequence.
-  ddp-fixed     all_reduce(MAX) of the lengths, pad to the global maximum, all_gather, trim.
-  bucketing     DDP training, random vs length-bucketed batches: padding fraction, tokens/s, loss.
+Variants: LAB["variants"] below, each with the outcome it must show; `--variant NAME` runs one.
 """
-import copy
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
 from ddplab import lab
+from ddplab.lab_padding import run_article_example1, run_bucketing, run_dp, run_pinned
 
 LAB = {
     "title": "Padded variable-length sequences under DataParallel and DDP",
@@ -99,44 +88,6 @@ class SimpleModel(nn.Module):
         return self.linear(x)
 
 
-ARTICLE_SEQ_LENGTHS = [10, 20, 30, 40, 5, 15, 25, 35]   # the article's dummy data set
-
-
-def run_article_example1(mode, n):
-    """Example 1 as the article writes it: CustomDataset of randn(seq_len, 10), a DataLoader whose
-    collate_fn is pad_sequence(batch_first=True), batch 4, SimpleModel(10, 20), MSELoss, Adam. Only the
-    DataParallel call is ddplab's: real nn.DataParallel on n GPUs, or the emulation of its steps."""
-    from torch.utils.data import DataLoader
-    torch.manual_seed(0)
-    dataset = [torch.randn(n_, 10) for n_ in ARTICLE_SEQ_LENGTHS]
-    dataloader = DataLoader(dataset, batch_size=4, shuffle=False,
-                            collate_fn=lambda batch: torch.nn.utils.rnn.pad_sequence(batch, batch_first=True))
-    model = SimpleModel(10, 20)
-    criterion = nn.MSELoss()
-    optimizer = torch.optim.Adam(model.parameters())
-    lab.record("dp_start", dp_mode=mode, label="real nn.DataParallel" if mode == "real" else "emulation of DataParallel on CPU",
-               replicas=n, params=sum(p.numel() for p in model.parameters()), model="article Example 1: nn.Linear(10, 20)")
-    dp = nn.DataParallel(model.cuda(), device_ids=list(range(n))) if mode == "real" else None
-    for step, inputs in enumerate(dataloader):
-        optimizer.zero_grad()
-        lab.record("dp_batch", step=step, dp_mode=mode, padded_len=inputs.size(1), rows_per_replica=[len(c) for c in inputs.chunk(n)],
-                   chunk_max_lengths=[inputs.size(1)] * len(inputs.chunk(n)))
-        if mode == "real":
-            output = dp(inputs.cuda())
-        else:
-            outs = [model(c) for c in inputs.chunk(n, 0)]           # scatter along dim 0, a replica per chunk
-            lab.record("replica_outputs", dp_mode=mode, shapes=[list(o.shape) for o in outs])
-            output = torch.cat(outs, dim=0)                         # gather along dim 0
-        with torch.no_grad():
-            diff = float((output - model(inputs.to(output.device))).abs().max())   # the same model, one process
-        target = torch.randn(output.shape, device=output.device)
-        loss = criterion(output, target)
-        loss.backward()
-        optimizer.step()
-        lab.record("dp_step", step=step, dp_mode=mode, out_shape=list(output.shape), loss=round(loss.item(), 6),
-                   max_abs_diff_vs_single=diff)
-
-
 class CustomLayer(nn.Module):
     """The article's Example 3 layer (a weight as nn.Parameter: replicated fine), plus one line that
     creates a tensor inside forward() -- on a fixed device, or on the input's device."""
@@ -165,28 +116,6 @@ def make_batch(lengths, seed):
     return x, torch.tensor(lengths), y
 
 
-def mask_of(lengths, t):
-    return (torch.arange(t).view(1, -1) < lengths.view(-1, 1)).unsqueeze(-1).float()
-
-
-def masked_sse(out, y, lengths):
-    return (((out - y) ** 2) * mask_of(lengths, out.size(1))).sum()
-
-
-def data_parallel(model, x, lengths, n, mode):
-    """One DataParallel forward: real nn.DataParallel on n GPUs, else the emulation of its steps. A forward
-    hook (copied to DataParallel's replicas with the module) records what each replica held and got."""
-    seen = []
-    hook = model.register_forward_hook(lambda m, i, o: seen.append(
-        {"device": str(next(m.parameters()).device), "params": sum(q.numel() for q in m.parameters()),
-         "rows": int(i[0].shape[0]), "out_len": int(o.shape[1])}))
-    try:
-        return _data_parallel(model, x, lengths, n, mode)
-    finally:
-        hook.remove()
-        lab.record("replicas", dp_mode=mode, seen=sorted(seen, key=lambda d: d["device"]))
-
-
 def _data_parallel(model, x, lengths, n, mode):
     if mode == "real":
         return nn.DataParallel(model, device_ids=list(range(n)))(x.cuda(0), lengths)
@@ -195,48 +124,6 @@ def _data_parallel(model, x, lengths, n, mode):
     outs = [model(xi, li) for xi, li in zip(xs, ls)]  # parallel_apply (threads in DP; one after another here)
     lab.record("replica_outputs", dp_mode=mode, shapes=[list(o.shape) for o in outs])
     return torch.cat(outs, dim=0)                   # gather: concatenate along dim 0 on the output device
-
-
-def run_dp(variant, mode, n):
-    torch.manual_seed(0)
-    dev = torch.device("cuda", 0) if mode == "real" else torch.device("cpu")
-    model = PackedRNN(fix=variant == "dp-fixed").to(dev)
-    lab.record("dp_start", dp_mode=mode, label="real nn.DataParallel" if mode == "real" else "emulation of DataParallel on CPU",
-               replicas=n, params=sum(p.numel() for p in model.parameters()))
-    for step, lengths in enumerate(DP_LENGTHS):
-        x, lens, y = make_batch(lengths, seed=step)
-        lab.record("dp_batch", step=step, dp_mode=mode, padded_len=x.size(1), rows_per_replica=[len(c) for c in lens.chunk(n)],
-                   chunk_max_lengths=[int(c.max()) for c in lens.chunk(n)])
-        out = data_parallel(model, x, lens, n, mode)       # dp-broken raises here when the chunks' maxima differ
-        with torch.no_grad():
-            ref = model(x.to(dev), lens)                   # the same model in one process, no DataParallel
-        loss = masked_sse(out.cpu(), y, lens) / lens.sum()
-        loss.backward()                                    # gradients of all replicas land in the one model
-        with torch.no_grad():                              # plain SGD by hand (torch.optim's first use imports
-            for p in model.parameters():                   # torch._dynamo: seconds of start-up for nothing here)
-                p -= 0.1 * p.grad
-                p.grad = None
-        lab.record("dp_step", step=step, dp_mode=mode, out_shape=list(out.shape), loss=round(loss.item(), 6),
-                   max_abs_diff_vs_single=float((out.detach().cpu() - ref.cpu()).abs().max()),
-                   checksum=round(float(out.detach().double().sum()), 6))
-
-
-def run_pinned(mode, n):
-    torch.manual_seed(0)
-    home = torch.device("cuda", 0) if mode == "real" else torch.device("cpu")
-    devices = [torch.device("cuda", i) for i in range(n)] if mode == "real" else [torch.device("cpu")] + [torch.device("meta")] * (n - 1)
-    lab.record("pinned_start", dp_mode=mode, devices=[str(d) for d in devices],
-               label="real nn.DataParallel" if mode == "real" else "emulation: the meta device stands in for GPU 1 (shapes and device checks, no data)")
-    x = torch.randn(8, 10)
-    for how in ("article", "follow", "pinned"):  # the last one fails
-        model = nn.Sequential(CustomLayer(10, 6, home, how), nn.Linear(6, 6)).to(home)
-        if mode == "real":
-            out = nn.DataParallel(model, device_ids=list(range(n)))(x.to(home))
-            outs = [out]
-        else:  # replicate (a copy per device), scatter the rows, run each replica on its own device
-            reps = [model] + [copy.deepcopy(model).to(d) for d in devices[1:]]
-            outs = [r(c.to(d)) for r, c, d in zip(reps, x.chunk(n, 0), devices)]
-        lab.record("pinned_layer", how=how, dp_mode=mode, ok=True, out_devices=[str(o.device) for o in outs])
 
 
 def padded_eval_outputs(model, lengths, idx, seed=7):
@@ -272,75 +159,7 @@ def run_ddp_eval(variant, ctx):
         lab.record("ddp_eval", global_max_len=int(t), gathered_rows=len(rows), max_abs_diff_vs_single=diff)
 
 
-def batches_for(mode, lengths, batch, W, r, seed):
-    N = len(lengths)
-    g = torch.Generator().manual_seed(seed)            # the same seed on every rank: the same plan
-    order = torch.randperm(N, generator=g)
-    if mode == "random":                               # what DistributedSampler(shuffle=True) + DataLoader does
-        mine = order[r::W]
-        return [mine[i:i + batch].tolist() for i in range(0, len(mine) - len(mine) % batch, batch)]
-    glob, pool = batch * W, batch * W * 8              # sort by length inside pools of 8 global batches
-    out = []
-    for s in range(0, N, pool):
-        chunk = order[s:s + pool]
-        chunk = chunk[lengths[chunk].argsort(descending=True)]
-        out += [chunk[b:b + glob] for b in range(0, len(chunk) - len(chunk) % glob, glob)]
-    perm = torch.randperm(len(out), generator=g)       # shuffle the batch order, the same way on every rank
-    return [out[i][r * batch:(r + 1) * batch].tolist() for i in perm]  # every rank: the same number of batches
-
-
-def run_bucketing(ctx, n_seqs, reps, batch=16):
-    W, r = ctx.world_size, ctx.rank
-    g = torch.Generator().manual_seed(1)
-    lengths = (3.0 + 0.7 * torch.randn(n_seqs, generator=g)).exp().clamp(4, 160).long()  # long-tailed lengths
-    seqs = [torch.randn(int(n), FEATS, generator=g) for n in lengths]
-    torch.manual_seed(0)
-    model = DDP(PackedRNN(fix=True))
-    init = copy.deepcopy(model.module.state_dict())
-
-    def collate(ix):
-        x = pad_sequence([seqs[i] for i in ix], batch_first=True)
-        y = x[..., :1].cumsum(1) / torch.arange(1, x.size(1) + 1).view(1, -1, 1)
-        return x, lengths[ix], y
-
-    def masked_loss(plan):  # the mean over every real token of the data set, all ranks together
-        s = torch.zeros(2, dtype=torch.float64)
-        with torch.no_grad():
-            for ix in plan:
-                x, lens, y = collate(ix)
-                s += torch.tensor([float(masked_sse(model.module(x, lens), y, lens)), float(lens.sum())], dtype=torch.float64)
-        dist.all_reduce(s)
-        return float(s[0] / s[1])
-
-    for rep in range(-1, reps):                        # rep -1: an untimed warm-up epoch (first-call costs)
-        for mode in ("random", "bucketed"):            # alternate, so machine noise hits both alike
-            plan = batches_for(mode, lengths, batch, W, r, seed=100 + rep)
-            model.module.load_state_dict(init)
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            loss0 = masked_loss(plan)
-            real = sum(int(lengths[ix].sum()) for ix in plan)
-            padded = sum(len(ix) * int(lengths[ix].max()) for ix in plan)
-            dist.barrier()
-            t0 = time.perf_counter()
-            for ix in plan:
-                x, lens, y = collate(ix)
-                loss = masked_sse(model(x, lens), y, lens) / lens.sum()
-                opt.zero_grad()
-                loss.backward()                        # DDP all-reduce: every rank runs len(plan) steps
-                opt.step()
-            t = torch.tensor([time.perf_counter() - t0, real, padded], dtype=torch.float64)
-            tmax = t.clone()
-            dist.all_reduce(t)
-            dist.all_reduce(tmax, op=dist.ReduceOp.MAX)
-            if rep < 0:
-                continue
-            lab.record("batching", mode=mode, rep=rep, batches=len(plan), epoch_s=round(float(tmax[0]), 4),
-                       real_tokens=int(t[1]), padded_slots=int(t[2]), padding_fraction=round(1 - float(t[1] / t[2]), 4),
-                       tokens_per_s=round(float(t[1] / tmax[0]), 1), masked_loss_init=loss0,
-                       masked_loss_after=masked_loss(plan))
-
-
-def main(variant, dp="auto", replicas=2, n_seqs=512, reps=2):
+def main(variant, *, dp="auto", replicas=2, n_seqs=512, reps=2):
     ctx = lab.setup()
     mode = dp if dp != "auto" else ("real" if torch.cuda.device_count() >= replicas else "emulation")
     if variant in ("article-example1", "dp-broken", "dp-fixed", "pinned-layer"):
@@ -349,15 +168,15 @@ def main(variant, dp="auto", replicas=2, n_seqs=512, reps=2):
         if ctx.rank == 0:                              # DataParallel is one process driving every GPU
             lab.log(f"DataParallel path: {'real nn.DataParallel' if mode == 'real' else 'EMULATION on CPU (no 2 GPUs)'}")
             if variant == "pinned-layer":
-                run_pinned(mode, replicas)
+                run_pinned(mode, replicas, CustomLayer)
             elif variant == "article-example1":
-                run_article_example1(mode, replicas)
+                run_article_example1(mode, replicas, SimpleModel)
             else:
-                run_dp(variant, mode, replicas)
+                run_dp(variant, mode, replicas, PackedRNN, make_batch, _data_parallel, DP_LENGTHS)
     elif variant in ("ddp-broken", "ddp-fixed"):
         run_ddp_eval(variant, ctx)
     else:
-        run_bucketing(ctx, n_seqs, reps)
+        run_bucketing(ctx, n_seqs, reps, PackedRNN, FEATS)
     dist.barrier()
     lab.record("done", variant=variant)
     lab.teardown()
@@ -375,4 +194,4 @@ if __name__ == "__main__":
     p.add_argument("--n-seqs", type=int, choices=[256, 512, 1024, 2048], default=512, help="bucketing: sequences in the data set")
     p.add_argument("--reps", type=int, choices=[1, 2, 3, 4, 5], default=2, help="bucketing: timed epochs per batching")
     a = p.parse_args()
-    main(a.variant, a.dp, a.replicas, a.n_seqs, a.reps)
+    main(a.variant, dp=a.dp, replicas=a.replicas, n_seqs=a.n_seqs, reps=a.reps)
