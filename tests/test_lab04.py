@@ -151,8 +151,8 @@ def test_article_example1_as_written_trains_under_the_emulation(runs):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_claim_check_on_the_emulation_tests_no_dataparallel_claim(runs):
-    c = claims.check(lab04.claim_inputs(*(runs(v) for v in ("article-example1", "dp-broken", "dp-fixed",
-                                                            "pinned-layer", "ddp-broken", "bucketing"))), others={})
+    c = claims.check(lab04.claim_inputs({v: runs(v) for v in ("article-example1", "dp-broken", "dp-fixed",
+                                                              "pinned-layer", "ddp-broken", "bucketing")}), others={})
     v = c.verdicts()
     dp_rows = ("example1-error", "lstm-more-evident", "custom-layer")
     assert all(v[k] == "not tested here" for k in dp_rows), v          # an emulation judges no DataParallel claim

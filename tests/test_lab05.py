@@ -119,8 +119,10 @@ def test_claim_check_is_computed_from_the_runs(runs):
     with lab05.hold_port() as held:
         taken = lab05.article_netstat(held)
     free = lab05.article_netstat(held)
-    cc = claims.check(lab05.claim_inputs(runs["taken"], runs["article"], runs["fixed"], runs["race"], taken, free,
-                                         runs["alone"]), others={})
+    cc = claims.check(lab05.claim_inputs({"port-taken": runs["taken"], "article-retry": runs["article"],
+                                          "fixed-free-port-pairs": runs["fixed"], "two-jobs-pairs": runs["race"],
+                                          "netstat-taken": taken, "netstat-free": free, "two-jobs": runs["alone"]}),
+                      others={})
     v = cc.verdicts()
     # rank 1: no error, 1800 s timeout > 60 s sleep: the article's own code shows the sentence wrong
     assert v["sleep-lets-others-report"] == "wrong"

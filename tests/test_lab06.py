@@ -199,10 +199,11 @@ def test_claim_check_is_computed_from_the_runs(jobs):
     else:
         master = lab06.SilentMaster("127.0.0.1", "loopback", None, "loopback")
         unreachable = jobs["variant:unreachable-master"].result()
-    cc = claims.check(lab06.claim_inputs(
-        jobs["variant:missing-rank"].result(), jobs["sweep"].result(), unreachable, master,
-        jobs["variant:article-sleep"].result(),
-        {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()}), others={})
+    cc = claims.check(lab06.claim_inputs({
+        "missing-rank": jobs["variant:missing-rank"].result(), "timeout-sweep": jobs["sweep"].result(),
+        "unreachable-master": unreachable, "silent-master": master, "article-sleep": jobs["variant:article-sleep"].result(),
+        "env-mismatch": {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()}}),
+        others={})
     v = cc.verdicts()
     states = lambda key: {k: p.state for k, p in cc.row(key).parts.items()}
     assert list(v) == [c.key for c in claims.for_lab("06")]

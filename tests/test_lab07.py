@@ -94,7 +94,8 @@ def test_claim_check_is_computed_from_the_runs(runs):
     srows = L.scaling_rows({2: grid}, cfg)
     one = next(r for r in grid if r["config"] == cfg)
     model = L.dp_model(one["params"], one["batch"], one["width"], copy_bw, one["compute_s"] / one["batch"])
-    cc = claims.check(L.claim_inputs(grid, srows, frows, lrows, copy_bw, model), others={})
+    cc = claims.check(L.claim_inputs({"grid": grid, "scaling-rows": srows, "fix-rows": frows, "link-rows": lrows,
+                                      "copy-bw": copy_bw, "model-rows": model}), others={})
     v = cc.verdicts()
     assert list(v) == [c.key for c in claims.for_lab("07")]
     # 4x the samples per all-reduce at a small model and batch: far more than 10% faster in every round; the

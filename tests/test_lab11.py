@@ -169,7 +169,7 @@ def test_loader_sweep_measures_every_setting(r_sweep):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
-    cc = claims.check(lab11.claim_inputs(ramp, r_sync, r_slow), others={})
+    cc = claims.check(lab11.claim_inputs({"amp": ramp, "scaler-inf": r_sync, "slow-loader": r_slow}), others={})
     v = cc.verdicts()
     assert list(v) == [c.key for c in claims.for_lab("11")]
     assert v["amp-performance"] == ("not tested here" if not lab11.on_gpu(ramp) else v["amp-performance"])

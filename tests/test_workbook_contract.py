@@ -46,7 +46,7 @@ def test_lab_module_contract(name):
 @pytest.mark.parametrize("name", MODULES)
 def test_lab_module_keeps_the_protocol_by_signature(name):
     """`ddplab.workbook.contract.WorkbookLab`, checked with inspect.signature: validate(**knobs),
-    run_variant(variant, **knobs) -> RunResult, EXERCISES of answers.Exercise, claim_inputs(runs) if present;
+    run_variant(variant, **knobs) -> RunResult, EXERCISES of answers.Exercise, claim_inputs(runs) -> claims.Inputs;
     and validate refuses an unknown knob with a DdplabError before any rank starts."""
     from ddplab import DdplabError
     from ddplab.workbook import contract
@@ -80,7 +80,8 @@ def test_contract_check_reads_signatures_not_names():
                                 claim_inputs=lambda a, b: None)
     got = contract.problems(bad)
     for words in ("two-digit", "validate must take **knobs", "defaults (validate()", "first parameter is `variant`",
-                  "run_variant must take **knobs", "return a RunResult", "EXERCISES['x']", "claim_inputs takes one"):
+                  "run_variant must take **knobs", "return a RunResult", "EXERCISES['x']", "claim_inputs takes one",
+                  "claim_inputs is annotated to return"):
         assert any(words in p for p in got), (words, got)
 
 

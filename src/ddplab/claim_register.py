@@ -2,7 +2,7 @@
 
 A ``Claim`` holds the quotation (one sentence, or a contiguous part of one, word for word; tests
 find it in its article where the text is at hand), its article's key (``ddplab.articles``), the
-criterion, and under ``parts`` which lab supplies which part. Each lab's ``claim_inputs(...)`` in
+criterion, and under ``parts`` which lab supplies which part. Each lab's ``claim_inputs(runs)`` in
 ``ddplab.workbook.labNN`` returns ``claims.Inputs(LAB, {key: claims.evidence(measured, part=...)})``
 with exactly the parts listed here for it; the verdict is computed in ``ddplab.claims`` alone.
 

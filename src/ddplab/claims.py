@@ -2,8 +2,8 @@
 
 Each article sentence under test is one ``Claim`` in ``ddplab.claim_register.REGISTER`` (quotation,
 citation, criterion, and the parts each lab's runs supply). A workbook module's
-``claim_inputs(...)`` turns its runs into ``Inputs``: for each claim it bears on, a sentence of what
-was measured and a ``Part`` per part it supplies. ``check(inputs)`` is what every notebook's
+``claim_inputs(runs)`` turns its runs (a mapping, variant name -> run) into ``Inputs``: for each claim
+it bears on, a sentence of what was measured and a ``Part`` per part it supplies. ``check(inputs)`` is what every notebook's
 claim-check cell shows: the rows of the claims that notebook quotes, each judged once from the parts
 of every lab that bears on it (this execution's for this lab; the stored notebooks' for the others,
 until ``restamp`` rewrites every stored table from one execution's parts).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from ddplab import answers
+from ddplab import answers, claims
 from ddplab.errors import DdplabError
 from ddplab.result import RunResult
 
@@ -24,8 +24,10 @@ class WorkbookLab(Protocol):
     def run_variant(self, variant: str, **knobs: Any) -> RunResult:
         """One real run of ``variant`` with these knobs (the lab's own, and the launcher's: nproc, stall_s, ...)."""
 
-    # claim_inputs(runs: Mapping[str, RunResult]) -> ...: checked below where a module has it.
-    # TODO(lead): make it a member once the claims register lands (the claims engineer owns claim_check).
+    def claim_inputs(self, runs: Mapping[str, RunResult]) -> claims.Inputs:
+        """What ``runs`` measured for the register's claims (ddplab.claim_register), judged there. ``runs``:
+        a variant's run under its variant name; anything else a lab reads (a sweep, rows, a dataclass) under
+        a descriptive key that its docstring names."""
 
 
 def launcher_knobs() -> set[str]:
@@ -107,8 +109,12 @@ def problems(module) -> list[str]:
                 out.append(f"{key}: its kind must be an answers.Kind")
 
     claim_inputs = getattr(module, "claim_inputs", None)
-    if claim_inputs is not None:
+    if not callable(claim_inputs):
+        out.append("claim_inputs(runs) is missing")
+    else:
         ps = list(inspect.signature(claim_inputs).parameters.values())
         if len(ps) != 1 or ps[0].name != "runs" or ps[0].default is not ps[0].empty:
             out.append("claim_inputs takes one argument, `runs: Mapping[str, RunResult]`")
+        if not _returns(claim_inputs, "Inputs"):
+            out.append("claim_inputs is annotated to return a claims.Inputs")
     return out

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Mapping
 
 import ddplab
 from ddplab import answers, claims, stacks
@@ -212,9 +213,12 @@ def _deadlocked(r: RunResult) -> bool:
     return r.status == "hung" and r.divergence is not None and r.divergence.kind == "different-op"
 
 
-def claim_inputs(broken: RunResult, fixed: list[RunResult], tta: TimeToAnswer,
-                 conditional: RunResult | None = None) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
+def claim_inputs(runs: Mapping[str, RunResult]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
+    Keys read: "broken", "fixed-sampler" and/or "fixed-join" (the higher-level APIs' runs), "time-to-answer"
+    (a TimeToAnswer), "rank-conditional" (optional)."""
+    broken, tta, conditional = runs["broken"], runs["time-to-answer"], runs.get("rank-conditional")
+    fixed = [runs[v] for v in ("fixed-sampler", "fixed-join") if v in runs]
     custom = [broken] + ([conditional] if conditional is not None else [])
     hung = "; ".join(f"{r.variant}: {r.status}" + (f", {_parted(r)}" if r.divergence else "") for r in custom)
     done = ", ".join(f"{r.variant}: {r.status}" for r in fixed)

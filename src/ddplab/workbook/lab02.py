@@ -7,6 +7,8 @@ under an RLIMIT_DATA cap, on a GPU the CUDA allocator's ``max_memory_allocated``
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import ddplab
 from ddplab import catalog, claims
 from ddplab.errors import DdplabError
@@ -268,10 +270,13 @@ def silent_row(r_killer) -> claims.Evidence:
         hang=claims.stand_in(KILLER_STAND_IN), no_clear_message=claims.stand_in(KILLER_STAND_IN))
 
 
-def claim_inputs(r_oom, r_skip, r_acc, r_coord, r_killer=None) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register). ``r_killer`` is the
-    oom-killer run, or None where the machine cannot make a memory cgroup. Every memory limit here is
-    host memory, a stand-in for the GPU's: the parts about GPU memory are judged by none of them."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register). Keys read: "skip-batch",
+    "fixed-accumulate", "fixed-coordinated-skip", and "oom-killer": that run, absent or None where the
+    machine cannot make a memory cgroup. Every memory limit here is host memory, a stand-in for the GPU's:
+    the parts about GPU memory are judged by none of them."""
+    r_skip, r_acc, r_coord = runs["skip-batch"], runs["fixed-accumulate"], runs["fixed-coordinated-skip"]
+    r_killer = runs.get("oom-killer")
     waiting = [x for x in r_skip.ranks if x.where is not None and (x.where.op, x.where.via) == ("all_reduce", "ddp-backward")]
     skipped = sorted({s["rank"] for s in r_skip.records_of("skipped")})
     judged = (f"no rank made progress for {r_skip.stall.window_s:g} s" if r_skip.stall else f"after {r_skip.wall_s:.1f} s")

@@ -5,6 +5,7 @@ Every number shown comes from a real 2-rank run in this execution (``ddplab.run`
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 import ddplab
 from ddplab.errors import DdplabError
@@ -165,8 +166,12 @@ def plot(bare, detail, guard_raise, guard_ok):
     return fig
 
 
-def claim_inputs(article, bare, detail, guard_raise, model) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
+    Keys read: "article-example", "gather-ragged", "model-mismatch", "gather-ragged-detail" (gather-ragged
+    with detail=True) and "fixed-guard-raise" (fixed-guard with on_mismatch="raise")."""
+    article, bare, model = runs["article-example"], runs["gather-ragged"], runs["model-mismatch"]
+    detail, guard_raise = runs["gather-ragged-detail"], runs["fixed-guard-raise"]
     g = grad_check(article)
     d = detail_report(detail)
     rep = gloo_report(bare) or {}

@@ -5,6 +5,7 @@ everything shown from them says so."""
 from __future__ import annotations
 
 import statistics
+from typing import Mapping
 
 import ddplab
 from ddplab.errors import DdplabError
@@ -186,11 +187,13 @@ def _real(r: RunResult) -> bool:
     return bool(start) and start[0]["dp_mode"] == "real"
 
 
-def claim_inputs(example1: RunResult, dp_broken: RunResult, dp_fixed: RunResult, pinned: RunResult,
-                 ddp_broken: RunResult, bucketing: RunResult) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register). On the emulation a
-    part about what DataParallel itself does is a stand-in; how many parameters each replica holds and
-    how the rows are split are the same in DataParallel's replicate()/scatter and the emulation."""
+def claim_inputs(runs: Mapping[str, RunResult]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register). Keys read (variant
+    names): "article-example1", "dp-broken", "dp-fixed", "pinned-layer", "ddp-broken", "bucketing". On the
+    emulation a part about what DataParallel itself does is a stand-in; how many parameters each replica
+    holds and how the rows are split are the same in DataParallel's replicate()/scatter and the emulation."""
+    example1, dp_broken, dp_fixed = runs["article-example1"], runs["dp-broken"], runs["dp-fixed"]
+    pinned, ddp_broken, bucketing = runs["pinned-layer"], runs["ddp-broken"], runs["bucketing"]
     e1, b, f, p = dp_summary(example1), dp_summary(dp_broken), dp_summary(dp_fixed), pinned_summary(pinned)
 
     def dp_part(holds: bool, *rs: RunResult) -> claims.Part:

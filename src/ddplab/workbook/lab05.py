@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Mapping
 
 import ddplab
 from ddplab import claims, ports
@@ -302,10 +303,14 @@ def plot(pairs_by_variant: dict, times: dict):
     return fig
 
 
-def claim_inputs(taken, article, fixed_pairs, two_pairs, netstat_taken: NetstatCheck,
-                 netstat_free: NetstatCheck, alone) -> claims.Inputs:
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there.
-    ``alone``: one two-jobs job by itself on a hand-chosen free port."""
+    Keys read: "port-taken", "article-retry", "two-jobs" (one two-jobs job by itself on a hand-chosen
+    free port), "two-jobs-pairs" and "fixed-free-port-pairs" (two_jobs()'s Pairs of that variant),
+    "netstat-taken" and "netstat-free" (article_netstat()'s NetstatCheck on the held, then released, port)."""
+    taken, article, alone = runs["port-taken"], runs["article-retry"], runs["two-jobs"]
+    two_pairs, fixed_pairs = runs["two-jobs-pairs"], runs["fixed-free-port-pairs"]
+    netstat_taken, netstat_free = runs["netstat-taken"], runs["netstat-free"]
     d = diagnose(taken)
     c2 = counts(two_pairs)
     joined = [r for p in two_pairs for r in p.results if r.status == "ok"]

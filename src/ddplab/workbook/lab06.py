@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -299,10 +299,16 @@ def _within_stay(r) -> tuple[bool, str]:
                                           f"error came {', '.join(f'{d:g}' for d in late)} s later")
 
 
-def claim_inputs(missing, sweep: Sweep, unreachable, master: SilentMaster, article, mismatches: dict,
-                 sleep_s: float = ARTICLE_SLEEP_S) -> claims.Inputs:
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there.
-    ``mismatches``: {"port": run, "world-size": run} of env-mismatch."""
+    Keys read: "missing-rank", "unreachable-master", "article-sleep" (runs of those variants),
+    "timeout-sweep" (timeout_sweep()'s Sweep), "silent-master" (run_unreachable()'s SilentMaster) and
+    "env-mismatch": {"port": run, "world-size": run} of env-mismatch."""
+    missing, unreachable, article = runs["missing-rank"], runs["unreachable-master"], runs["article-sleep"]
+    sweep: Sweep = runs["timeout-sweep"]
+    master: SilentMaster = runs["silent-master"]
+    mismatches: dict = runs["env-mismatch"]
+    sleep_s = ARTICLE_SLEEP_S
     fails = [p for p in sweep.points if p["outcome"] == "failed"]
     oks = [p for p in sweep.points if p["outcome"] == "ok"]
     named = [("missing-rank", missing), ("unreachable-master", unreachable),

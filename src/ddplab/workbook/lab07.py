@@ -17,6 +17,7 @@ import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Mapping
 
 import ddplab
 from ddplab.errors import DdplabError
@@ -466,10 +467,15 @@ def _gains(r: dict) -> tuple[int, int, float]:
     return k, n, sign_test_p(k, n)
 
 
-def claim_inputs(grid, srows, frows, link, copy_bw, mrows, dp=None) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there. ``dp``:
-    the 'dataparallel' run, when there was one (real nn.DataParallel needs GPUs). Compression is shown but
-    supplies no part: on loopback fewer bytes cost memory copies, not a link (lab 09 judges it)."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys read:
+    "grid" (summarize() of the broken run), "scaling-rows" (scaling_rows() of one config), "fix-rows"
+    (fix_rows()), "link-rows" and "copy-bw" (link_rows()'s two), "model-rows" (dp_model()), and
+    "dataparallel": that variant's run, absent or None when there was none (real nn.DataParallel needs
+    GPUs). Compression is shown but supplies no part: on loopback fewer bytes cost memory copies, not a
+    link (lab 09 judges it)."""
+    grid, srows, frows, mrows = runs["grid"], runs["scaling-rows"], runs["fix-rows"], runs["model-rows"]
+    link, copy_bw, dp = runs["link-rows"], runs["copy-bw"], runs.get("dataparallel")
     c = corner(grid)
     lm, sm = c["large_model_small_batch"], c["small_model_large_batch"]
     big = max(link, key=lambda r: r["bytes"])

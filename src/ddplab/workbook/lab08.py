@@ -7,6 +7,8 @@ ranks by hand); the all-reduces counted by a DDP comm hook; each rank's sampler 
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import ddplab
 from ddplab import catalog
 from ddplab.errors import DdplabError
@@ -171,8 +173,12 @@ def _shares(r) -> tuple[bool, bool]:
     return equal, shards_cover_dataset(r)
 
 
-def claim_inputs(r_article, r_fixed, r_no, r_yes, r_env) -> claims.Inputs:
-    """What the five runs measured for the register's claims (ddplab.claim_register); judged there."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What the five runs measured for the register's claims (ddplab.claim_register); judged there. Keys
+    read (variant names): "accumulate-article", "accumulate-fixed", "sampler-no-set-epoch",
+    "sampler-set-epoch", "no-master-env"."""
+    r_article, r_fixed = runs["accumulate-article"], runs["accumulate-fixed"]
+    r_no, r_yes, r_env = runs["sampler-no-set-epoch"], runs["sampler-set-epoch"], runs["no-master-env"]
     s = accumulation_summary(r_article, r_fixed)
     art = [a for a in accumulation(r_article) if a["k"] > 1]
     kmax = max(s["ks"])

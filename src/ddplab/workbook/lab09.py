@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from typing import Mapping
 
 import ddplab
 from ddplab import catalog, claims, classify
@@ -285,9 +286,12 @@ def compression_test(points, rate) -> tuple[str, float]:
     return text or "no hook timed", min(1.0, min(tests.values(), default=1.0) * max(1, len(tests)))
 
 
-def claim_inputs(points, lossy, lossless, firewall, fixed_firewall) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there.
-    ``lossless``: the lossy-link variant with drop_percent=0, run just before ``lossy``."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys
+    read: "sweep" (sweep()'s points), "lossy-link", "lossless" (the lossy-link variant with
+    drop_percent=0, run just before "lossy-link"), "firewall", "fixed-firewall"."""
+    points, lossy, lossless = runs["sweep"], runs["lossy-link"], runs["lossless"]
+    firewall, fixed_firewall = runs["firewall"], runs["fixed-firewall"]
     caps = [p.rate_mbit for p in points if p.rate_mbit is not None]
     free, low = point(points, None, "none"), point(points, min(caps), "none") if caps else None
     if free is None or low is None:

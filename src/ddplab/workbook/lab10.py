@@ -8,6 +8,8 @@ article 002's custom layer meets under DataParallel (real only on 2+ GPUs, else 
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import ddplab
 from ddplab import catalog, claims
 from ddplab.errors import DdplabError
@@ -245,8 +247,12 @@ def plot_consequences(r_cost, r_bn, r_module, r_init):
 # Claim check and exercises
 # ------------------------------------------------------------------------------------------------
 
-def claim_inputs(r_unused, r_cost, r_eval, r_eval_fixed, r_module, r_init, r_dp) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
+def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys
+    read (variant names): "unused-params", "unused-fixed", "eval-rank0", "eval-fixed", "module-forward",
+    "rank-init", "dp-custom-layer"."""
+    r_unused, r_cost, r_eval, r_eval_fixed = runs["unused-params"], runs["unused-fixed"], runs["eval-rank0"], runs["eval-fixed"]
+    r_module, r_init, r_dp = runs["module-forward"], runs["rank-init"], runs["dp-custom-layer"]
     w = waits(r_eval)
     deadlock = (r_eval.status == "hung" and all(x["kind"] == "collective" for x in w.values()))
     rows = replicas(r_module)

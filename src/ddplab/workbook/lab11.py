@@ -13,6 +13,7 @@ import math
 import os
 import statistics
 from pathlib import Path
+from typing import Mapping
 
 import ddplab
 from ddplab import catalog, claims
@@ -290,8 +291,10 @@ CPU_SCALER = ("torch.amp.GradScaler under bf16 autocast on the CPU, in place of 
               "loss scaling, so nothing here shows scaling handled appropriately")
 
 
-def claim_inputs(ramp: RunResult, r_sync: RunResult, r_slow: RunResult) -> claims.Inputs:
-    """What these runs measured for the register's claims (ddplab.claim_register); judged there."""
+def claim_inputs(runs: Mapping[str, RunResult]) -> claims.Inputs:
+    """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys
+    read (variant names): "amp", "scaler-inf", "slow-loader"."""
+    ramp, r_sync, r_slow = runs["amp"], runs["scaler-inf"], runs["slow-loader"]
     s = amp_summary(ramp)
     gpu = on_gpu(ramp)
     mem = (f"; peak GPU memory {s['peak_mb_amp']:.0f} vs {s['peak_mb_fp32']:.0f} MiB" if gpu else "")
