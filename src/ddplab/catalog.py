@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,12 +76,16 @@ class Lab:
 _LAB_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 
 
+_PARSE = threading.Lock()
+
+
 def read_lab(path: Path) -> Lab:
     """Parse the literal ``LAB`` dict of one lab script."""
     m = _LAB_FILE.match(path.name)
     if not m:
         raise ValueError(f"{path.name}: lab scripts are named NN_name.py")
-    tree = ast.parse(path.read_text(), filename=str(path))
+    with _PARSE:   # CPython 3.11's parser is not safe in parallel threads ("AST constructor recursion depth mismatch")
+        tree = ast.parse(path.read_text(), filename=str(path))
     spec = None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAB" for t in node.targets):
