@@ -73,10 +73,6 @@ class Paths:
         return f" at {f.short()}"
 
 
-def _at(r: "RankResult") -> str:
-    return f" at {r.frame.short()}" if r.frame else ""
-
-
 def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
     """One rank's state at the end of the run, without its number: "in barrier #21 at train.py:16 in main"."""
     at = (paths or Paths()).at(r)
@@ -112,11 +108,6 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
         return f"failed with {r.error.type}: {_first_line(r.error.message)}{at}"
     how = f"exit code {r.exit_code}" if r.exit_code is not None else (r.signal or "an unknown signal")
     return f"ended ({how}){done}"
-
-
-def rank_phrase(r: "RankResult", result: "RunResult | None" = None) -> str:
-    """One rank's state at the end of the run, as a clause starting with "rank N"."""
-    return f"rank {r.rank}: {state_phrase(r)}"
 
 
 def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:

@@ -229,24 +229,25 @@ def _expected(v: catalog.Variant) -> str:
     return v.expect + (f" [{v.signature}]" if v.signature else "")
 
 
+def _module(number: str):
+    """Lab ``number``'s workbook module (ddplab.workbook.labNN), or None when it has none."""
+    try:
+        return importlib.import_module(f"ddplab.workbook.lab{number}")
+    except ModuleNotFoundError:
+        return None
+
+
 def requirement(number: str):
     """What this machine lacks for lab ``number`` (its workbook module's ``requirement()``: a
     system.Need), or None when it can run here (or declares no requirement)."""
-    try:
-        mod = importlib.import_module(f"ddplab.workbook.lab{number}")
-    except ModuleNotFoundError:
-        return None
-    fn = getattr(mod, "requirement", None)
+    fn = getattr(_module(number), "requirement", None)
     return fn() if fn is not None else None
 
 
 def _runner(number: str):
     """A lab's own workbook runner when it has one (it sets the variant's knobs: a port held by
     another process, a rank that starts late, ...), else the plain launcher with the lab's defaults."""
-    try:
-        mod = importlib.import_module(f"ddplab.workbook.lab{number}")
-    except ModuleNotFoundError:
-        mod = None
+    mod = _module(number)
     fn = getattr(mod, "run_variant", None) or getattr(mod, "run", None)
     return fn if fn is not None else (lambda variant: run(number, variant=variant, progress=None))
 
