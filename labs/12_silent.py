@@ -24,7 +24,6 @@ Variants (each also as NAME-fixed):
                     differ between replicas (fix: buffer sync on).
 """
 import hashlib
-import inspect
 
 import torch
 import torch.nn as nn
@@ -33,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from ddplab import lab
+from ddplab.lab_ddp import buffer_sync   # DDP's buffer-sync switch, named as this torch names it
 
 LAB = {
     "title": "Ok but wrong: replicas that drift, samples seen twice, gradients never averaged, buffers that differ",
@@ -81,12 +81,6 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x))
-
-
-def buffer_sync(on: bool) -> dict:
-    """DDP's buffer-sync switch: torch >= 2.13 names it forward_sync_buffers (broadcast_buffers before)."""
-    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
-    return {name: on}
 
 
 def loader_for(variant: str, train, ctx, seed: int):
