@@ -293,3 +293,33 @@ def test_stamp_measured_time_takes_the_metadata_number():
     assert build.stamp_measured_time(nb)["cells"][0]["source"] == "**Measured time:** 62 s, executed headless; 53 s"
     plain = {"metadata": {"ddplab": {"seconds": 9.4}}, "cells": [{"cell_type": "markdown", "source": ["*Measured time: 12 s, x"]}]}
     assert build.stamp_measured_time(plain)["cells"][0]["source"] == "*Measured time: 9 s, x"
+
+
+def test_catalog_parse_retries_cpython_311s_spurious_ast_error_and_raises_real_ones(tmp_path, monkeypatch):
+    """python/cpython#106905: a parse overlapping another thread's raises a SystemError that a
+    second parse does not; a SyntaxError, or a mismatch that keeps coming back, is raised."""
+    import ast
+    from ddplab import catalog
+    real, calls = ast.parse, []
+
+    def flaky(source, filename="<unknown>", fails=1):
+        calls.append(filename)
+        if len(calls) <= fails:
+            raise SystemError("AST constructor recursion depth mismatch (before=150, after=183)")
+        return real(source, filename=filename)
+
+    good = tmp_path / "a.py"
+    good.write_text("LAB = {'title': 't'}\n")
+    monkeypatch.setattr(catalog.ast, "parse", flaky)
+    assert isinstance(catalog.parse(good).body[0], ast.Assign) and len(calls) == 2
+    assert catalog.parse(good) is catalog.parse(good) and len(calls) == 2      # parsed once per version
+    always = tmp_path / "b.py"
+    always.write_text("x = 1\n")
+    monkeypatch.setattr(catalog.ast, "parse", lambda s, filename="": flaky(s, filename, fails=99))
+    with pytest.raises(SystemError):
+        catalog.parse(always)
+    monkeypatch.setattr(catalog.ast, "parse", real)
+    bad = tmp_path / "c.py"
+    bad.write_text("def (:\n")
+    with pytest.raises(SyntaxError):
+        catalog.parse(bad)

@@ -200,7 +200,7 @@ def test_every_lab_with_a_measured_variant_imports_ddplab_lab_where_its_ranks_wa
     measured = [lab for lab in catalog.labs() if any(v.measured for v in lab.variants)]
     assert {lab.number for lab in measured} >= {"07", "09", "10", "11"}
     for lab in measured:
-        tree = ast.parse(lab.path.read_text())
+        tree = catalog.parse(lab.path)
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ddplab"
                     for a in n.names} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "lab" in imported or "ddplab.lab" in imported, f"{lab.path.name} does not import ddplab.lab"

@@ -77,6 +77,33 @@ _LAB_FILE = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 
 
 _PARSE = threading.Lock()
+_TREES: dict[tuple[str, int, int], ast.Module] = {}
+
+
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of a Python file, parsed once per (path, mtime, size).
+
+    CPython 3.11 before 3.11.8 keeps ast.parse's recursion counter in shared state
+    (python/cpython#106905): a parse that overlaps another thread's (traceback formatting in 3.11
+    calls ast.parse too, which no lock here can cover) raises a spurious
+    "SystemError: AST constructor recursion depth mismatch". The lock covers ddplab's own parses;
+    a spurious error is retried, and a real one (a SyntaxError, a mismatch that repeats) is raised.
+    """
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _PARSE:
+        tree = _TREES.get(key)
+        if tree is None:
+            source = path.read_text()
+            for attempt in range(5):
+                try:
+                    tree = ast.parse(source, filename=str(path))
+                    break
+                except SystemError as e:
+                    if "recursion depth mismatch" not in str(e) or attempt == 4:
+                        raise
+            _TREES[key] = tree
+    return tree
 
 
 def read_lab(path: Path) -> Lab:
@@ -84,8 +111,7 @@ def read_lab(path: Path) -> Lab:
     m = _LAB_FILE.match(path.name)
     if not m:
         raise ValueError(f"{path.name}: lab scripts are named NN_name.py")
-    with _PARSE:   # CPython 3.11's parser is not safe in parallel threads ("AST constructor recursion depth mismatch")
-        tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     spec = None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAB" for t in node.targets):
