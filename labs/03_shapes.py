@@ -4,15 +4,14 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/03_shapes.py --variant gather-ragged
     TORCH_DISTRIBUTED_DEBUG=DETAIL TORCH_CPP_LOG_LEVEL=INFO torchrun --nproc-per-node 2 labs/03_shapes.py --variant gather-ragged
+    # DETAIL names the collective and the shapes; torch 2.13 crashes with it when DDP is built on gloo
     ddplab run 03 --variant gather-ragged     # the same, judged by progress, with a diagnosis
 
-Article 000, Example 3, says ranks whose batches differ in size (10 vs 20 rows) make DDP's
-all-reduce "fail silently" and hang. They do not: DDP all-reduces GRADIENTS, which have the
-parameters' shapes whatever the batch size. What really goes wrong there is silent: DDP averages the
-ranks' mean gradients with equal weights, so 10 rows count as much as 20. Collectives on tensors whose
-SHAPES differ (gathering ragged predictions) do break: with gloo the rank whose slot is too small
-aborts (SIGABRT), while the other rank's all_gather returns a WRONG result without any error (it may
-even finish before torchrun stops it); NCCL can hang or corrupt.
+Article 000 says batches of different sizes (Example 3: 10 vs 20 rows) make DDP's all-reduce "fail
+silently" and hang. They do not: DDP all-reduces GRADIENTS, shaped like the parameters; what goes wrong
+is silent (each rank's mean weighs the same, so 10 rows count as 20). Collectives on tensors whose SHAPES
+or DTYPES differ do break: with gloo the rank whose slot is too small aborts (SIGABRT), its peer may get
+a wrong result; equal byte counts (float32 vs int32) give wrong numbers with no error. NCCL can hang.
 
 Variants:
   article-example   rank 0 has 10 rows, rank 1 20: DDP runs fine; the gradient is mis-weighted (FIX: weight by rows).
@@ -20,14 +19,12 @@ Variants:
   model-mismatch    a layer whose width depends on the rank: DDP refuses it at construction.
   fixed-pad-gather  gather the sizes, pad to the largest, gather, trim: equals the single-process result.
   fixed-guard       a shape check before each gather (one tiny all_gather) that names the ranks and shapes.
-
-TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched collective and shapes around PLAIN collectives
-(gather-ragged), but on torch 2.13 CPU it crashes (SIGSEGV) when DDP is constructed on gloo, so do not
-use it with article-example, model-mismatch or fixed-guard.
+  dtype-mismatch    all_reduce of per-shard statistics: float32 on rank 0, float64 on rank 1 (its shard's file).
+  dtype-silent      the same with float64 on rank 0, int64 on rank 1: as many bytes, so no error, wrong sums.
+  fixed-dtype       the shard is cast to float32 as it is loaded: equals the single-process statistics.
 """
 import copy
 import os
-import statistics
 import time
 
 import torch
@@ -36,7 +33,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddplab import lab
-from ddplab.lab_gather import ShapeMismatchError, mismatch_message, pad_gather, shapes_of
+from ddplab.lab_gather import ShapeMismatchError, guard_cost, mismatch_message, pad_gather, shapes_of
 
 LAB = {
     "title": "Mismatched shapes across ranks: what hangs and what does not",
@@ -54,6 +51,12 @@ LAB = {
                              "about": "gather sizes, pad to the largest, gather, trim: equals single-process predictions"},
         "fixed-guard": {"expect": "ok", "signature": None,
                         "about": "a shape check before each gather names ranks and shapes (then pads, or raises with --on-mismatch raise)"},
+        "dtype-mismatch": {"expect": "failed", "signature": "gloo-size-mismatch",
+                           "about": "all_reduce of shard statistics, float32 on rank 0 and float64 on rank 1: gloo aborts"},
+        "dtype-silent": {"expect": "ok", "signature": None,
+                         "about": "float64 on rank 0, int64 on rank 1 (8 bytes each): no error, every rank's sums wrong"},
+        "fixed-dtype": {"expect": "ok", "signature": None,
+                        "about": "each shard cast to float32 as it is loaded: the statistics equal the single-process ones"},
     },
 }
 
@@ -139,35 +142,34 @@ def evaluate(ctx, variant: str, on_mismatch: str) -> None:
                equal=bool(preds.shape == reference.shape and torch.allclose(preds, reference, atol=1e-6)))
 
 
-def guard_cost(ctx, steps: int) -> None:
-    """Per training step: the guard's time against the step's own time (forward, backward, DDP all-reduce)."""
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(ctx.device))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 64, device=ctx.device), torch.randint(0, 10, (64,), device=ctx.device)
-    step_s, guard_s = [], []
-    for i in range(steps + 3):                           # 3 warm-up steps
-        with lab.StepTimer() as tg:
-            shapes_of(x, ctx.world_size)                 # the guard on this step's batch
-        with lab.StepTimer() as ts:
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        if i >= 3:
-            guard_s.append(tg.seconds)
-            step_s.append(ts.seconds)
-    g, s = statistics.median(guard_s) * 1e3, statistics.median(step_s) * 1e3
-    lab.record("guard_cost", steps=steps, guard_ms=g, step_ms=s, overhead_pct=100 * g / s)
-
-
 def model_mismatch(ctx, *_) -> None:
     net = nn.Linear(8, 4 + ctx.rank)                 # BROKEN: the layer width depends on the rank
     lab.record("built", weight_shape=list(net.weight.shape))
     DDP(net.to(ctx.device))                          # DDP compares parameter shapes across ranks here
 
 
+SHARD_DTYPE = {"dtype-mismatch": (torch.float32, torch.float64), "dtype-silent": (torch.float64, torch.int64),
+               "fixed-dtype": (torch.float32, torch.float64)}   # each shard file's dtype: (rank 0's, the others')
+
+
+def shard_stats(ctx, variant: str, *_) -> None:
+    """Normalisation statistics over every rank's shard: sum and sum of squares, all-reduced."""
+    shards = torch.randint(0, 10, (ctx.world_size, EVAL_ROWS, 4), generator=torch.Generator().manual_seed(2))
+    reference = torch.stack([shards.sum((0, 1)), (shards * shards).sum((0, 1))]).double()
+    x = shards[ctx.rank].to(SHARD_DTYPE[variant][min(ctx.rank, 1)])
+    if variant == "fixed-dtype":
+        x = x.to(torch.float32)                          # FIX: one dtype on every rank, chosen by the code
+    stats = torch.stack([x.sum(0), (x * x).sum(0)]).to(ctx.device)
+    lab.record("start", dtype=str(stats.dtype).removeprefix("torch."), bytes_per_element=stats.element_size())
+    dist.all_reduce(stats)                               # BROKEN unless every rank's stats have one dtype
+    got = stats.cpu().double()
+    lab.record("compare", rows=EVAL_ROWS * ctx.world_size, equal=bool(torch.equal(got, reference)),
+               max_abs_diff=(got - reference).abs().max().item(), sums=got[0].tolist())
+
+
 # the variants that differ by procedure; the gather variants differ by a line (evaluate)
-PROCEDURES = {"article-example": lambda ctx, *_: article_example(ctx), "model-mismatch": model_mismatch}
+PROCEDURES = {"article-example": lambda ctx, *_: article_example(ctx), "model-mismatch": model_mismatch,
+              **dict.fromkeys(SHARD_DTYPE, shard_stats)}
 
 
 def main(variant: str, on_mismatch: str = "pad", steps: int = 30) -> None:

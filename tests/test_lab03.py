@@ -120,6 +120,25 @@ def test_fixed_guard_names_shapes_pads_and_measures_its_cost(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
+def test_dtype_mismatch_aborts_in_gloo_on_the_rank_whose_buffer_is_smaller(runs):
+    r = runs("dtype-mismatch")
+    assert (r.status, r.signature) == expected("dtype-mismatch") == ("failed", "gloo-size-mismatch")
+    rep = lab03.dtype_report(r)
+    assert {k: (v["dtype"], v["bytes"]) for k, v in rep["ranks"].items()} == {0: ("float32", 4), 1: ("float64", 8)}
+    assert rep["aborted_ranks"] == [0]                   # 4-byte slots, 8-byte elements arriving
+    m = lab03.gloo_report(r)
+    assert m["received_bytes"] == 2 * m["expected_bytes"]
+
+
+def test_dtype_silent_ends_ok_with_wrong_sums_on_every_rank_and_the_cast_fixes_them(runs):
+    silent, fixed = lab03.dtype_report(runs("dtype-silent")), lab03.dtype_report(runs("fixed-dtype"))
+    assert (silent["status"], fixed["status"]) == (expected("dtype-silent")[0], expected("fixed-dtype")[0]) == ("ok", "ok")
+    assert {v["bytes"] for v in silent["ranks"].values()} == {8} and len({v["dtype"] for v in silent["ranks"].values()}) == 2
+    assert [v["equal"] for v in silent["ranks"].values()] == [False, False] and silent["aborted_ranks"] == []
+    assert [v["equal"] for v in fixed["ranks"].values()] == [True, True]
+    assert {v["dtype"] for v in fixed["ranks"].values()} == {"float32"}
+
+
 def test_fixed_guard_raise_fails_with_a_clear_message(run_lab):
     r = run_lab("03", variant="fixed-guard", args=["--on-mismatch", "raise"])
     assert (r.status, r.signature) == ("failed", "tensor-size-mismatch")
@@ -156,13 +175,13 @@ def test_exercise_checkers_without_an_answer_say_not_yet():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_check_failing_right_wrong_and_adversarial(runs):
-    results = {v: runs(v, steps=10) if v == "fixed-guard" else runs(v) for v in lab03.VARIANTS}
+    results = {v: runs(v, steps=10) if v == "fixed-guard" else runs(v) for v in lab03.SHAPES}
     right = {"gather-ragged", "model-mismatch"}
     assert {v for v, r in results.items() if r.status == "failed"} == right
     exercise_cases.check_all(
         lab03.check_failing, results, right=[right, ["model-mismatch", "gather-ragged"]],
         neighbour={"gather-ragged", "fixed-guard"},            # what the guard's raise run shows: not its default
-        wrong=[set(), {"gather-ragged"}, right | {"article-example"}, set(lab03.VARIANTS),
+        wrong=[set(), {"gather-ragged"}, right | {"article-example"}, set(lab03.SHAPES),
                {"gather"}, {"ragged", "model"}, "gather-ragged,model-mismatch", {1, 2}, {"": 1}])
     c = lab03.check_failing.check({"gather-ragged"}, results)
     assert "model-mismatch" not in c.message
@@ -186,4 +205,5 @@ def test_claim_verdicts_follow_the_parts():
     assert verdict("example3-hang", incorrect_results=True, hang=False) == "wrong"    # DDP finishes: no hang
     assert verdict("example3-hang", incorrect_results=True, hang=True) == "holds"
     assert verdict("mismatch-errors-hang", errors=True, hang=False) == "partly"
+    assert verdict("mismatch-errors-hang", errors=False, hang=False) == "wrong"
     assert verdict("cryptic-errors", cryptic=True) == "holds"

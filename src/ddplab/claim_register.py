@@ -122,10 +122,12 @@ REGISTER: tuple[Claim, ...] = (
         "mismatch-errors-hang", "000",
         "Using improperly formatted input tensors across processes, for instance mismatched tensor dimensions or "
         "data types, can lead to errors in the collective operations, resulting in the hang.",
-        "judged on the runs whose collectives really see different shapes: gather-ragged (an all_gather of 7 vs 6 "
-        "rows) and model-mismatch (parameter shapes that differ, checked by DDP). Two parts: (1) errors in the "
-        "collective operations: both runs fail with an error raised in or around the collective; (2) the hang: "
-        "either run ends hung",
+        "judged on the runs whose collectives really see different shapes or data types: gather-ragged (an "
+        "all_gather of 7 vs 6 rows), model-mismatch (parameter shapes that differ, checked by DDP) and dtype-mismatch "
+        "(an all_reduce of float32 on rank 0, float64 on rank 1). Two parts: (1) errors in the collective "
+        "operations: all three runs fail with an error raised in or around the collective; (2) the hang: any of "
+        "them ends hung. dtype-silent (float64 against int64, as many bytes) is shown beside them, not a part: "
+        "'can lead to' is not contradicted by a mismatch that raises nothing",
         parts={"03": ("errors", "hang")}),
     Claim(
         "cryptic-errors", "000",

@@ -14,7 +14,9 @@ from ddplab.workbook import contract
 from ddplab.notebook import Check
 
 LAB = "03"
-VARIANTS = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
+SHAPES = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
+DTYPES = ("dtype-mismatch", "dtype-silent", "fixed-dtype")
+VARIANTS = SHAPES + DTYPES
 BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
@@ -117,6 +119,19 @@ def detail_report(result) -> dict | None:
             "shapes": {int(m.group(1)): shape(m.group(4)), int(m.group(5)): shape(m.group(7))}}
 
 
+def dtype_report(result) -> dict:
+    """dtype variants: each rank's dtype and bytes per element, and whether its all-reduced sums equal
+    the single-process ones (absent for a rank that did not get past the all_reduce)."""
+    start = {r["rank"]: r for r in result.records_of("start")}
+    done = {r["rank"]: r for r in result.records_of("compare")}
+    return {"status": result.status, "signature": result.signature,
+            "aborted_ranks": [r.rank for r in result.ranks if r.signal == "SIGABRT"],
+            "ranks": {k: {"dtype": v["dtype"], "bytes": v["bytes_per_element"],
+                          "equal": done[k]["equal"] if k in done else None,
+                          "max_abs_diff": done[k]["max_abs_diff"] if k in done else None}
+                      for k, v in sorted(start.items())}}
+
+
 def gloo_report(result) -> dict | None:
     """What bare gloo said: bytes received against bytes expected, and which rank aborted. Also which
     ranks got past the bad gather before torchrun stopped them, with what result: a race (the rank that
@@ -168,9 +183,11 @@ def plot(bare, detail, guard_raise, guard_ok):
 
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there.
-    Keys read: "article-example", "gather-ragged", "model-mismatch", "gather-ragged-detail" (gather-ragged
-    with detail=True) and "fixed-guard-raise" (fixed-guard with on_mismatch="raise")."""
+    Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-silent",
+    "gather-ragged-detail" (gather-ragged with detail=True) and "fixed-guard-raise" (fixed-guard with
+    on_mismatch="raise")."""
     article, bare, model = runs["article-example"], runs["gather-ragged"], runs["model-mismatch"]
+    dtype, silent = runs["dtype-mismatch"], dtype_report(runs["dtype-silent"])
     detail, guard_raise = runs["gather-ragged-detail"], runs["fixed-guard-raise"]
     g = grad_check(article)
     d = detail_report(detail)
@@ -187,10 +204,14 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             incorrect_results=g["rel_err_naive"] > 0.01, hang=article.status == "hung"),
         "mismatch-errors-hang": claims.evidence(
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
-            f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; hung: "
-            f"{[r.variant for r in (bare, model) if r.status == 'hung'] or 'neither'}",
-            errors=bare.status == "failed" and model.status == "failed",
-            hang="hung" in (bare.status, model.status)),
+            f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; dtype-mismatch: "
+            f"{dtype.status} [{dtype.signature}], rank(s) {dtype_report(dtype)['aborted_ranks']} aborted; hung: "
+            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, dtype-silent "
+            f"(dtypes of equal size: {', '.join(sorted({v['dtype'] for v in silent['ranks'].values()}))}) ended "
+            f"{silent['status']} with no error and sums equal to the single-process ones on "
+            f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",
+            errors=all(r.status == "failed" for r in (bare, model, dtype)),
+            hang="hung" in (bare.status, model.status, dtype.status)),
         "cryptic-errors": claims.evidence(
             f"bare gloo: {_gloo_words(rep)} (names shapes or the collective: {'yes' if names_shapes else 'no'}); "
             f"with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
@@ -210,16 +231,16 @@ def _gloo_words(rep: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def run_all(guard_steps: int = 30, **kw) -> dict:
-    """The five variants as the lab runs them by default (no DETAIL; fixed-guard pads), each once:
+    """The five shape variants as the lab runs them by default (no DETAIL; fixed-guard pads), each once:
     exercise 1's runs, which the notebook then reads one by one."""
-    return {v: run_variant(v, **({"steps": guard_steps} if v == "fixed-guard" else {}), **kw) for v in VARIANTS}
+    return {v: run_variant(v, **({"steps": guard_steps} if v == "fixed-guard" else {}), **kw) for v in SHAPES}
 
 
 def _failed(results: dict) -> list[frozenset]:
     return [frozenset(v for v, r in results.items() if r.status == "failed")]
 
 
-@answers.exercise("failing-variants", answers.Options(VARIANTS, "a set of variant names, like {\"fixed-guard\"}"),
+@answers.exercise("failing-variants", answers.Options(SHAPES, "a set of variant names, like {\"fixed-guard\"}"),
                   accepted=_failed, name="failing")
 def check_failing(answer: frozenset, results: dict) -> Check:
     """Exercise 1 (predicted before the runs): which variants end in 'failed' on 2 gloo ranks?
