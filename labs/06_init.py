@@ -16,6 +16,8 @@ Variants:
   late-rank           rank 1 starts --late-s seconds late (slow data staging); timeout shorter than that.
   unreachable-master  ranks other than 0 dial --master-addr, where nothing answers (a firewall).
   env-mismatch        rank 1 has a different MASTER_PORT (--mismatch port) or WORLD_SIZE (world-size).
+  wrong-backend       backend "nccl" written in (a GPU cluster's script) while the tensors are on the CPU.
+  fixed-backend       the backend chosen from the hardware: nccl with a GPU per rank, else gloo.
   article-sleep       the article's Example 2: default timeout, `except RuntimeError: time.sleep(60)`.
   fixed               an explicit timeout chosen on purpose; torchrun restarts the group if it fires.
   timeout-sweep       late-rank once per --sweep-timeouts x --sweep-delays trial, in one job (ends ok).
@@ -47,6 +49,10 @@ LAB = {
                                "about": "rank 1 dials a master address where nothing answers (firewall / wrong address)"},
         "env-mismatch": {"expect": "failed", "signature": "store-unreachable",
                          "about": "rank 1 was given another MASTER_PORT (or, with --mismatch world-size, another WORLD_SIZE)"},
+        "wrong-backend": {"expect": "failed", "signature": "nccl-without-gpu",
+                          "about": "init_process_group('nccl') with the tensors on the CPU: a CPU build of torch has no NCCL (a CUDA build fails at the first collective instead: no-backend-for-device)"},
+        "fixed-backend": {"expect": "ok", "signature": None,
+                          "about": "the backend chosen from the hardware (nccl with a GPU per rank, else gloo)"},
         "article-sleep": {"expect": "hung", "signature": "hang-rendezvous",
                           "about": "the article's try/except + sleep(60) with the default 30-minute timeout: no answer for half an hour"},
         "fixed": {"expect": "ok", "signature": None,
@@ -60,13 +66,9 @@ LAB = {
 # article-sleep: None, PyTorch's default (30 minutes), as the article's call sets none.
 DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-master": (3.0, 0.0),
             "env-mismatch": (3.0, 0.0), "article-sleep": (None, 0.0), "fixed": (10.0, 1.0),
-            "timeout-sweep": (None, 0.0)}
+            "timeout-sweep": (None, 0.0), "wrong-backend": (10.0, 0.0), "fixed-backend": (10.0, 0.0)}
+PORTS = "lab06/ports"   # the store key of two fresh ports: one for this lab's own store, one where nothing listens
 LINGER_S = 2.0   # a failed rank stays 2 s so the others' errors reach their logs too (see report())
-
-
-def own_ports(rank: int) -> tuple[int, int]:
-    """Two fresh ports: one for this lab's own store, one where nothing listens."""
-    return lab_store.shared_ports(rank, "lab06/ports")
 
 
 def init(rank: int, world: int, addr: str, port: int, timeout_s: float | None) -> float:
@@ -89,16 +91,16 @@ def report(rank: int, t0: float, e: BaseException, timeout_s: float | None) -> N
 # ---- one function per variant: the broken line and the fix differ visibly ------------------------
 
 def missing_rank(rank: int, world: int, addr: str, a) -> None:
-    init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)        # BROKEN: a rank that never starts
+    init(rank, world + 1, addr, lab_store.shared_ports(rank, PORTS)[0], a.timeout_s)        # BROKEN: a rank that never starts
 
 
 def late_rank(rank: int, world: int, addr: str, a) -> None:
-    late(rank, a.late_s)
+    lab_store.late(rank, a.late_s)
     lab.setup(timeout_s=a.timeout_s)                                    # BROKEN: timeout < rank 1's delay
 
 
 def unreachable_master(rank: int, world: int, addr: str, a) -> None:
-    port, dead = own_ports(rank)
+    port, dead = lab_store.shared_ports(rank, PORTS)
     where = a.master_addr
     if rank != 0 and where.startswith("127."):
         port = dead                    # loopback fallback: a port where nothing listens (refused, not dropped)
@@ -108,7 +110,7 @@ def unreachable_master(rank: int, world: int, addr: str, a) -> None:
 
 
 def env_mismatch(rank: int, world: int, addr: str, a) -> None:
-    port, other = own_ports(rank)
+    port, other = lab_store.shared_ports(rank, PORTS)
     if a.mismatch == "port":
         init(rank, world, addr, port if rank == 0 else other,          # BROKEN: rank 1 has another MASTER_PORT
              a.timeout_s * 3 if rank == 0 else a.timeout_s)
@@ -117,10 +119,19 @@ def env_mismatch(rank: int, world: int, addr: str, a) -> None:
         dist.barrier()
 
 
+def backend_choice(rank: int, world: int, addr: str, a) -> None:
+    if a.variant == "wrong-backend":
+        ctx = lab.setup("nccl", a.timeout_s, device="cpu")             # BROKEN: NCCL on CPU tensors
+    else:
+        ctx = lab.setup(timeout_s=a.timeout_s)                          # FIX: nccl with a GPU per rank, else gloo
+    lab.record("backend", backend=ctx.backend, device=str(ctx.device), cuda=torch.cuda.is_available())
+    dist.all_reduce(torch.ones(1, device=ctx.device))
+
+
 def article_sleep(rank: int, world: int, addr: str, a) -> None:
     lab_store.heartbeat(time.monotonic())   # records every 2 s how long init has waited so far (it never answers)
     try:                                                                # BROKEN: the article's Example 2
-        init(rank, world + 1, addr, own_ports(rank)[0], a.timeout_s)   # None (the article's): 30 minutes
+        init(rank, world + 1, addr, lab_store.shared_ports(rank, PORTS)[0], a.timeout_s)   # None (the article's): 30 minutes
     except RuntimeError as e:
         lab.record("init_failed", error=type(e).__name__, message=str(e)[:300])
         time.sleep(a.sleep_s)  # "allow time for other processes to report errors"
@@ -129,13 +140,14 @@ def article_sleep(rank: int, world: int, addr: str, a) -> None:
 
 def fixed(rank: int, world: int, addr: str, a) -> None:
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
-        late(rank, a.late_s)   # staging is slow the first time; after a restart it is cached
+        lab_store.late(rank, a.late_s)   # staging is slow the first time; after a restart it is cached
     lab.setup(timeout_s=a.timeout_s)                                    # FIX: a timeout chosen on purpose
     dist.barrier()
 
 
 VARIANTS = {"missing-rank": missing_rank, "late-rank": late_rank, "unreachable-master": unreachable_master,
-            "env-mismatch": env_mismatch, "article-sleep": article_sleep, "fixed": fixed}
+            "env-mismatch": env_mismatch, "article-sleep": article_sleep, "fixed": fixed,
+            "wrong-backend": backend_choice, "fixed-backend": backend_choice}
 
 
 def main(a) -> None:
@@ -154,12 +166,6 @@ def main(a) -> None:
         raise
     lab.record("init_done", seconds=round(time.monotonic() - t0, 3), world_size=dist.get_world_size())
     lab.teardown()
-
-
-def late(rank: int, late_s: float) -> None:
-    if rank == 1:
-        lab.record("late_start", late_s=late_s)
-        time.sleep(late_s)             # slow data staging, a busy node, a container still pulling
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import assert_nothing_left
 
 import ddplab
@@ -108,6 +109,12 @@ def test_variant_outcome(jobs, variant):
         assert all(k.where.frame.file.endswith("labs/06_init.py") for k in r.ranks)
         assert lab06.waiting_at_rendezvous(r) == (0, 1)
         assert r.stall is not None and r.stall.waited_for_timeout_s is None   # no timeout of PyTorch's to wait for
+    if variant == "wrong-backend":   # this torch: no NCCL at init; a CUDA build: no CPU path at the first collective
+        rep = lab06.backend_report(r)
+        assert rep["error"].startswith("RuntimeError"), rep
+        assert rep["in_init"] == (not torch.distributed.is_nccl_available()), rep
+    if variant == "fixed-backend":
+        assert lab06.backend_report(r)["backend"] == (["nccl"] if torch.cuda.device_count() >= 2 else ["gloo"])
     if variant == "fixed":
         done = r.records_of("init_done")
         assert sorted(d["rank"] for d in done) == [0, 1] and all(d["world_size"] == 2 for d in done)
@@ -202,7 +209,8 @@ def test_claim_check_is_computed_from_the_runs(jobs):
     cc = claims.check(lab06.claim_inputs({
         "missing-rank": jobs["variant:missing-rank"].result(), "timeout-sweep": jobs["sweep"].result(),
         "unreachable-master": unreachable, "silent-master": master, "article-sleep": jobs["variant:article-sleep"].result(),
-        "env-mismatch": {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()}}),
+        "env-mismatch": {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()},
+        "wrong-backend": jobs["variant:wrong-backend"].result(), "fixed-backend": jobs["variant:fixed-backend"].result()}),
         others={})
     v = cc.verdicts()
     states = lambda key: {k: p.state for k, p in cc.row(key).parts.items()}
@@ -219,6 +227,11 @@ def test_claim_check_is_computed_from_the_runs(jobs):
     assert v["firewall"] == ("partly" if HAS_NETNS else "not tested here")
     assert v["env-inconsistent"] == "holds"
     assert v["slow-network-default"] == "not tested here"
+    # the wrong backend fails and the chosen one runs; the article's two GPU examples are not measured here
+    assert states("wrong-backend") == {"wrong_backend_fails": "holds", "right_backend_runs": "holds",
+                                       "world_size_mismatch_fails": "holds", "gloo_single_machine_multi_gpu": "not measured",
+                                       "nccl_multi_node": "not measured"}
+    assert v["wrong-backend"] == "partly"
 
 
 @pytest.mark.multiprocess

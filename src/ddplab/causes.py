@@ -112,7 +112,7 @@ CAUSES: tuple[Cause, ...] = (
         (r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs|NCCL is not available",),
         "init_process_group('nccl') needs a CUDA build of torch and a GPU per rank; this torch has no NCCL (a CPU build, macOS or Windows).\n"
         "Use backend 'gloo' on CPU (or pick it: 'nccl' if torch.cuda.is_available() else 'gloo').",
-        sources=("https://github.com/bshall/hubert/issues/1", "https://github.com/pytorch/pytorch/issues/159742",
+        lab="06", sources=("https://github.com/bshall/hubert/issues/1", "https://github.com/pytorch/pytorch/issues/159742",
                  "https://github.com/modelscope/modelscope/issues/334")),
     Cause(
         "no-backend-for-device", "A tensor on a device the process group has no backend for",
@@ -121,7 +121,7 @@ CAUSES: tuple[Cause, ...] = (
         "The process group was made for one device (NCCL: CUDA tensors) and a collective got a tensor on another (a CPU tensor, "
         "often from .item() or a metric kept on the CPU).\nMove the tensor to the group's device first, or init with both: "
         "init_process_group('cpu:gloo,cuda:nccl').",
-        sources=("https://github.com/THUDM/SwissArmyTransformer/issues/173",
+        lab="06", sources=("https://github.com/THUDM/SwissArmyTransformer/issues/173",
                  "https://github.com/Lightning-AI/pytorch-lightning/issues/18803")),
     Cause(
         "syncbn-on-cpu", "SyncBatchNorm on the CPU",

@@ -259,6 +259,19 @@ REGISTER: tuple[Claim, ...] = (
                       "runtime_error")},
         unmeasured={"typically": "how often real DDP issues show each way: a frequency no lab run counts"}),
     Claim(
+        "wrong-backend", "001",
+        "This includes using the wrong backend (e.g., Gloo for single-machine multi-GPU, NCCL for multi-node "
+        "setups) or neglecting to properly handle world size and rank.",
+        "Lab 06, three parts: (1) the wrong backend for the hardware fails: init_process_group('nccl') with the "
+        "tensors on the CPU ends failed with an error naming NCCL or the device (nccl-without-gpu on a CPU build of "
+        "torch, no-backend-for-device on a CUDA build), not hung; (2) the backend chosen from the hardware (nccl with a "
+        "GPU per rank, else gloo) runs the same collective ok; (3) a rank given another WORLD_SIZE cannot form the "
+        "process group (env-mismatch, world-size). The article's two examples need GPUs and are not parts",
+        parts={"06": ("wrong_backend_fails", "right_backend_runs", "world_size_mismatch_fails")},
+        unmeasured={"gloo_single_machine_multi_gpu": "gloo across several GPUs of one machine: no machine here has 2 GPUs",
+                    "nccl_multi_node": "NCCL across nodes: no GPUs here; NCCL is PyTorch's recommended backend for "
+                                       "multi-node GPU training, so this example reads as a slip the course cannot test"}),
+    Claim(
         "amp-performance", "001",
         "The code also demonstrates the use of `apex` for mixed precision training, which can improve "
         "performance significantly.",

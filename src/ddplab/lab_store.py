@@ -77,3 +77,10 @@ def late_rank_sweep(rank: int, world: int, timeouts, delays) -> None:
         lab.record("trial", timeout_s=timeout_s, delay_s=delay, outcome=outcome,
                    seconds=round(time.monotonic() - t0, 3), error=err)
         store_barrier(store, f"sweep/{k}/end", world)
+
+
+def late(rank: int, late_s: float) -> None:
+    """Lab 06: rank 1 starts ``late_s`` seconds late (slow data staging, a busy node, a container still pulling)."""
+    if rank == 1:
+        lab.record("late_start", late_s=late_s)
+        time.sleep(late_s)

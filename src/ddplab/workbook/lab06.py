@@ -299,11 +299,20 @@ def _within_stay(r) -> tuple[bool, str]:
                                           f"error came {', '.join(f'{d:g}' for d in late)} s later")
 
 
+def backend_report(r) -> dict:
+    """wrong-backend / fixed-backend: how the run ended, the backend and device each rank got (absent
+    where init_process_group raised), and the first failing rank's own error."""
+    got = {x["rank"]: x for x in r.records_of("backend")}
+    return {"status": r.status, "signature": r.signature,
+            "backend": sorted({x["backend"] for x in got.values()}), "device": sorted({x["device"] for x in got.values()}),
+            "error": f"{r.cause.type}: {r.cause.message}" if r.cause else None, "in_init": _failed_in_init(r)}
+
+
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there.
     Keys read: "missing-rank", "unreachable-master", "article-sleep" (runs of those variants),
-    "timeout-sweep" (timeout_sweep()'s Sweep), "silent-master" (run_unreachable()'s SilentMaster) and
-    "env-mismatch": {"port": run, "world-size": run} of env-mismatch."""
+    "timeout-sweep" (timeout_sweep()'s Sweep), "silent-master" (run_unreachable()'s SilentMaster),
+    "env-mismatch": {"port": run, "world-size": run} of env-mismatch, "wrong-backend" and "fixed-backend"."""
     missing, unreachable, article = runs["missing-rank"], runs["unreachable-master"], runs["article-sleep"]
     sweep: Sweep = runs["timeout-sweep"]
     master: SilentMaster = runs["silent-master"]
@@ -324,6 +333,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     art_timeout_s = art_timeout if art_timeout is not None else DEFAULT_PG_TIMEOUT_S
     art_errors = article.records_of("init_failed")
     mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
+    wrong, right = backend_report(runs["wrong-backend"]), backend_report(runs["fixed-backend"])
     return claims.Inputs(LAB, {
         "timeout-at-these-steps": claims.evidence(
             "failed inside init_process_group: " + ", ".join(f"{name} [{r.signature}]: {_failed_in_init(r)}"
@@ -352,6 +362,14 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             "; ".join(f"rank 1 with another {'MASTER_PORT' if k == 'port' else 'WORLD_SIZE'}: {st} [{sig}]"
                       for k, (st, sig, _) in mm.items()),
             port_mismatch_fails=mm.get("port", (None, None, False))[2],
+            world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
+        "wrong-backend": claims.evidence(
+            f"nccl on CPU tensors: {wrong['status']} [{wrong['signature']}] ({wrong['error']}); the backend chosen from "
+            f"the hardware ({', '.join(right['backend'])} on {', '.join(right['device'])}): {right['status']}; rank 1 with "
+            f"another WORLD_SIZE: {mm.get('world-size', ('not run', None))[0]}",
+            wrong_backend_fails=wrong["status"] == "failed" and wrong["signature"] in ("nccl-without-gpu",
+                                                                                      "no-backend-for-device"),
+            right_backend_runs=right["status"] == "ok",
             world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
         "slow-network-default": claims.evidence(
             f"a rank arriving late stood in for a slow network: init answered after at most "
