@@ -51,7 +51,8 @@ class Claim:
         return article(self.article).cite()
 
 
-LATENCY = "no latency was added to any link (tc netem is absent here); only the bandwidth was capped"
+LATENCY = ("no lab adds latency to a link: Linux delays packets only with the netem qdisc, which the machine the "
+           "course was built on lacks (tc: 'Specified qdisc kind is unknown'); only the bandwidth was capped")
 
 REGISTER: tuple[Claim, ...] = (
     # ---- article 000: Why do PyTorch's DataParallel and DistributedDataParallel implementations hang indefinitely?
