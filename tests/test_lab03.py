@@ -166,7 +166,17 @@ def test_bad_requests_are_refused_before_any_rank_starts(kw, words, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_check_silently_wrong_right_wrong_and_adversarial(runs):
+    results = {v: runs(v) for v in lab03.DTYPES}
+    exercise_cases.check_all(
+        lab03.check_silently_wrong, results, right=[{"dtype-silent"}, ["dtype-silent"]], neighbour={"dtype-mismatch"},
+        wrong=[set(), {"dtype-silent", "dtype-mismatch"}, set(lab03.DTYPES), {"fixed-dtype"}, {"silent"}])
+
+
 def test_exercise_checkers_without_an_answer_say_not_yet():
+    assert not lab03.check_silently_wrong(None, {}).passed
     assert not lab03.check_failing(None, {}).passed
     assert not lab03.check_three_ranks(None).passed
     assert not lab03.check_three_ranks("maybe").passed

@@ -254,7 +254,7 @@ def check_failing(answer: frozenset, results: dict) -> Check:
 
 @answers.exercise("three-ranks", answers.Choice(answers.STATUSES), runs_answer=True)
 def check_three_ranks(answer: str, result=None, **kw) -> Check:
-    """Exercise 2 (predicted before the run): with 3 ranks the 45 evaluation rows split 15/15/15. What
+    """Exercise 3 (predicted before the run): with 3 ranks the 45 evaluation rows split 15/15/15. What
     does gather-ragged end with: 'ok', 'failed' or 'hung'? The checker runs it for real (about 8 s),
     or uses ``result``, such a run."""
     r = result if result is not None else run_variant("gather-ragged", nproc=3, **kw)
@@ -266,4 +266,21 @@ def check_three_ranks(answer: str, result=None, **kw) -> Check:
                         "and ask whether any all_gather sees different shapes")
 
 
-EXERCISES = answers.exercises(check_failing, check_three_ranks)
+def _silently_wrong(results: dict) -> list[frozenset]:
+    return [frozenset(v for v, r in results.items() if r.status == "ok"
+                      and not all(x["equal"] for x in dtype_report(r)["ranks"].values()))]
+
+
+@answers.exercise("dtype-silently-wrong", answers.Options(DTYPES, "a set of variant names, like {\"fixed-dtype\"}"),
+                  accepted=_silently_wrong, name="silently_wrong")
+def check_silently_wrong(answer: frozenset, results: dict) -> Check:
+    """Exercise 2 (predicted before the runs): which of the dtype variants end 'ok' with statistics that
+    differ from the single-process ones? ``results``: variant -> RunResult of each of DTYPES."""
+    truth = _silently_wrong(results)[0]
+    if answer == truth:
+        return Check(True, f"measured: {sorted(truth) or 'none'} ended ok with wrong sums")
+    return Check(False, "the runs say otherwise: for each variant ask how many bytes an element has on each rank, "
+                        "and whether gloo, which compares only bytes, can notice")
+
+
+EXERCISES = answers.exercises(check_failing, check_three_ranks, check_silently_wrong)
