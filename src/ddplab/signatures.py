@@ -83,8 +83,8 @@ CATALOG: tuple = CAUSES + (
     Signature(
         "gloo-size-mismatch", "Collective mismatch seen by gloo (received data size differs)",
         (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
-        "Two ranks were in different collectives (or the same one with different sizes) and gloo saw the bytes disagree.\n"
-        "Find the collective one rank calls and the other does not (an `if rank == 0:` or a different number of batches).",
+        "Two ranks were in different collectives, or in the same one with tensors of different shapes or dtypes: gloo saw the bytes disagree.\n"
+        "Find the collective one rank calls and the other does not (an `if rank == 0:`, a different number of batches), or print each rank's shape and dtype before it.",
         "01"),
     Signature(
         "ddp-model-mismatch", "DDP saw different models on different ranks",
