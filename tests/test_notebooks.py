@@ -129,13 +129,10 @@ def test_every_notebook_was_executed_at_one_commit():
 def test_the_instructor_route_quotes_the_stored_seconds():
     """docs/instructor.md's route gives each notebook's seconds as the stored execution recorded them
     (metadata.ddplab.seconds): a number typed by hand goes stale at the next execution."""
-    import re
+    from ddplab.workbook import build
     text = (ROOT / "docs" / "instructor.md").read_text()
     stored = {p.stem: round(json.loads(p.read_text())["metadata"]["ddplab"]["seconds"]) for p in NOTEBOOKS}
-    quoted = []
-    for names, values in re.findall(r"\| ((?:\d\d_[a-z_]+)(?: or \d\d_[a-z_]+)*) \| ([\d /]+) s \|", text):
-        quoted += zip([n.strip() for n in names.split(" or ")], [int(v) for v in values.split("/")])
-    quoted += [(n, int(v)) for n, v in re.findall(r"(\d\d_[a-z_]+)\s+\((\d+) s", text)]
+    quoted = build.route_seconds(text)
     assert len({n for n, _ in quoted}) >= 10, quoted
     wrong = [(n, v, stored[n]) for n, v in quoted if stored.get(n) != v]
     assert not wrong, f"docs/instructor.md quotes (notebook, seconds, stored): {wrong}"
@@ -285,6 +282,16 @@ def test_opening_quotes_the_recorded_seconds(path):
     m = build.MEASURED_TIME.search(first)
     assert m, "the opening cell says how long this notebook took to execute (Measured time: N s)"
     assert int(m.group(2)) == round(_recorded(path)["seconds"]), "run make notebooks: it writes the recorded seconds"
+
+
+def test_stamp_route_writes_each_notebooks_stored_seconds_and_keeps_the_rest():
+    from ddplab.workbook import build
+    text = ("| 0:15 | 01_hang | 50 s | x |\n| 2:30 | 07_scaling or 08_article_code | 33 / 18 s | y |\n"
+            "Take-home: 04_padding (25 s), 09_network\n(78 s; Linux), 10_ddp_safety (38 s).\n| 3:00 | 99_x | 5 s | z |\n")
+    got = build.stamp_route(text, {"01_hang": 61.4, "08_article_code": 19.6, "09_network": 101.0, "04_padding": 24.5})
+    assert build.route_seconds(got) == [("01_hang", 61), ("07_scaling", 33), ("08_article_code", 20), ("99_x", 5),
+                                        ("04_padding", 24), ("09_network", 101), ("10_ddp_safety", 38)]
+    assert got.replace("61", "50").replace("20 s", "18 s").replace("101", "78").replace("24 s", "25 s") == text
 
 
 def test_stamp_measured_time_takes_the_metadata_number():

@@ -444,6 +444,33 @@ def stamp_measured_time(nb: dict) -> dict:
     return nb
 
 
+ROUTE = catalog.REPO_DIR / "docs" / "instructor.md"
+_ROUTE_ROW = re.compile(r"(\| )((?:\d\d_[a-z_]+)(?: or \d\d_[a-z_]+)*)( \| )([\d /]+)( s \|)")
+_ROUTE_TEXT = re.compile(r"(\d\d_[a-z_]+)(\s+\()(\d+)( s)")
+
+
+def route_seconds(text: str) -> list[tuple[str, int]]:
+    """(notebook, seconds) as docs/instructor.md's route quotes them: table rows and "NN_name (N s"."""
+    quoted = []
+    for m in _ROUTE_ROW.finditer(text):
+        quoted += zip([n.strip() for n in m.group(2).split(" or ")], [int(v) for v in m.group(4).split("/")])
+    return quoted + [(m.group(1), int(m.group(3))) for m in _ROUTE_TEXT.finditer(text)]
+
+
+def stamp_route(text: str, seconds: dict[str, float]) -> str:
+    """The route with every notebook's seconds as its stored execution recorded them (a notebook not
+    in ``seconds`` keeps its number)."""
+    def row(m):
+        names = [n.strip() for n in m.group(2).split(" or ")]
+        old = [v.strip() for v in m.group(4).split("/")]
+        new = [str(round(seconds[n])) if n in seconds else v for n, v in zip(names, old)]
+        return f"{m.group(1)}{m.group(2)}{m.group(3)}{' / '.join(new)}{m.group(5)}"
+    text = _ROUTE_ROW.sub(row, text)
+    return _ROUTE_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}"
+                                     f"{round(seconds[m.group(1)]) if m.group(1) in seconds else m.group(3)}{m.group(4)}",
+                           text)
+
+
 def store(out: Path, names: list[str]) -> list[Path]:
     """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab), each opening
     with its own measured seconds, and every claim table judged from the parts of all of them (a
@@ -458,6 +485,10 @@ def store(out: Path, names: list[str]) -> list[Path]:
     for name, nb in zip(names, nbs):
         nbformat.write(nbformat.from_dict(nb), str(NOTEBOOK_DIR / name))
         copied.append(NOTEBOOK_DIR / name)
+    if ROUTE.is_file():   # the instructor's route quotes each notebook's seconds: from the same metadata
+        ROUTE.write_text(stamp_route(ROUTE.read_text(), {Path(n).stem: (nb["metadata"].get("ddplab") or {}).get("seconds")
+                                                        for n, nb in zip(names, nbs)
+                                                        if (nb["metadata"].get("ddplab") or {}).get("seconds") is not None}))
     return copied
 
 
