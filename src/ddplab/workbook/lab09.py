@@ -269,6 +269,61 @@ def preflight(variant: str, timeout_s: float = 3.0) -> dict[int, dict]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Nodes that disagree: the rank-side pre-flight on the same nodes, with the same launch
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """``ddplab.preflight``'s rank side run on a variant's nodes with the variant's launch (each node's
+    --nproc-per-node and environment), before any job: what the ranks recorded and compared."""
+    variant: str
+    status: str                  # the pre-flight run's own ending ("ok": every rank recorded and left)
+    seconds: float               # the pre-flight run, torchrun's start included (RunResult.wall_s)
+    agreement: "agreement_mod.Agreement"
+    run_dir: str
+
+    @property
+    def problems(self) -> list[str]:
+        return self.agreement.problems()
+
+    def world_sizes(self) -> dict[int, tuple[int, ...]]:
+        """{node: the WORLD_SIZE values its ranks were given}."""
+        out: dict[int, set] = {}
+        for r in self.agreement.ranks:
+            out.setdefault(r.node, set()).add(r.world_size)
+        return {n: tuple(sorted(v)) for n, v in sorted(out.items())}
+
+
+def launch_check(variant: str, wait_s: float = 10.0, **kw) -> LaunchCheck:
+    """The rank-side pre-flight (``python -m ddplab.preflight`` under each node's torchrun) on the
+    variant's network and launch: every rank records what it was given, then compares through
+    torchrun's store, waiting at most ``wait_s`` for the others, with no init_process_group. Other
+    keywords go to ddplab.run."""
+    from pathlib import Path
+
+    from ddplab import agreement as agreement_mod, preflight as preflight_mod
+
+    spec = network(variant)
+    cluster_mod.require()
+    env = {**spec.get("env", {}), **kw.pop("env", {})}
+    with cluster_mod.Cluster.from_spec(spec) as c:
+        # the stall window outlasts the ranks' own bounded wait: a rank polling the store is not stuck
+        r = ddplab.run(Path(preflight_mod.__file__), nproc=catalog.find_lab(LAB).nproc, env=env, cluster=c,
+                       args=("--timeout-s", str(wait_s)), stall_s=wait_s + 5, deadline_s=wait_s + 60, **kw)
+    return LaunchCheck(variant, r.status, r.wall_s, agreement_mod.from_run(r), r.run_dir)
+
+
+def disagree_facts(job, check: LaunchCheck) -> dict:
+    """The nodes-disagree job beside its pre-flight: how the job ended and where its ranks waited,
+    which rank numbers no process had, what each node's ranks were given, and the two times."""
+    return {"status": job.status, "signature": job.signature,
+            "waiting_in": sorted({r.where.kind for r in job.ranks if r.where is not None}),
+            "not_started": [r.rank for r in job.ranks if r.state == "not-started"],
+            "world_sizes": check.world_sizes(), "job_s": job.wall_s, "preflight_s": check.seconds,
+            "found": [d.field for d in check.agreement.disagreements]}
+
+
+# ----------------------------------------------------------------------------------------------
 # Claims
 # ----------------------------------------------------------------------------------------------
 
@@ -289,7 +344,8 @@ def compression_test(points, rate) -> tuple[str, float]:
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys
     read: "sweep" (sweep()'s points), "lossy-link", "lossless" (the lossy-link variant with
-    drop_percent=0, run just before "lossy-link"), "firewall", "fixed-firewall"."""
+    drop_percent=0, run just before "lossy-link"), "firewall", "fixed-firewall", "nodes-disagree",
+    "fixed-world-size" and "launch-check" (launch_check("nodes-disagree"))."""
     points, lossy, lossless = runs["sweep"], runs["lossy-link"], runs["lossless"]
     firewall, fixed_firewall = runs["firewall"], runs["fixed-firewall"]
     caps = [p.rate_mbit for p in points if p.rate_mbit is not None]
@@ -305,7 +361,18 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     drop = _drop_percent(lossy)
     fw = firewall_facts(firewall)
     hooks_text, hooks_p = compression_test(points, low.rate_mbit)
+    nd = disagree_facts(runs["nodes-disagree"], runs["launch-check"])
+    fixed_ws = runs["fixed-world-size"]
     return claims.Inputs(LAB, {
+        "env-inconsistent": claims.evidence(
+            "node 0 started 1 rank and node 1 2, with TORCH_ELASTIC_WORKER_IDENTICAL=1: WORLD_SIZE given "
+            + "; ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in nd["world_sizes"].items())
+            + f" (the pre-flight's records); job {nd['status']} [{nd['signature']}], ranks waiting in "
+            + (", ".join(nd["waiting_in"]) or "nothing") + f", no process was rank {nd['not_started']}; "
+            + f"the same nodes without it: job {fixed_ws.status} on {fixed_ws.nproc} ranks",
+            world_size_disagreement_stops_init="world_size" in nd["found"] and nd["status"] in ("hung", "failed")
+            and set(nd["waiting_in"]) <= {"rendezvous", "store"},
+            consistent_launch_forms_it=fixed_ws.status == "ok"),
         "bandwidth-impedes": claims.evidence(
             f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label} "
             f"({low.step_ms / free.step_ms:.1f}x); compute-only step {free.compute_ms:.0f} -> {low.compute_ms:.0f} ms",
