@@ -361,18 +361,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     drop = _drop_percent(lossy)
     fw = firewall_facts(firewall)
     hooks_text, hooks_p = compression_test(points, low.rate_mbit)
-    nd = disagree_facts(runs["nodes-disagree"], runs["launch-check"])
-    fixed_ws = runs["fixed-world-size"]
     return claims.Inputs(LAB, {
-        "env-inconsistent": claims.evidence(
-            "node 0 started 1 rank and node 1 2, with TORCH_ELASTIC_WORKER_IDENTICAL=1: WORLD_SIZE given "
-            + "; ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in nd["world_sizes"].items())
-            + f" (the pre-flight's records); job {nd['status']} [{nd['signature']}], ranks waiting in "
-            + (", ".join(nd["waiting_in"]) or "nothing") + f", no process was rank {nd['not_started']}; "
-            + f"the same nodes without it: job {fixed_ws.status} on {fixed_ws.nproc} ranks",
-            world_size_disagreement_stops_init="world_size" in nd["found"] and nd["status"] in ("hung", "failed")
-            and set(nd["waiting_in"]) <= {"rendezvous", "store"},
-            consistent_launch_forms_it=fixed_ws.status == "ok"),
+        "env-inconsistent": env_evidence(runs["nodes-disagree"], runs["launch-check"], runs["fixed-world-size"]),
         "bandwidth-impedes": claims.evidence(
             f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label} "
             f"({low.step_ms / free.step_ms:.1f}x); compute-only step {free.compute_ms:.0f} -> {low.compute_ms:.0f} ms",
@@ -407,6 +397,21 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"init_process_group {free.init_s:.2f} s uncapped, {low.init_s:.2f} s at {low.label}",
             init_slower_at_low_bandwidth=low.init_s >= 2 * free.init_s and low.init_s - free.init_s >= 1.0),
     })
+
+
+def env_evidence(job, launch: LaunchCheck, fixed) -> claims.Evidence:
+    """Lab 09's share of "env-inconsistent": the nodes-disagree job, its pre-flight (what each node's
+    ranks were given) and the fixed-world-size job (the same uneven nodes without the fast path)."""
+    nd = disagree_facts(job, launch)
+    return claims.evidence(
+        "node 0 started 1 rank and node 1 2, with TORCH_ELASTIC_WORKER_IDENTICAL=1: WORLD_SIZE given "
+        + "; ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in nd["world_sizes"].items())
+        + f" (the pre-flight's records); job {nd['status']} [{nd['signature']}], ranks waiting in "
+        + (", ".join(nd["waiting_in"]) or "nothing") + f", no process was rank {nd['not_started']}; "
+        + f"the same nodes without it: job {fixed.status} on {fixed.nproc} ranks",
+        world_size_disagreement_stops_init="world_size" in nd["found"] and nd["status"] in ("hung", "failed")
+        and bool(nd["waiting_in"]) and set(nd["waiting_in"]) <= {"rendezvous", "store"},
+        consistent_launch_forms_it=fixed.status == "ok")
 
 
 def _drop_percent(result) -> int | None:
@@ -483,4 +488,31 @@ def check_loopback_dial(answer: str, wrong_interface) -> Check:
                         "packets silently; what does a kernel say when a port has no listener?")
 
 
-EXERCISES = answers.exercises(check_blocked_listener, check_loopback_dial)
+def _node1_world_size(launch: LaunchCheck) -> list[int]:
+    return list(launch.world_sizes().get(1, ()))
+
+
+@answers.exercise("node-world-size", answers.Whole(1, 64, label="WORLD_SIZE"), accepted=_node1_world_size,
+                  name="predicted_world_size", once=True)
+def check_world_size(answer: int, launch: LaunchCheck) -> Check:
+    """Exercise "node-world-size" (predicted before the pre-flight, once): node 0's torchrun starts 1 rank,
+    node 1's starts 2, both with TORCH_ELASTIC_WORKER_IDENTICAL=1 (torchrun's fast path for nodes that are
+    all alike). What WORLD_SIZE does node 1's torchrun give its ranks? Checked against what node 1's ranks
+    recorded in ``launch_check("nodes-disagree")``."""
+    truth = _node1_world_size(launch)
+    if not truth:
+        raise DdplabError("this pre-flight has no record from node 1", hint="pass launch_check('nodes-disagree')")
+    others = {n: ws for n, ws in launch.world_sizes().items() if n != 1}
+    if answer in truth:
+        return Check(True, f"{answer}: node 1's torchrun computed it from its own command line alone (--nnodes x its "
+                           f"own --nproc-per-node), and node 0's did the same: "
+                           + ", ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in others.items())
+                           + ". Nobody counted the other node's ranks")
+    if answer == len(launch.agreement.ranks):
+        return Check(False, f"not {answer}: that is how many ranks the nodes start together, which torchrun adds up in "
+                            "its store when nodes may differ. With the fast path, whom does node 1's torchrun ask?")
+    return Check(False, f"not {answer}: with the fast path each node's torchrun asks no one. What can it compute "
+                        "from its own command line alone?")
+
+
+EXERCISES = answers.exercises(check_blocked_listener, check_loopback_dial, check_world_size)
