@@ -192,10 +192,8 @@ def exchange(store, me: Launched, wait_s: float = 10.0, settle_s: float = 1.0,
         if ready:
             last_new = now
         recs = list(got.values())
-        complete = len(recs) >= max(r.world_size for r in recs)
-        if complete and not compare(recs):
-            break
-        if (compare(recs) and now - last_new >= settle_s) or now - t0 >= wait_s:
+        complete, differ = len(recs) >= max(r.world_size for r in recs), bool(compare(recs))
+        if (complete and not differ) or (differ and now - last_new >= settle_s) or now - t0 >= wait_s:
             break
         time.sleep(poll_s)
     return tuple(got[i] for i in sorted(got)), round(time.monotonic() - t0, 3), complete

@@ -223,6 +223,9 @@ def _rank_main(timeout_s: float) -> None:
     found = agreement.compare(seen)
     lab.record("preflight-peers", pid=me.pid, seen=[x.to_dict() for x in seen], waited_s=waited, complete=complete,
                disagreements=[d.to_dict() for d in found])
+    if os.environ.get("LOCAL_RANK") == "0":     # one line a node, for whoever reads this node's output
+        lab.log(f"pre-flight: {len(seen)} ranks seen in {waited:.1f} s: "
+                + (" | ".join(d.sentence() for d in found) or ("all agree" if complete else "some did not arrive")))
 
 
 if __name__ == "__main__":
