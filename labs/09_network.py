@@ -21,6 +21,10 @@ Variants:
                    loopback and tells its peer to dial 127.0.1.1, which is the peer's own loopback.
   fixed-interface  the same hosts files, GLOO_SOCKET_IFNAME=eth0.
   lossy-link       node 1 drops 5% of the packets it receives: TCP retransmits, the job is slower.
+  nodes-disagree   node 0 starts 1 rank, node 1 starts 2, with TORCH_ELASTIC_WORKER_IDENTICAL=1: each node's
+                   torchrun computes WORLD_SIZE itself (2 and 4) and init_process_group waits for ranks that
+                   never come. On two machines: torchrun --nnodes 2 --nproc-per-node 1 (node 0) / 2 (node 1) ...
+  fixed-world-size the same uneven launch without it: torchrun adds up the nodes' ranks in its store (3).
 """
 import statistics
 import time
@@ -54,6 +58,10 @@ LAB = {
         # "measured": its verdict compares the step times of two runs, so make workbook runs it alone
         "lossy-link": {"expect": "ok", "signature": None, "measured": "step times with and without loss",
                        "about": "node 1 drops 5% of its incoming packets: slower, no stall"},
+        "nodes-disagree": {"expect": "hung", "signature": "hang-rendezvous",
+                           "about": "1 rank on node 0, 2 on node 1, TORCH_ELASTIC_WORKER_IDENTICAL=1: WORLD_SIZE 2 and 4"},
+        "fixed-world-size": {"expect": "ok", "signature": None,
+                             "about": "the same uneven nodes, torchrun's default rank assignment: WORLD_SIZE 3 on all"},
     },
     # The network ddplab builds around each variant (ddplab.cluster.Cluster.from_spec).
     "network": {
@@ -65,6 +73,9 @@ LAB = {
         "wrong-interface": {"nodes": 2, "self_hosts": "127.0.1.1"},
         "fixed-interface": {"nodes": 2, "self_hosts": "127.0.1.1", "env": {"GLOO_SOCKET_IFNAME": "eth0"}},
         "lossy-link": {"nodes": 2, "firewall": {"1": {"drop_percent": 5}}},
+        # "nproc": a node's own --nproc-per-node; the environment is every node's agent's (and ranks')
+        "nodes-disagree": {"nodes": 2, "nproc": {"1": 2}, "env": {"TORCH_ELASTIC_WORKER_IDENTICAL": "1"}},  # BROKEN
+        "fixed-world-size": {"nodes": 2, "nproc": {"1": 2}},                              # FIX: torchrun counts
     },
 }
 
@@ -100,7 +111,8 @@ def compressed(model: DDP, hook: str = "fp16"):
 
 
 VARIANTS = {"slow-link": plain, "fixed-compress": compressed, "firewall": plain, "fixed-firewall": plain,
-            "wrong-interface": plain, "fixed-interface": plain, "lossy-link": plain}
+            "wrong-interface": plain, "fixed-interface": plain, "lossy-link": plain, "nodes-disagree": plain,
+            "fixed-world-size": plain}
 
 
 def main(variant: str, steps: int = 8, hook: str = "fp16", compare: tuple = ()) -> None:

@@ -1,9 +1,12 @@
 """Lab 09 for real: two nodes (network namespaces) per run, one torchrun agent each. The CI budget
 runs the two failures and one fix here; every variant (and the rate sweep) runs in the notebook."""
+import json
+from pathlib import Path
+
 import pytest
 
 from conftest import assert_nothing_left
-from ddplab import catalog, cluster
+from ddplab import catalog, cluster, runfiles
 from ddplab.errors import DdplabError
 from ddplab.workbook import lab09
 
@@ -107,3 +110,71 @@ def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
     assert all(n["data"]["state"] == "open" for n in wi.values())        # the network itself is fine
     fixed = lab09.preflight("fixed-interface")
     assert all(n["ok"] and n["gloo_address"].startswith("10.213.0.") for n in fixed.values())
+
+
+# ---- nodes that disagree on WORLD_SIZE: the job, and the rank-side pre-flight on the same launch ----
+
+@pytest.fixture(scope="module")
+def disagree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab09-disagree")
+    out = {"launch": lab09.launch_check("nodes-disagree", run_root=root, progress=None),
+           "job": lab09.run_variant("nodes-disagree", steps=2, run_root=root, progress=None),
+           "fixed-launch": lab09.launch_check("fixed-world-size", run_root=root, progress=None),
+           "fixed": lab09.run_variant("fixed-world-size", steps=2, run_root=root, progress=None)}
+    assert out["job"].leftover == () and out["fixed"].leftover == ()
+    assert_nothing_left(str(root))
+    return out
+
+
+def test_nodes_that_disagree_hang_in_init_with_no_rank_1(disagree):
+    job = disagree["job"]
+    want = catalog.find_lab("09").variant("nodes-disagree")
+    assert (job.status, job.signature) == (want.expect, want.signature), job.headline()
+    # node 0's rank 0 and node 1's ranks 2-3 wait in init_process_group; no process was rank 1
+    assert {k.rank: k.state for k in job.ranks} == {0: "hung", 1: "not-started", 2: "hung", 3: "hung"}
+    assert {k.where.kind for k in job.ranks if k.where} == {"rendezvous"}
+    assert not job.records_of("joined")
+
+
+def test_the_launch_check_names_each_nodes_world_size_before_any_job(disagree):
+    launch = disagree["launch"]
+    assert launch.status == "ok"              # every rank recorded, compared and left: no init_process_group
+    assert launch.world_sizes() == {0: (2,), 1: (4,)}
+    assert [d.field for d in launch.agreement.disagreements] == ["world_size", "ranks"]
+    ws, ranks = launch.agreement.disagreements
+    assert [(s.value, s.nodes, s.ranks) for s in ws.sides] == [(2, (0,), (0,)), (4, (1,), (2, 3))]
+    assert ranks.missing == (1,) and "TORCH_ELASTIC_WORKER_IDENTICAL" in ws.fix
+    assert launch.problems[0].startswith("ranks disagree on WORLD_SIZE: node 0 (rank 0) WORLD_SIZE 2; node 1")
+    # each rank recorded its own launch first, then what it saw of the others; nothing else ran
+    files = sorted((Path(launch.run_dir) / runfiles.RANKS).glob("*" + runfiles.RECORDS))
+    assert [f.name for f in files] == [runfiles.rank_name(r, runfiles.RECORDS) for r in (0, 2, 3)]
+    for f in files:
+        assert [json.loads(ln)["event"] for ln in f.read_text().splitlines()] == ["preflight", "preflight-peers"]
+    assert launch.agreement.waited_s is not None and not launch.agreement.complete
+    assert len(launch.agreement.ranks) == 3 and {x.node for x in launch.agreement.ranks} == {0, 1}
+
+
+def test_the_same_uneven_nodes_without_the_fast_path_agree_and_train(disagree):
+    fixed, launch = disagree["fixed"], disagree["fixed-launch"]
+    assert launch.status == "ok" and launch.problems == [] and launch.agreement.ok
+    assert launch.world_sizes() == {0: (3,), 1: (3,)}
+    assert sorted(x.local_world_size for x in launch.agreement.ranks) == [1, 2, 2]
+    assert fixed.status == "ok" and {k.rank for k in fixed.ranks} == {0, 1, 2}
+    assert len(lab09.step_facts(fixed) and fixed.records_of("steps")) == 3
+
+
+def test_env_inconsistent_evidence_holds_from_these_runs(disagree):
+    from ddplab import claims
+    ev = lab09.env_evidence(disagree["job"], disagree["launch"], disagree["fixed"])
+    assert {k: p.state for k, p in ev.parts.items()} == {"world_size_disagreement_stops_init": "holds",
+                                                          "consistent_launch_forms_it": "holds"}
+    assert "node 0: 2; node 1: 4" in ev.measured
+    row = claims.judge_alone("env-inconsistent", "09", ev)
+    assert row.parts["world_size_disagreement_stops_init"].state == "holds"
+
+
+def test_check_world_size(disagree):
+    launch = disagree["launch"]
+    exercise_cases.check_all(lab09.check_world_size, launch, right=[4], neighbour=3, wrong=[2, 1, 8])
+    with pytest.raises(DdplabError):
+        lab09.check_world_size.check(4, lab09.LaunchCheck("x", "ok", 1.0, launch.agreement.__class__((), (), None, True), ""))

@@ -396,8 +396,23 @@ REGISTER: tuple[Claim, ...] = (
         "Problems establishing the process group can stem from inconsistencies in the environment variables used "
         "across nodes or incorrect configuration of the communication backend.",
         "holds if ranks that disagree on an environment variable init reads cannot form the process group: "
-        "a rank with another MASTER_PORT, and a rank with another WORLD_SIZE, each make init fail",
-        parts={"06": ("port_mismatch_fails", "world_size_mismatch_fails")}),
+        "lab 06 (one node): a rank with another MASTER_PORT, and a rank with another WORLD_SIZE, each make init "
+        "fail; lab 09 (two nodes): nodes whose torchrun agents give their ranks different WORLD_SIZE (1 and 2 ranks "
+        "a node with TORCH_ELASTIC_WORKER_IDENTICAL=1) stop the job in init_process_group, and the same uneven "
+        "nodes launched without it (torchrun adds up the nodes' ranks) form the process group and finish",
+        parts={"06": ("port_mismatch_fails", "world_size_mismatch_fails"),
+               "09": ("world_size_disagreement_stops_init", "consistent_launch_forms_it")}),
+    Claim(
+        "versions-inconsistent", "003",
+        "Inconsistent versions of PyTorch or the communication backend libraries across the distributed system "
+        "are a common issue.",
+        "a frequency (\"a common issue\") no run can count, about versions this machine cannot mix: lab 09's "
+        "rank-side pre-flight compares every rank's torch, Python and NCCL versions before init_process_group, "
+        "which a unit test on records checks, not a run",
+        parts={}, shown_in=("09",),
+        unmeasured={"common": "how often versions differ across real clusters: a frequency no lab run counts",
+                    "mismatch_breaks_init": "one torch build (and no NCCL) is installed here, so ranks with two "
+                                            "versions cannot be started on this machine"}),
     Claim(
         "slow-network-default", "003",
         "A slow or congested network can easily cause the initialization process to exceed the default timeout.",

@@ -82,7 +82,9 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
             f = ev.exits[rank]
             code = f["exitcode"]
             state, exit_code, sig = "exited", (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
-        elif not info and (returncode not in (0, None) or ended_by):
+        # no record of it while others have theirs: no process had this rank number, even in a job that
+        # ended 0 (nodes that disagree on WORLD_SIZE number their ranks past the ones started)
+        elif not info and (returncode not in (0, None) or ended_by or ev.infos):
             state, exit_code, sig = "not-started", None, None
         elif returncode == 0 or rank in ev.clean_exit:
             state, exit_code, sig = "exited", 0, None

@@ -223,11 +223,13 @@ class Cluster:
     ``rate_mbit``: a tbf cap on every node's link (None: none). ``firewall``: {node index: Firewall}.
     ``self_hosts``: what each node's own hostname resolves to in its hosts file: "address" (its eth0
     address, like a well set up cluster) or "127.0.1.1" (Debian's default /etc/hosts line).
+    ``nproc``: {node index: its own --nproc-per-node} where a node is launched unlike the others.
     """
     nodes: int = 2
     rate_mbit: float | None = None
     firewall: dict = field(default_factory=dict)
     self_hosts: str = "address"
+    nproc: dict = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: secrets.token_hex(2))
     members: list[Node] = field(default_factory=list, init=False)
     active: bool = field(default=False, init=False)
@@ -246,7 +248,16 @@ class Cluster:
                                drop_percent=int(v.get("drop_percent", 0)))
               for k, v in (spec.get("firewall") or {}).items()}
         return cls(nodes=int(spec.get("nodes", 2)), rate_mbit=spec.get("rate_mbit"), firewall=fw,
-                   self_hosts=spec.get("self_hosts", "address"))
+                   self_hosts=spec.get("self_hosts", "address"),
+                   nproc={int(k): int(v) for k, v in (spec.get("nproc") or {}).items()})
+
+    def nproc_of(self, index: int, default: int) -> int:
+        """The --nproc-per-node node ``index`` is launched with (``default``: the job's)."""
+        return self.nproc.get(index, default)
+
+    def ranks(self, default: int) -> int:
+        """How many rank processes the nodes start together (``default`` per node unless told)."""
+        return sum(self.nproc_of(i, default) for i in range(self.nodes))
 
     @property
     def bridge(self) -> str:
@@ -261,7 +272,7 @@ class Cluster:
         return {"run_id": self.run_id, "nodes": [
             {"index": n.index, "netns": n.netns, "address": n.address, "hostname": n.hostname,
              "rate_mbit": n.rate_mbit, "firewall": n.firewall.ruleset(f"{PREFIX}{self.run_id}") if n.firewall else None,
-             "hosts": n.hosts} for n in self.members]}
+             "hosts": n.hosts, "nproc": self.nproc.get(n.index)} for n in self.members]}
 
     def __enter__(self) -> "Cluster":
         require()
@@ -400,13 +411,19 @@ def agents_main(spec_path: str) -> int:
 
 
 def _node_of(error_file: Path, spec: dict) -> int | None:
-    """The node whose agent started the rank of an error record (rank // ranks per node)."""
+    """The node whose agent started the rank of an error record (torchrun numbers the ranks node by
+    node: the first node's nproc, then the next's)."""
     try:
         rank = int(json.loads(error_file.read_text())["rank"])
     except (OSError, ValueError, KeyError):
         return None
     per = int(spec.get("nproc_per_node", 1))
-    return rank // per if rank // per < len(spec["nodes"]) else None
+    first = 0
+    for i, node in enumerate(spec["nodes"]):
+        first += int(node.get("nproc", per))
+        if rank < first:
+            return i
+    return None
 
 
 def main(argv: list[str]) -> int:

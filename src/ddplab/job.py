@@ -150,14 +150,14 @@ def build_launch_command(job: Job) -> list[str]:
 
 
 def torchrun_command(job: Job, result: Path, nnodes: int, endpoint: str, local_addr: str,
-                     rdzv_conf: str | None = None) -> list[str]:
+                     rdzv_conf: str | None = None, nproc: int | None = None) -> list[str]:
     """One torchrun agent's command line (all of a single-node job; one node's share of a
     multi-node job, ``build_cluster_command``)."""
     return [
         # torchrun itself (torch.distributed.run), with its outcome also written as data.
         sys.executable, "-m", "ddplab._torchrun", str(result),
         "--nnodes", str(nnodes),
-        "--nproc-per-node", str(job.nproc),
+        "--nproc-per-node", str(job.nproc if nproc is None else nproc),
         # c10d rendezvous on loopback (or node 0's address); port 0 lets the store bind a free port
         # itself (no race).
         "--rdzv-backend", "c10d",
@@ -190,9 +190,10 @@ def build_cluster_command(job: Job, cluster) -> tuple[list[str], dict]:
         # is_host: node 0 hosts the rendezvous store because we say so, not because its hostname
         # resolves to the endpoint's address (with Debian's "127.0.1.1 <hostname>" line it would not,
         # and every agent would wait for a store nobody serves).
+        nproc = cluster.nproc_of(node.index, job.nproc)       # a node launched unlike the others (lab 09)
         cmd = node.exec_prefix() + torchrun_command(job, result, len(cluster.members), endpoint, node.address,
-                                                    rdzv_conf=f"is_host={int(node.index == 0)}")
-        nodes.append({"index": node.index, "command": cmd, "result": str(result),
+                                                    rdzv_conf=f"is_host={int(node.index == 0)}", nproc=nproc)
+        nodes.append({"index": node.index, "command": cmd, "result": str(result), "nproc": nproc,
                       "log": str(job.run_dir / runfiles.node_log(node.index))})
     spec = {"result": str(job.run_dir / runfiles.TORCHRUN), "nodes": nodes, "cluster": cluster.describe(),
             "ranks_dir": str(job.run_dir / runfiles.RANKS), "nproc_per_node": job.nproc}

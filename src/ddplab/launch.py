@@ -165,7 +165,7 @@ def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunR
     job.run_dir.mkdir(parents=True, exist_ok=True)
     (job.run_dir / runfiles.RANKS).mkdir(exist_ok=True)
     socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
-    world = job.nproc * (len(cluster.members) if cluster is not None else 1)
+    world = cluster.ranks(job.nproc) if cluster is not None else job.nproc
     cmd, penv, spec = build_command(job, cluster)
     if spec is not None:
         (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))

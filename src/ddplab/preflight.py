@@ -2,8 +2,10 @@
 
 Launcher side (no torch import): ``preflight(master_addr, port)`` dials ``master_addr:port`` over TCP
 (or, when the address is this machine's, checks that the port is free to bind), then runs this same
-file on ``nproc`` local ranks through ``ddplab.run``; every rank records its torch version and the
-WORLD_SIZE it was given, and checks with an all_gather that the others agree.
+file on ``nproc`` local ranks through ``ddplab.run``; every rank records what it was launched with
+(WORLD_SIZE, LOCAL_WORLD_SIZE, its node, torch, Python) and compares it with the others' through
+torchrun's own store, before and without init_process_group (``ddplab.agreement``): ranks given
+different WORLD_SIZE would wait in init_process_group for each other until its timeout.
 
 Rank side, on a real cluster (every node, the same command):
 
@@ -21,7 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from ddplab import ports
+from ddplab import agreement, ports
+from ddplab.agreement import Disagreement, Launched
 from ddplab.errors import DdplabError
 
 
@@ -44,15 +47,23 @@ class PortCheck:
 
 @dataclass(frozen=True)
 class RankReport:
-    rank: int
-    world_size: int          # WORLD_SIZE this rank was given
-    torch: str
-    python: str
-    host: str
-    peers_agree: bool | None  # the all_gather inside the job saw identical (torch, WORLD_SIZE) on all ranks
+    launched: Launched       # what this rank was launched with (its own record)
+    peers_agree: bool | None  # every rank it saw agreed with it and all arrived (None: it recorded no view)
+
+    @property
+    def rank(self) -> int:
+        return self.launched.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launched.world_size
+
+    @property
+    def torch(self) -> str:
+        return self.launched.torch
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**self.launched.to_dict(), "peers_agree": self.peers_agree}
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class Preflight:
     run_status: str | None   # the rank-side job's RunResult.status (None when not run)
     run_dir: str | None
     problems: tuple[str, ...]
+    disagreements: tuple[Disagreement, ...] = ()   # the ranks' records compared (ddplab.agreement), as data
 
     @property
     def ok(self) -> bool:
@@ -82,6 +94,7 @@ class Preflight:
         return {"master_addr": self.master_addr, "port": self.port, "master": self.master.to_dict(),
                 "ranks": [r.to_dict() for r in self.ranks], "nproc": self.nproc, "run_status": self.run_status,
                 "run_dir": self.run_dir, "problems": list(self.problems), "ok": self.ok,
+                "disagreements": [d.to_dict() for d in self.disagreements],
                 "torch_versions": list(self.torch_versions), "world_sizes": list(self.world_sizes)}
 
     def explain(self) -> str:
@@ -160,7 +173,8 @@ def preflight(master_addr: str = "127.0.0.1", port: int = 29500, nproc: int = 2,
 
     ``master_addr:port`` is checked from this machine (``check_master``); then, unless
     ``run_ranks=False``, ``nproc`` local ranks run this file through ``ddplab.run`` and report
-    their torch version and WORLD_SIZE. ``problems`` lists what would stop a run (empty: go).
+    what they were launched with and compare it (``ddplab.agreement``). ``problems`` lists what would
+    stop a run (empty: go).
     """
     master = check_master(master_addr, port, timeout_s)
     problems = []
@@ -173,54 +187,53 @@ def preflight(master_addr: str = "127.0.0.1", port: int = 29500, nproc: int = 2,
     if run_ranks:
         import ddplab
 
-        r = ddplab.run(Path(__file__), nproc=nproc, deadline_s=deadline_s, run_root=run_root,
-                       args=("--timeout-s", str(max(timeout_s, 5.0))))
+        wait_s = max(timeout_s, 5.0)       # each rank's bounded wait for the others; a rank polling is not stuck
+        r = ddplab.run(Path(__file__), nproc=nproc, deadline_s=deadline_s, run_root=run_root, stall_s=wait_s + 5,
+                       args=("--timeout-s", str(wait_s)))
         status, run_dir = r.status, r.run_dir
-        ranks = tuple(sorted((RankReport(**{k: rec[k] for k in ("rank", "world_size", "torch", "python", "host",
-                                                                   "peers_agree")})
-                              for rec in r.records_of("preflight")), key=lambda x: x.rank))
         if r.status != "ok":
             problems.append(f"the rank-side check did not finish: {r.status}"
                             + (f" [{r.signature}]" if r.signature else "") + f" (see {r.run_dir})")
-        if len({x.torch for x in ranks}) > 1:
-            problems.append(f"ranks run different torch versions: {sorted({x.torch for x in ranks})}")
-        if len({x.world_size for x in ranks}) > 1:
-            problems.append(f"ranks were given different WORLD_SIZE: {sorted({x.world_size for x in ranks})}")
-        if ranks and ranks[0].world_size != len(ranks):
-            problems.append(f"WORLD_SIZE says {ranks[0].world_size}, {len(ranks)} ranks reported")
-        if any(x.peers_agree is False for x in ranks):
-            problems.append("the ranks' all_gather saw disagreeing (torch, WORLD_SIZE) pairs")
+        ranks, found = rank_reports(r)
+        problems += [d.sentence() for d in found]
+        return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems), found)
     return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems))
 
 
+def rank_reports(result) -> tuple[tuple[RankReport, ...], tuple[Disagreement, ...]]:
+    """A rank-side run's records: each rank's report (own record and whether what it saw agreed) and
+    what the ranks disagree on, every rank's record compared (``ddplab.agreement``)."""
+    views = {(p["rank"], p["pid"]): p for p in result.records_of("preflight-peers")}
+    own = [Launched.from_dict(rec) for rec in result.records_of("preflight")]
+    found = agreement.from_run(result)
+    reports = tuple(RankReport(x, (not v["disagreements"] and v["complete"]) if (v := views.get((x.rank, x.pid)))
+                               else None) for x in sorted(own, key=lambda x: (x.rank, x.key)))
+    return reports, found.disagreements
+
+
 def _rank_main(timeout_s: float) -> None:
-    """Every rank: record what it runs, then compare with the others through one all_gather."""
-    import datetime
-    import platform
-
-    import torch
-    import torch.distributed as dist
-
+    """Every rank: record what it was launched with first, then compare with the others through
+    torchrun's store, waiting at most ``timeout_s`` for them; no init_process_group, which ranks that
+    disagree on WORLD_SIZE would wait in together until its timeout."""
     from ddplab import lab
 
-    mine = {"torch": torch.__version__, "world_size": int(os.environ["WORLD_SIZE"])}
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    agree = all(e == mine for e in every)
-    lab.record("preflight", rank=rank, world_size=mine["world_size"], torch=mine["torch"],
-               python=platform.python_version(), host=socket.gethostname(), peers_agree=agree)
-    if rank == 0:
-        lab.log("every rank:", every, "agree" if agree else "DISAGREE")
-    dist.destroy_process_group()
+    me = Launched.here()
+    lab.record("preflight", **me.to_dict())
+    seen, waited, complete = agreement.exchange(agreement.torchrun_store(timeout_s), me, wait_s=timeout_s)
+    found = agreement.compare(seen)
+    lab.record("preflight-peers", pid=me.pid, seen=[x.to_dict() for x in seen], waited_s=waited, complete=complete,
+               disagreements=[d.to_dict() for d in found])
+    if os.environ.get("LOCAL_RANK") == "0":     # one line a node, for whoever reads this node's output
+        lab.log(f"pre-flight: {len(seen)} ranks seen in {waited:.1f} s: "
+                + (" | ".join(d.sentence() for d in found) or ("all agree" if complete else "some did not arrive")))
 
 
 if __name__ == "__main__":
     import argparse
 
     p = argparse.ArgumentParser(description="ddplab pre-flight, rank side (run it with torchrun on every node)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="init_process_group timeout in seconds")
+    p.add_argument("--timeout-s", type=float, default=10.0,
+                   help="seconds to wait for the other ranks' records in torchrun's store")
     a = p.parse_args()
     if "RANK" not in os.environ:
         raise SystemExit("run this with torchrun (it sets RANK and WORLD_SIZE): "

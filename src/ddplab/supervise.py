@@ -396,7 +396,9 @@ class Supervisor:
                 notes.append(f"processes still alive after cleanup: {list(leftover)}")
         watch = evidence.Watch(
             ended_by=ended_by, returncode=self.returncode() if ended_by in (None, "exited") else None,
-            world=self.world, stall_s=self.stall_s, wall_s=round(time.monotonic() - self.t0, 3),
+            # a rank numbered past the ranks started (nodes that disagree on WORLD_SIZE): 0..its number
+            world=max(self.world, 1 + max(self.ranks, default=-1)), stall_s=self.stall_s,
+            wall_s=round(time.monotonic() - self.t0, 3),
             idle_s=now - self.job_progress, since_s=self.job_progress - self.t0,
             waited_for_timeout_s=self.waited_for_timeout_s,
             cpu={r: round(w.cpu_s, 3) for r, w in self.ranks.items()},

@@ -269,6 +269,61 @@ def preflight(variant: str, timeout_s: float = 3.0) -> dict[int, dict]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Nodes that disagree: the rank-side pre-flight on the same nodes, with the same launch
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """``ddplab.preflight``'s rank side run on a variant's nodes with the variant's launch (each node's
+    --nproc-per-node and environment), before any job: what the ranks recorded and compared."""
+    variant: str
+    status: str                  # the pre-flight run's own ending ("ok": every rank recorded and left)
+    seconds: float               # the pre-flight run, torchrun's start included (RunResult.wall_s)
+    agreement: "agreement_mod.Agreement"
+    run_dir: str
+
+    @property
+    def problems(self) -> list[str]:
+        return self.agreement.problems()
+
+    def world_sizes(self) -> dict[int, tuple[int, ...]]:
+        """{node: the WORLD_SIZE values its ranks were given}."""
+        out: dict[int, set] = {}
+        for r in self.agreement.ranks:
+            out.setdefault(r.node, set()).add(r.world_size)
+        return {n: tuple(sorted(v)) for n, v in sorted(out.items())}
+
+
+def launch_check(variant: str, wait_s: float = 10.0, **kw) -> LaunchCheck:
+    """The rank-side pre-flight (``python -m ddplab.preflight`` under each node's torchrun) on the
+    variant's network and launch: every rank records what it was given, then compares through
+    torchrun's store, waiting at most ``wait_s`` for the others, with no init_process_group. Other
+    keywords go to ddplab.run."""
+    from pathlib import Path
+
+    from ddplab import agreement as agreement_mod, preflight as preflight_mod
+
+    spec = network(variant)
+    cluster_mod.require()
+    env = {**spec.get("env", {}), **kw.pop("env", {})}
+    with cluster_mod.Cluster.from_spec(spec) as c:
+        # the stall window outlasts the ranks' own bounded wait: a rank polling the store is not stuck
+        r = ddplab.run(Path(preflight_mod.__file__), nproc=catalog.find_lab(LAB).nproc, env=env, cluster=c,
+                       args=("--timeout-s", str(wait_s)), stall_s=wait_s + 5, deadline_s=wait_s + 60, **kw)
+    return LaunchCheck(variant, r.status, r.wall_s, agreement_mod.from_run(r), r.run_dir)
+
+
+def disagree_facts(job, check: LaunchCheck) -> dict:
+    """The nodes-disagree job beside its pre-flight: how the job ended and where its ranks waited,
+    which rank numbers no process had, what each node's ranks were given, and the two times."""
+    return {"status": job.status, "signature": job.signature,
+            "waiting_in": sorted({r.where.kind for r in job.ranks if r.where is not None}),
+            "not_started": [r.rank for r in job.ranks if r.state == "not-started"],
+            "world_sizes": check.world_sizes(), "job_s": job.wall_s, "preflight_s": check.seconds,
+            "found": [d.field for d in check.agreement.disagreements]}
+
+
+# ----------------------------------------------------------------------------------------------
 # Claims
 # ----------------------------------------------------------------------------------------------
 
@@ -289,7 +344,8 @@ def compression_test(points, rate) -> tuple[str, float]:
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.claim_register); judged there. Keys
     read: "sweep" (sweep()'s points), "lossy-link", "lossless" (the lossy-link variant with
-    drop_percent=0, run just before "lossy-link"), "firewall", "fixed-firewall"."""
+    drop_percent=0, run just before "lossy-link"), "firewall", "fixed-firewall", "nodes-disagree",
+    "fixed-world-size" and "launch-check" (launch_check("nodes-disagree"))."""
     points, lossy, lossless = runs["sweep"], runs["lossy-link"], runs["lossless"]
     firewall, fixed_firewall = runs["firewall"], runs["fixed-firewall"]
     caps = [p.rate_mbit for p in points if p.rate_mbit is not None]
@@ -306,6 +362,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     fw = firewall_facts(firewall)
     hooks_text, hooks_p = compression_test(points, low.rate_mbit)
     return claims.Inputs(LAB, {
+        "env-inconsistent": env_evidence(runs["nodes-disagree"], runs["launch-check"], runs["fixed-world-size"]),
         "bandwidth-impedes": claims.evidence(
             f"plain DDP step {free.step_ms:.0f} ms uncapped, {low.step_ms:.0f} ms at {low.label} "
             f"({low.step_ms / free.step_ms:.1f}x); compute-only step {free.compute_ms:.0f} -> {low.compute_ms:.0f} ms",
@@ -340,6 +397,21 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"init_process_group {free.init_s:.2f} s uncapped, {low.init_s:.2f} s at {low.label}",
             init_slower_at_low_bandwidth=low.init_s >= 2 * free.init_s and low.init_s - free.init_s >= 1.0),
     })
+
+
+def env_evidence(job, launch: LaunchCheck, fixed) -> claims.Evidence:
+    """Lab 09's share of "env-inconsistent": the nodes-disagree job, its pre-flight (what each node's
+    ranks were given) and the fixed-world-size job (the same uneven nodes without the fast path)."""
+    nd = disagree_facts(job, launch)
+    return claims.evidence(
+        "node 0 started 1 rank and node 1 2, with TORCH_ELASTIC_WORKER_IDENTICAL=1: WORLD_SIZE given "
+        + "; ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in nd["world_sizes"].items())
+        + f" (the pre-flight's records); job {nd['status']} [{nd['signature']}], ranks waiting in "
+        + (", ".join(nd["waiting_in"]) or "nothing") + f", no process was rank {nd['not_started']}; "
+        + f"the same nodes without it: job {fixed.status} on {fixed.nproc} ranks",
+        world_size_disagreement_stops_init="world_size" in nd["found"] and nd["status"] in ("hung", "failed")
+        and bool(nd["waiting_in"]) and set(nd["waiting_in"]) <= {"rendezvous", "store"},
+        consistent_launch_forms_it=fixed.status == "ok")
 
 
 def _drop_percent(result) -> int | None:
@@ -416,4 +488,31 @@ def check_loopback_dial(answer: str, wrong_interface) -> Check:
                         "packets silently; what does a kernel say when a port has no listener?")
 
 
-EXERCISES = answers.exercises(check_blocked_listener, check_loopback_dial)
+def _node1_world_size(launch: LaunchCheck) -> list[int]:
+    return list(launch.world_sizes().get(1, ()))
+
+
+@answers.exercise("node-world-size", answers.Whole(1, 64, label="WORLD_SIZE"), accepted=_node1_world_size,
+                  name="predicted_world_size", once=True)
+def check_world_size(answer: int, launch: LaunchCheck) -> Check:
+    """Exercise "node-world-size" (predicted before the pre-flight, once): node 0's torchrun starts 1 rank,
+    node 1's starts 2, both with TORCH_ELASTIC_WORKER_IDENTICAL=1 (torchrun's fast path for nodes that are
+    all alike). What WORLD_SIZE does node 1's torchrun give its ranks? Checked against what node 1's ranks
+    recorded in ``launch_check("nodes-disagree")``."""
+    truth = _node1_world_size(launch)
+    if not truth:
+        raise DdplabError("this pre-flight has no record from node 1", hint="pass launch_check('nodes-disagree')")
+    others = {n: ws for n, ws in launch.world_sizes().items() if n != 1}
+    if answer in truth:
+        return Check(True, f"{answer}: node 1's torchrun computed it from its own command line alone (--nnodes x its "
+                           f"own --nproc-per-node), and node 0's did the same: "
+                           + ", ".join(f"node {n}: {', '.join(map(str, ws))}" for n, ws in others.items())
+                           + ". Nobody counted the other node's ranks")
+    if answer == len(launch.agreement.ranks):
+        return Check(False, f"not {answer}: that is how many ranks the nodes start together, which torchrun adds up in "
+                            "its store when nodes may differ. With the fast path, whom does node 1's torchrun ask?")
+    return Check(False, f"not {answer}: with the fast path each node's torchrun asks no one. What can it compute "
+                        "from its own command line alone?")
+
+
+EXERCISES = answers.exercises(check_blocked_listener, check_loopback_dial, check_world_size)
