@@ -240,8 +240,9 @@ def from_records(own: Iterable[Mapping], peers: Iterable[Mapping]) -> Agreement:
     peers = list(peers)
     every = [Launched.from_dict(r) for r in own] + [Launched.from_dict(s) for p in peers for s in p["seen"]]
     ranks = tuple(sorted({r.key: r for r in every}.values(), key=lambda r: (r.rank, r.key)))
-    return Agreement(ranks, compare(ranks), max((p["waited_s"] for p in peers), default=None),
-                     any(p["complete"] for p in peers) and not any(d.field == "ranks" for d in compare(ranks)))
+    found = compare(ranks)
+    return Agreement(ranks, found, max((p["waited_s"] for p in peers), default=None),
+                     any(p["complete"] for p in peers) and not any(d.field == "ranks" for d in found))
 
 
 def from_run(result) -> Agreement:

@@ -183,32 +183,38 @@ def preflight(master_addr: str = "127.0.0.1", port: int = 29500, nproc: int = 2,
     elif not master.reachable:
         problems.append(master.detail)
     ranks: tuple[RankReport, ...] = ()
+    found: tuple[Disagreement, ...] = ()
     status = run_dir = None
     if run_ranks:
-        import ddplab
-
-        wait_s = max(timeout_s, 5.0)       # each rank's bounded wait for the others; a rank polling is not stuck
-        r = ddplab.run(Path(__file__), nproc=nproc, deadline_s=deadline_s, run_root=run_root, stall_s=wait_s + 5,
-                       args=("--timeout-s", str(wait_s)))
+        r = run_rank_side(max(timeout_s, 5.0), nproc=nproc, deadline_s=deadline_s, run_root=run_root)
         status, run_dir = r.status, r.run_dir
         if r.status != "ok":
             problems.append(f"the rank-side check did not finish: {r.status}"
                             + (f" [{r.signature}]" if r.signature else "") + f" (see {r.run_dir})")
-        ranks, found = rank_reports(r)
-        problems += [d.sentence() for d in found]
-        return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems), found)
-    return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems))
+        ranks, seen = rank_reports(r)
+        found = seen.disagreements
+        problems += seen.problems()
+    return Preflight(master_addr, int(port), master, ranks, nproc, status, run_dir, tuple(problems), found)
 
 
-def rank_reports(result) -> tuple[tuple[RankReport, ...], tuple[Disagreement, ...]]:
+def run_rank_side(wait_s: float, **kw) -> "ddplab.RunResult":
+    """This file's rank side under ``ddplab.run`` (``preflight()`` here, ``lab09.launch_check`` on a
+    cluster): each rank waits at most ``wait_s`` for the others' records, and the stall window outlasts
+    that wait, since a rank polling the store is not stuck. Other keywords go to ddplab.run."""
+    import ddplab
+
+    return ddplab.run(Path(__file__), stall_s=wait_s + 5, args=("--timeout-s", str(wait_s)), **kw)
+
+
+def rank_reports(result) -> tuple[tuple[RankReport, ...], "agreement.Agreement"]:
     """A rank-side run's records: each rank's report (own record and whether what it saw agreed) and
-    what the ranks disagree on, every rank's record compared (``ddplab.agreement``)."""
+    the Agreement of every rank's record compared (``ddplab.agreement``)."""
     views = {(p["rank"], p["pid"]): p for p in result.records_of("preflight-peers")}
     own = [Launched.from_dict(rec) for rec in result.records_of("preflight")]
     found = agreement.from_run(result)
     reports = tuple(RankReport(x, (not v["disagreements"] and v["complete"]) if (v := views.get((x.rank, x.pid)))
                                else None) for x in sorted(own, key=lambda x: (x.rank, x.key)))
-    return reports, found.disagreements
+    return reports, found
 
 
 def _rank_main(timeout_s: float) -> None:

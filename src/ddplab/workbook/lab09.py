@@ -299,17 +299,14 @@ def launch_check(variant: str, wait_s: float = 10.0, **kw) -> LaunchCheck:
     variant's network and launch: every rank records what it was given, then compares through
     torchrun's store, waiting at most ``wait_s`` for the others, with no init_process_group. Other
     keywords go to ddplab.run."""
-    from pathlib import Path
-
     from ddplab import agreement as agreement_mod, preflight as preflight_mod
 
     spec = network(variant)
     cluster_mod.require()
     env = {**spec.get("env", {}), **kw.pop("env", {})}
     with cluster_mod.Cluster.from_spec(spec) as c:
-        # the stall window outlasts the ranks' own bounded wait: a rank polling the store is not stuck
-        r = ddplab.run(Path(preflight_mod.__file__), nproc=catalog.find_lab(LAB).nproc, env=env, cluster=c,
-                       args=("--timeout-s", str(wait_s)), stall_s=wait_s + 5, deadline_s=wait_s + 60, **kw)
+        r = preflight_mod.run_rank_side(wait_s, nproc=catalog.find_lab(LAB).nproc, env=env, cluster=c,
+                                        deadline_s=wait_s + 60, **kw)
     return LaunchCheck(variant, r.status, r.wall_s, agreement_mod.from_run(r), r.run_dir)
 
 
