@@ -421,11 +421,17 @@ def schedule(chosen: list[Path], jobs: int) -> tuple[list[Path], list[Path]]:
     return sorted(chosen, key=lambda nb: -stored_seconds(nb)), []
 
 
+def seconds_of(nb: dict) -> float | None:
+    """How long an execution of this notebook took, as its metadata recorded it (metadata.ddplab.seconds)."""
+    seconds = ((nb.get("metadata") or {}).get("ddplab") or {}).get("seconds")
+    return None if seconds is None else float(seconds)
+
+
 def stored_seconds(nb: Path) -> float:
     """How long the stored execution of this notebook took (metadata.ddplab.seconds; 0 if unknown)."""
     try:
-        return float(json.loads(nb.read_text())["metadata"]["ddplab"]["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return seconds_of(json.loads(nb.read_text())) or 0.0
+    except (OSError, ValueError, AttributeError, TypeError):
         return 0.0
 
 
@@ -435,7 +441,7 @@ MEASURED_TIME = re.compile(r"(Measured time:(?:\*\*)? )(\d+) s")
 def stamp_measured_time(nb: dict) -> dict:
     """The opening cell's "Measured time: N s" set to this execution's seconds (metadata.ddplab): the
     number a learner reads is the one recorded, never typed in by hand."""
-    seconds = (nb.get("metadata", {}).get("ddplab") or {}).get("seconds")
+    seconds = seconds_of(nb)
     cell = nb["cells"][0] if nb.get("cells") else None
     if seconds is None or cell is None or cell.get("cell_type") != "markdown":
         return nb
@@ -486,9 +492,8 @@ def store(out: Path, names: list[str]) -> list[Path]:
         nbformat.write(nbformat.from_dict(nb), str(NOTEBOOK_DIR / name))
         copied.append(NOTEBOOK_DIR / name)
     if ROUTE.is_file():   # the instructor's route quotes each notebook's seconds: from the same metadata
-        ROUTE.write_text(stamp_route(ROUTE.read_text(), {Path(n).stem: (nb["metadata"].get("ddplab") or {}).get("seconds")
-                                                        for n, nb in zip(names, nbs)
-                                                        if (nb["metadata"].get("ddplab") or {}).get("seconds") is not None}))
+        seconds = {Path(n).stem: seconds_of(nb) for n, nb in zip(names, nbs)}
+        ROUTE.write_text(stamp_route(ROUTE.read_text(), {n: s for n, s in seconds.items() if s is not None}))
     return copied
 
 

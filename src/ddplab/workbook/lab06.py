@@ -333,6 +333,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     art_timeout_s = art_timeout if art_timeout is not None else DEFAULT_PG_TIMEOUT_S
     art_errors = article.records_of("init_failed")
     mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
+    world_size_fails = mm.get("world-size", (None, None, False))[2]   # lab 06's part of two claims
     wrong, right = backend_report(runs["wrong-backend"]), backend_report(runs["fixed-backend"])
     return claims.Inputs(LAB, {
         "timeout-at-these-steps": claims.evidence(
@@ -362,7 +363,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             "; ".join(f"rank 1 with another {'MASTER_PORT' if k == 'port' else 'WORLD_SIZE'}: {st} [{sig}]"
                       for k, (st, sig, _) in mm.items()),
             port_mismatch_fails=mm.get("port", (None, None, False))[2],
-            world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
+            world_size_mismatch_fails=world_size_fails),
         "wrong-backend": claims.evidence(
             f"nccl on CPU tensors: {wrong['status']} [{wrong['signature']}] ({wrong['error']}); the backend chosen from "
             f"the hardware ({', '.join(right['backend'])} on {', '.join(right['device'])}): {right['status']}; rank 1 with "
@@ -370,7 +371,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             wrong_backend_fails=wrong["status"] == "failed" and wrong["signature"] in ("nccl-without-gpu",
                                                                                       "no-backend-for-device"),
             right_backend_runs=right["status"] == "ok",
-            world_size_mismatch_fails=mm.get("world-size", (None, None, False))[2]),
+            world_size_mismatch_fails=world_size_fails),
         "slow-network-default": claims.evidence(
             f"a rank arriving late stood in for a slow network: init answered after at most "
             f"{max((p['seconds'] for p in oks), default=float('nan')):.2f} s whenever the timeout exceeded the delay "
