@@ -38,6 +38,22 @@ def _all_options(kind: answers.Kind):
     return None
 
 
+def _key(value):
+    """A value compared by type and equality (True == 1, but True is no rank), never by its repr: two
+    equal sets may list their items in different orders (string hashes differ from run to run)."""
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, frozenset(map(_key, value)))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(map(_key, value)))
+    if isinstance(value, dict):
+        return ("dict", frozenset((_key(k), _key(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return (type(value).__name__, repr(value))
+    return (type(value).__name__, value)
+
+
 def cases(ex: Exercise, right, neighbour, *, other_rank=NA, shown=NA, wrong=()) -> list[tuple[str, object, bool]]:
     """(label, answer, passes) for every case; ``right`` may be one answer or a list of them (an empty
     list where only a real run of the learner's answer can pass, tried in a test of its own)."""
@@ -56,7 +72,7 @@ def cases(ex: Exercise, right, neighbour, *, other_rank=NA, shown=NA, wrong=()) 
         out.append(("all options", options, False))
     out += [("wrong", w, False) for w in wrong]
     for label, a, passes in out:
-        same = any(repr(a) == repr(r) for r in rights)   # (True == 1, but True is no rank)
+        same = any(_key(a) == _key(r) for r in rights)
         assert passes or not same, f"{ex.key}: the {label} case {a!r} is a right answer"
     return out
 
@@ -74,6 +90,6 @@ def check_all(ex: Exercise, *runs, right, neighbour, other_rank=NA, shown=NA, wr
     accepted = list(ex.accepted(*runs, **kw))
     rights = right if isinstance(right, list) else [right]
     if accepted and not all(isinstance(a, answers.Interval) for a in accepted):
-        if set(map(repr, accepted)) != {repr(ex.kind.parse(r, ex.name)) for r in rights}:
+        if set(map(_key, accepted)) != {_key(ex.kind.parse(r, ex.name)) for r in rights}:
             bad.append(f"accepted {accepted!r} is not the right answers {rights!r}")
     assert not bad, f"{ex.key}:\n" + "\n".join(bad)
