@@ -363,3 +363,14 @@ def _stacks_of_tree(pid: int) -> str:
                 dump = "(py-spy timed out)"
         out.append(head + "\n" + dump)
     return "\n".join(out)
+
+
+def test_runs_named_in_one_millisecond_get_their_own_folders(tmp_path):
+    """Two jobs started together (lab 05's pair) once shared a folder, each reading the other's records."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddplab.job import new_run_dir
+    with ThreadPoolExecutor(4) as pool:
+        dirs = list(pool.map(lambda _: new_run_dir(tmp_path, "fixed"), range(200)))
+    assert len(set(dirs)) == 200 and all(d.parent == tmp_path and d.name.split("-", 3)[3].startswith("fixed")
+                                         for d in dirs)

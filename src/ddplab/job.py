@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -117,10 +118,22 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
                bool(check))
 
 
+_ISSUED: set[Path] = set()        # run folders this process has named (two jobs may start in one millisecond)
+_ISSUED_LOCK = threading.Lock()
+
+
 def new_run_dir(folder: Path, suffix: str) -> Path:
-    """A run's own folder under ``folder``, named by the time it started (to the millisecond)."""
+    """A run's own folder under ``folder``, named by the time it started (to the millisecond); a second
+    run named in the same millisecond (two jobs started together: lab 05's pair) gets "-2", and so on,
+    never the first one's folder."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    return folder / f"{stamp}-{suffix}"
+    with _ISSUED_LOCK:
+        path, n = folder / f"{stamp}-{suffix}", 1
+        while path in _ISSUED or path.exists():
+            n += 1
+            path = folder / f"{stamp}-{suffix}-{n}"
+        _ISSUED.add(path)
+    return path
 
 
 def seconds(value: object, flag: str, hint: str) -> float:
