@@ -11,7 +11,7 @@ neither the launcher nor the engine.
 """
 from .errors import DdplabError
 
-__all__ = ["run", "RunResult", "RankResult", "DdplabError", "labs"]
+__all__ = ["run", "attach", "explain", "diagnose", "RunResult", "RankResult", "DdplabError", "labs"]
 __version__ = "0.1.0"
 
 
@@ -26,7 +26,16 @@ def __getattr__(name: str):
     if name == "run":
         from .launch import run
         return run
+    if name == "attach":
+        from .attach import attach
+        return attach
+    if name == "explain":
+        from .explain import explain
+        return explain
+    if name == "diagnose":
+        from .diagnose import diagnose
+        return diagnose
     if name in ("RunResult", "RankResult"):
-        from . import render, result  # noqa: F401  (render registers the results' views)
+        from . import result
         return getattr(result, name)
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")

@@ -1,9 +1,9 @@
 """``ddplab attach PID``: diagnose a running torchrun job that ddplab did not start.
 
-The same pipeline as ``ddplab.run`` without the start: find torchrun and every local rank through
-the process tree (PID may be torchrun's or any rank's), then the same watch loop
-(``supervise.watch``: the stall rule, with a watch time where ``run`` has a deadline), the same
-``evidence.collect`` and the same ``classify.judge``. The job keeps running unless ``stop=True``.
+The origin "processes found in the tree", for the one pipeline (``ddplab.diagnose``): find torchrun
+and every local rank (PID may be torchrun's or any rank's), hand the loop a supervisor built from
+them (``supervise.FoundSupervisor``: the stall rule, with a watch time where ``run`` has a
+deadline), and collect and judge as for any origin. The job keeps running unless ``stop=True``.
 ``save=DIR`` writes what was found on this machine to a folder (``ddplab.nodes``) that
 ``ddplab explain`` merges with the other nodes' folders.
 
@@ -16,7 +16,6 @@ What can be read from outside a job that was not started by ddplab:
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -24,12 +23,13 @@ from pathlib import Path
 
 import psutil
 
-from . import classify, evidence, render, runfiles, stacks  # noqa: F401  (render: the result's views)
-from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, GRACE_S  # noqa: F401  (re-exported)
+from . import evidence, nodes, runfiles
+from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, GRACE_S, Ending, Status  # noqa: F401  (re-exported)
+from .diagnose import Identity, diagnose
 from .errors import DdplabError
 from .job import new_run_dir, runs_root, seconds
 from .result import RunResult
-from .supervise import RankWatch, Supervisor, _alive, watch
+from .supervise import FoundSupervisor, _alive
 
 
 def _is_torchrun(p: psutil.Process) -> bool:
@@ -153,81 +153,6 @@ def job_run_dir(found: Found) -> Path | None:
     return Path(d) if d and Path(d, runfiles.RANKS).is_dir() else None
 
 
-class _AttachedSupervisor(Supervisor):
-    """The poll loop over processes found, not started: ranks from the tree, stacks from py-spy
-    when no worker server answers. The job has ended on its own when every rank has."""
-    attached = True
-    finished_as = "exited"
-
-    def __init__(self, found: Found, stall_s: float, t0: float, run_dir: Path):
-        self.found = found
-        root = found.agent or next(iter(found.ranks.values()))
-        self.root = root
-        # Supervisor reads proc.pid and, in terminate(), proc.poll()/wait(); give it a stand-in.
-        super().__init__(_Proc(root), run_dir, len(found.ranks), stall_s, t0)
-        self.world = max(found.ranks) + 1
-        self.known[root.pid] = root
-        for rank, proc in found.ranks.items():
-            env = _env(proc)
-            self.known[proc.pid] = proc
-            self.ranks[rank] = RankWatch(rank, proc.pid, _socket_of(env), proc, t0)
-
-    def finished(self) -> bool:
-        return bool(self.ranks) and not self.live()
-
-    def returncode(self) -> int | None:
-        return None       # not our child: its exit status is not ours to read
-
-    def _discover(self, now: float) -> None:  # the ranks are known; only their children change
-        for p in list(self.known.values()):
-            try:
-                for c in p.children(recursive=True):
-                    self.known.setdefault(c.pid, c)
-            except psutil.Error:
-                pass
-
-    def _stack(self, w: RankWatch):
-        frames = super()._stack(w)
-        if frames is None:
-            frames, _ = stacks.pyspy_dump(w.pid)
-        return frames
-
-    def terminate(self, grace_s: float = GRACE_S) -> tuple[int, ...]:
-        """--stop: SIGTERM to torchrun and every rank (each in its own session), then SIGKILL."""
-        procs = self.alive_processes()
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=2)
-        self._discover(time.monotonic())
-        return tuple(p.pid for p in self.alive_processes())
-
-
-class _Proc:
-    """The part of subprocess.Popen the supervisor uses, for a process that is not our child."""
-
-    def __init__(self, p: psutil.Process):
-        self.pid, self._p, self.returncode = p.pid, p, None
-
-    def poll(self):
-        return None if _alive(self._p) else 0
-
-    def wait(self, timeout=None):
-        try:
-            self._p.wait(timeout)
-        except psutil.Error:
-            pass
-        return 0
-
-
 def attach(pid: int, stall_s: float | None = None, watch_s: float = DEFAULT_WATCH_S, stop: bool = False,
            progress=None, save: str | os.PathLike | None = None, force: bool = False,
            node: str | None = None) -> RunResult:
@@ -237,44 +162,58 @@ def attach(pid: int, stall_s: float | None = None, watch_s: float = DEFAULT_WATC
     for ``ddplab explain``; ``node`` names this node there (default: the hostname)."""
     stall_s = seconds(DEFAULT_STALL_S if stall_s is None else stall_s, "--stall", "for example --stall 3")
     if save is not None:
-        from . import nodes
         nodes.check_target(Path(save), force)
-    found = find_job(pid)
-    run_dir = new_run_dir(runs_root() / "attach", f"pid{pid}")
-    (run_dir / runfiles.RANKS).mkdir(parents=True, exist_ok=True)
-    source = job_run_dir(found)
-    t0 = time.monotonic()
-    sup = _AttachedSupervisor(found, stall_s, t0, run_dir)
-    ended_by = None
-    try:
-        ended_by = watch(sup, limit_s=max(watch_s, stall_s + 1), limit="watched", show=progress)
-    finally:
-        # a job ddplab started: SIGUSR1 dumps go to its own folder; any other job has no such hook
-        seen, live = sup.end(ended_by, stop=stop, capture_dir=source or Path(tempfile.gettempdir()))
-        ev = evidence.collect(_with_notes(seen, found, sup, stop), live, source)
-        v = classify.judge(ev)
-        result = RunResult(target=f"pid {pid}", variant=None, nproc=len(found.ranks), wall_s=seen.wall_s,
-                           run_dir=str(run_dir), command=_command(found), stall_s=stall_s, leftover=seen.leftover,
-                           notes=ev.watch.notes, attached_pid=pid, **v.fields())
-        result.save()
-        if save is not None:
-            nodes.save(Path(save), {r: _env(p) for r, p in found.ranks.items()}, found.world_size, ev, result, source,
-                       force, node)
-    if ended_by == "interrupt":
+    source = AttachedJob(find_job(pid), pid, stall_s, watch_s, stop, save, force, node)
+    result = diagnose(source, show=progress)
+    if result.status == Status.INTERRUPTED:
         raise KeyboardInterrupt
     return result
 
 
-def _with_notes(seen: evidence.Watch, found: Found, sup: _AttachedSupervisor, stop: bool) -> evidence.Watch:
-    notes = list(seen.notes)
-    if not any(w.sock for w in sup.ranks.values()):
-        notes.append("the ranks run no worker server, so their collective ledgers cannot be read from outside "
-                     "(start the job with `ddplab run`, or wrap main in torch.distributed.elastic.control_plane."
-                     "worker_main() with TORCH_WORKER_SERVER_SOCKET and TORCH_FR_BUFFER_SIZE set)")
-    if found.world_size and found.world_size > len(found.ranks):
-        notes.append(f"only this machine's {len(found.ranks)} of {found.world_size} ranks were seen")
-    notes.append("the job was stopped (--stop)" if stop else "the job was left running (pass --stop to end it)")
-    return replace(seen, notes=tuple(notes), ranks_here=tuple(sorted(found.ranks)))
+class AttachedJob:
+    """The origin "a running job found in the process tree": the supervisor is built from the
+    processes found (pids, worker-server sockets); the evidence is what the loop saw, the live ranks
+    and, for a job ddplab started, its ranks' records."""
+    limit = Ending.WATCHED
+
+    def __init__(self, found: Found, pid: int, stall_s: float, watch_s: float, stop: bool,
+                 save: str | os.PathLike | None, force: bool, node: str | None):
+        self.found, self.stall_s, self.stop = found, stall_s, stop
+        self.save_to, self.force, self.node = (Path(save) if save is not None else None), force, node
+        self.limit_s = max(watch_s, stall_s + 1)
+        self.source_dir = job_run_dir(found)     # a job ddplab started: its rank hook's records
+        self.sockets = {r: _socket_of(_env(p)) for r, p in found.ranks.items()}
+        run_dir = new_run_dir(runs_root() / "attach", f"pid{pid}")
+        (run_dir / runfiles.RANKS).mkdir(parents=True, exist_ok=True)
+        self.identity = Identity(target=f"pid {pid}", run_dir=run_dir, command=_command(found), attached_pid=pid,
+                                 records_dir=self.source_dir)
+
+    def handle(self) -> FoundSupervisor:
+        root = self.found.agent or next(iter(self.found.ranks.values()))
+        ranks = {r: (p, self.sockets[r]) for r, p in self.found.ranks.items()}
+        # a job ddplab started: SIGUSR1 dumps go to its own folder; any other job has no such hook
+        capture = self.source_dir or Path(tempfile.gettempdir())
+        return FoundSupervisor(root, ranks, self.stall_s, time.monotonic(), capture)
+
+    def evidence(self, seen: evidence.Watch | None, live: dict) -> evidence.Evidence:
+        return evidence.collect(self._with_notes(seen), live, self.source_dir)
+
+    def _with_notes(self, seen: evidence.Watch) -> evidence.Watch:
+        found, notes = self.found, list(seen.notes)
+        if not any(self.sockets.values()):
+            notes.append("the ranks run no worker server, so their collective ledgers cannot be read from outside "
+                         "(start the job with `ddplab run`, or wrap main in torch.distributed.elastic.control_plane."
+                         "worker_main() with TORCH_WORKER_SERVER_SOCKET and TORCH_FR_BUFFER_SIZE set)")
+        if found.world_size and found.world_size > len(found.ranks):
+            notes.append(f"only this machine's {len(found.ranks)} of {found.world_size} ranks were seen")
+        notes.append("the job was stopped (--stop)" if self.stop else "the job was left running (pass --stop to end it)")
+        return replace(seen, notes=tuple(notes), ranks_here=tuple(sorted(found.ranks)))
+
+    def keep(self, ev: evidence.Evidence, result: RunResult) -> None:
+        """--save: this node's evidence in a folder of its own, for ``ddplab explain``."""
+        if self.save_to is not None:
+            nodes.save(self.save_to, {r: _env(p) for r, p in self.found.ranks.items()}, self.found.world_size, ev,
+                       result, self.source_dir, self.force, self.node)
 
 
 def _command(found: Found) -> tuple[str, ...]:

@@ -127,6 +127,13 @@ def read(run_dir: str | Path, world: int) -> dict[int, dict]:
     return out
 
 
+def has_records(run_dir: str | Path) -> bool:
+    """Whether any rank left --check records in the folder (a job started with --check, or a node's
+    folder saved from one)."""
+    return any(runfiles.rank_of(p.name, runfiles.CHECK) is not None
+               for p in (Path(run_dir) / runfiles.RANKS).glob("rank*"))
+
+
 def compare(run_dir: str | Path, world: int, every: int = EVERY) -> CheckReport:
     """The findings of one run, from its ranks' records."""
     return compare_records(read(run_dir, world), every)

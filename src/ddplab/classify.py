@@ -13,9 +13,12 @@ from typing import Mapping
 
 from . import ledger as ledger_mod
 from . import signatures, stacks
-from .defaults import Status
+from .defaults import ALIVE, Ending, RankState, Status
 from .evidence import Evidence, LiveRank, RunEvidence
 from .result import RankResult, Stall
+
+# the ranks still alive stood blocked: the stall rule fired, or torch dumped them (its watchdog's timeout)
+BLOCKED = (Ending.STALL, Ending.DUMPED)
 
 # A rank's error that says only that a peer went away: a consequence, never the cause.
 CONSEQUENCES = {"peer-lost"}
@@ -48,7 +51,7 @@ def locate(live: LiveRank) -> stacks.Where:
     return w
 
 
-def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
+def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEvidence,
                  live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
                  records: Mapping[int, tuple], busy: Mapping[int, float | None] = {}) -> tuple[RankResult, ...]:
     out = []
@@ -66,7 +69,7 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
         if rank in live:
             lv = live[rank]
             out.append(RankResult(
-                state="hung" if ended_by == "stall" else "running", exit_code=None, signal="SIGTERM",
+                state=RankState.HUNG if ended_by in BLOCKED else RankState.RUNNING, exit_code=None, signal="SIGTERM",
                 where=locate(lv), ledger=lv.ledger or tuple(ledgers.get(rank, ())), stack=tuple(lv.frames),
                 stack_source=lv.source, connections=lv.connections, dialling=lv.dialling, **common))
             continue
@@ -84,7 +87,7 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
             state, exit_code, sig = "exited", (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
         # no record of it while others have theirs: no process had this rank number, even in a job that
         # ended 0 (nodes that disagree on WORLD_SIZE number their ranks past the ones started)
-        elif not info and (returncode not in (0, None) or ended_by or ev.infos):
+        elif not info and (returncode not in (0, None) or ended_by != Ending.FINISHED or ev.infos):
             state, exit_code, sig = "not-started", None, None
         elif returncode == 0 or rank in ev.clean_exit:
             state, exit_code, sig = "exited", 0, None
@@ -182,10 +185,10 @@ class HangFacts:
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
-    alive = tuple(r for r in ranks if r.state in ("hung", "running"))
+    alive = tuple(r for r in ranks if r.state in ALIVE)
     in_coll = tuple(r for r in alive if r.where is not None and r.where.kind == "collective")
     return HangFacts(
-        alive=alive, gone=tuple(r for r in ranks if r.state == "exited"), in_coll=in_coll,
+        alive=alive, gone=tuple(r for r in ranks if r.state == RankState.EXITED), in_coll=in_coll,
         ops=frozenset((r.where.op, r.where.seq) for r in in_coll),
         at_rendezvous=any(r.where is not None and r.where.kind in ("rendezvous", "store") for r in alive),
         any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
@@ -215,7 +218,7 @@ def judge(evidence: Evidence) -> Verdict:
     status = _status(w.ended_by, w.returncode, ev)
     signature, excerpt, first = _signature(status, ev, live, ranks, div)
     stall = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, w.waited_for_timeout_s)
-             if ended_by == "stall" and w.stall_s is not None else None)
+             if ended_by == Ending.STALL and w.stall_s is not None else None)
     if w.ranks_here is not None:
         ranks = tuple(r for r in ranks if r.rank in w.ranks_here)
     if not w.stopped:   # attached and left running: nobody sent it a signal
@@ -225,19 +228,19 @@ def judge(evidence: Evidence) -> Verdict:
     return Verdict(status, signature, excerpt, ranks, first, div, stall)
 
 
-def _status(ended_by: str | None, returncode: int | None, ev: RunEvidence) -> Status:
-    if ended_by == "interrupt":
+def _status(ended_by: Ending, returncode: int | None, ev: RunEvidence) -> Status:
+    if ended_by == Ending.INTERRUPT:
         return Status.INTERRUPTED
-    if ended_by == "stall":
+    if ended_by in BLOCKED:
         # A rank whose uncaught exception is recorded is terminating: the job has failed, even when
         # that rank's interpreter shutdown (seen: blocked in garbage collection while its peer still
         # held the store connection) or a peer lingering in time.sleep outlasted the stall window.
         return Status.FAILED if ev.errors else Status.HUNG
-    if ended_by == "deadline":
+    if ended_by == Ending.DEADLINE:
         return Status.DEADLINE
-    if ended_by == "watched":       # attach: it kept making progress while watched
+    if ended_by == Ending.WATCHED:  # attach: it kept making progress while watched
         return Status.RUNNING
-    if ended_by == "exited":        # attach: it ended while watched (its exit status is not ours to read)
+    if ended_by == Ending.EXITED:   # attach: it ended while watched (its exit status is not ours to read)
         return Status.EXITED
     return Status.OK if returncode == 0 else Status.FAILED
 
@@ -266,7 +269,7 @@ def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ra
 def waits_for_data(ranks: tuple[RankResult, ...]) -> list[int]:
     """Ranks (of a job stopped before it stalled) fetching a batch from their DataLoader while every
     other live rank waits in a collective: slow input, not a hang."""
-    alive = [r for r in ranks if r.state == "running" and r.where is not None]
+    alive = [r for r in ranks if r.state == RankState.RUNNING and r.where is not None]
     data = [r.rank for r in alive if r.where.kind == "dataloader"]
     others = [r for r in alive if r.rank not in data]
     return data if data and others and all(r.where.kind == "collective" for r in others) else []

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from .defaults import TORCHRUN_PORT
+
 # Measured here (torch 2.13.0 CPU, Linux, 2 cores). RUN_MB: the peak resident memory of one learner's
 # process tree while it runs labs 01 and 03 (the launching Python with ddplab, torchrun and 2 ranks),
 # from benchmarks/classroom.py; KERNEL_MB: what a notebook kernel adds when it imports torch itself
@@ -48,7 +50,6 @@ RANKS_PER_CORE_OK = 10.0
 MEDIAN_RUN_S = {1: 5.2, 2: 7.3, 4: 15.9, 6: 23.5, 8: 34.0, 10: 42.0}
 NPROC = 2                    # the labs' rank count (catalog default)
 DEBUG_SERVER_PORT = 25999    # torch.distributed.debug.start_debug_server's default port
-TORCHRUN_PORT = 29500        # torchrun's default MASTER_PORT
 
 
 @dataclass(frozen=True)

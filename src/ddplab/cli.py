@@ -15,7 +15,7 @@ import signal
 import sys
 
 from . import catalog
-from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, Status
+from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, DEFAULT_WATCH_S, TORCHRUN_PORT, Status
 from .errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
                      DdplabError)
 
@@ -66,7 +66,7 @@ def _show(r, as_json: bool) -> int:
 
 def _cmd_attach(a: argparse.Namespace) -> int:
     from .attach import attach
-    from .launch import TerminalProgress
+    from .progress import TerminalProgress
 
     show = TerminalProgress() if not a.json and sys.stderr.isatty() else None
     try:
@@ -81,13 +81,14 @@ def _cmd_attach(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    from . import nodes, render  # noqa: F401  (render: the result's views)
+    from . import groups, render
+    from .explain import explain
 
-    r = nodes.explain(a.folders)
+    r = explain(a.folders)
     if a.json:
-        print(json.dumps({**r.to_dict(), "first_divergence": nodes.first_divergence(r)}, indent=2, default=str))
+        print(json.dumps({**r.to_dict(), "first_divergence": groups.first_divergence(r)}, indent=2, default=str))
     else:
-        line = nodes.divergence_line(r)
+        line = render.divergence_line(r)
         print(r.explain() + (f"\n  {line}" if line else ""))
     return STATUS_EXIT[r.status]
 
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default {DEFAULT_STALL_S:g}, or the lab's)")
     pr.add_argument("--deadline", type=float, default=None, metavar="S",
                     help="optional outer limit in seconds, for a job that keeps making progress "
-                         "(default: none for labs, 1800 for scripts)")
+                         f"(default: none for labs, {DEFAULT_SCRIPT_DEADLINE_S:.0f} for scripts)")
     pr.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default 0: a free one)")
     pr.add_argument("--json", action="store_true", help="print the RunResult as JSON (for scripts and CI)")
     pr.add_argument("--quiet", action="store_true", help="do not echo the ranks' output while running")
@@ -175,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     pe.set_defaults(func=_cmd_explain)
 
     pd = sub.add_parser("doctor", help="check this machine: torch, backends, GPUs, py-spy, cores, ports")
-    pd.add_argument("--port", type=int, default=29500, help="the port to check (default 29500, torchrun's default)")
+    pd.add_argument("--port", type=int, default=TORCHRUN_PORT,
+                    help=f"the port to check (default {TORCHRUN_PORT}, torchrun's default)")
     pd.add_argument("--json", action="store_true", help="print the report as JSON")
     pd.add_argument("--preflight", action="store_true",
                     help="also the multi-node pre-flight: is --master-addr reachable, is --port open there, do "

@@ -23,6 +23,42 @@ class Status(str, Enum):
 
 STATUSES = tuple(s.value for s in Status)
 
+
+class RankState(str, Enum):
+    """Where a rank was when the job's verdict was given."""
+    EXITED = "exited"            # it ended on its own (its exit code and signal say how)
+    HUNG = "hung"                # alive when the job stalled; ended by ddplab (or left running by attach)
+    RUNNING = "running"          # alive at the outer deadline, an interrupt or the end of attach's watch
+    NOT_STARTED = "not-started"  # no process ever had this rank number
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+ALIVE = (RankState.HUNG, RankState.RUNNING)     # a rank still alive at the verdict
+
+
+class Ending(str, Enum):
+    """How the one watch loop ended (``ddplab.supervise.watch``); the judge reads it, never the origin."""
+    FINISHED = "finished"        # the job ended on its own (torchrun exited: its exit status is known)
+    EXITED = "exited"            # every watched rank ended (a job ddplab did not start: no exit status)
+    STALL = "stall"              # the stall rule: every live rank without progress for the stall window
+    DEADLINE = "deadline"        # the optional outer limit of a started job
+    WATCHED = "watched"          # attach's watch time ran out while the job kept making progress
+    INTERRUPT = "interrupt"      # Ctrl-C, a Jupyter interrupt, SIGTERM
+    DUMPED = "dumped"            # nobody watched: the ranks' state as torch dumped it (flight recorder)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, value) -> "Ending":
+        """An ending read back from a saved watch (``None`` was a finished job in older folders)."""
+        return cls.FINISHED if value is None else cls(value)
+
 # A job is hung when every live rank has made no progress for the stall window (ddplab.supervise);
 # a lab may set its own (its LAB dict's "stall_s").
 DEFAULT_STALL_S = 3.0
@@ -31,6 +67,8 @@ DEFAULT_STALL_S = 3.0
 DEFAULT_SCRIPT_DEADLINE_S = 1800.0
 # `ddplab attach`: give up watching a job that keeps making progress after this long.
 DEFAULT_WATCH_S = 20.0
+# torchrun's own default rendezvous port (what a port check looks at when none is given)
+TORCHRUN_PORT = 29500
 # Ending a job: SIGTERM, this long to go, then SIGKILL.
 GRACE_S = 1.5
 # Wait for PyTorch's own timeout (a collective's, the rendezvous') when it fires within this of a

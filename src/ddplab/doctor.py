@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ports, stacks
+from .defaults import TORCHRUN_PORT
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def ptrace_scope() -> str | None:
     return p.read_text().strip() if p.exists() else None
 
 
-def doctor(port: int = 29500) -> Report:
+def doctor(port: int = TORCHRUN_PORT) -> Report:
     items = []
     facts = {"python": sys.version.split()[0], "platform": platform.platform(), "cores": os.cpu_count()}
     try:

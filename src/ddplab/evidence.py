@@ -30,6 +30,7 @@ import psutil
 
 from . import ledger as ledger_mod
 from . import probe, runfiles, stacks
+from .defaults import Ending
 from .result import RankError
 
 
@@ -292,8 +293,7 @@ def records(run_dir: Path, rank: int) -> tuple[dict, ...]:
 @dataclass(frozen=True)
 class Watch:
     """What the one watch loop saw (``ddplab.supervise.watch``), as data."""
-    ended_by: str | None      # None (torchrun exited), "exited" (every attached rank did), "stall",
-                              # "deadline", "watched" (attach's watch time ran out), "interrupt"
+    ended_by: Ending          # how the watch ended (defaults.Ending); DUMPED: nobody watched
     returncode: int | None    # torchrun's exit status when it ended on its own
     world: int                # ranks in the job (a multi-node job: every node's)
     stall_s: float | None     # the stall window (None: nobody watched, as for torch's own dumps)
@@ -305,7 +305,6 @@ class Watch:
     cpu_busy: dict = field(default_factory=dict)  # rank -> cores used over its last second watched
     ledgers: dict = field(default_factory=dict)   # rank -> the last ledger sampled
     pids: dict = field(default_factory=dict)      # rank -> pid
-    attached: bool = False    # a job ddplab did not start (``ddplab attach``)
     stopped: bool = True      # the job was ended (always for ``run``; ``attach --stop``)
     ranks_here: tuple[int, ...] | None = None     # attach: the ranks on this machine (None: all)
     leftover: tuple[int, ...] = ()

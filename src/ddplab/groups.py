@@ -8,14 +8,15 @@ writes a set of ranks as ranges ("0-6", "7", "0,2,4-6"). Pure functions of data;
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from .defaults import ALIVE
+
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
-
-LIVE = ("hung", "running")
 
 
 def span(ranks: Iterable[int]) -> str:
@@ -47,12 +48,12 @@ def _masked(text: str) -> str:
 def state_key(r: "RankResult") -> tuple:
     """What makes two ranks' end states the same: their state, what they waited in (op, number,
     who issued it, size), their own line, how they ended, the kind of error they raised."""
-    w = r.where if r.state in LIVE else None
+    w = r.where if r.state in ALIVE else None
     pending = None
     if w is not None and w.seq is not None:
         pending = next((c.numel for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None)
     frame = r.frame
-    last = r.ledger[-1].seq if r.ledger and r.state not in LIVE else None
+    last = r.ledger[-1].seq if r.ledger and r.state not in ALIVE else None
     err = (r.error.type, _masked(r.error.message), r.consequence) if r.error is not None else None
     return (r.state, w.kind if w else None, w.op if w else None, w.via if w else None, w.seq if w else None,
             pending, (frame.file, frame.line, frame.func) if frame else None, r.exit_code, r.signal, last, err)
@@ -71,7 +72,7 @@ class Group:
 
     def to_dict(self) -> dict:
         """The group as data: its ranks as ranges (``span``), their count, and the shared state."""
-        r, w = self.rep, self.rep.where if self.rep.state in LIVE else None
+        r, w = self.rep, self.rep.where if self.rep.state in ALIVE else None
         return {"ranks": span(self.ranks), "count": len(self.ranks), "odd": self.odd, "state": r.state,
                 "kind": w.kind if w else None, "op": w.op if w else None, "seq": w.seq if w else None,
                 "via": w.via if w else None, "frame": r.frame.to_dict() if r.frame else None,
@@ -91,7 +92,7 @@ def _odd(groups: list[tuple[tuple, list]], first_failure: int | None) -> int | N
     sizes = sorted(len(rs) for _, rs in groups)
     if sizes[0] < sizes[1]:
         return next(i for i, (_, rs) in enumerate(groups) if len(rs) == sizes[0])
-    waiting = [i for i, (k, _) in enumerate(groups) if k[0] in LIVE and k[1] == "collective"]
+    waiting = [i for i, (k, _) in enumerate(groups) if k[0] in ALIVE and k[1] == "collective"]
     if waiting:
         others = [i for i in range(len(groups)) if i not in waiting]
         if len(others) == 1:
@@ -119,3 +120,20 @@ def group(result_or_ranks: "RunResult | Sequence[RankResult]", first_failure: in
 def to_dicts(result_or_ranks) -> list[dict]:
     """The groups as data, for the ``--json`` summary."""
     return [g.to_dict() for g in group(result_or_ranks)]
+
+
+def first_divergence(result) -> dict | None:
+    """Where the collectives diverged first, as facts: the collective number, and the smallest group
+    of ranks that issued something else there (another op, other sizes, or nothing: a rank that
+    never issued it comes first on a tie), each with its node; the other groups by op."""
+    d = result.divergence
+    if d is None:
+        return None
+    groups: dict = {}
+    for rank, op in sorted(d.ops.items()):
+        groups.setdefault((op, json.dumps(d.sizes.get(rank))), []).append(rank)
+    odd = min(groups, key=lambda k: (len(groups[k]), k[0] is not None, groups[k][0]))
+    node = {r.rank: r.node for r in result.ranks}
+    return {"seq": d.seq, "kind": d.kind, "op": odd[0],
+            "ranks": [{"rank": r, "node": node.get(r)} for r in groups[odd]],
+            "others": [{"op": k[0], "ranks": rs} for k, rs in groups.items() if k != odd]}

@@ -1,10 +1,11 @@
-"""Run a job and judge it: the one entry point (``ddplab.run``), wiring the seams together.
+"""The origin "a job ddplab starts": ``ddplab.run``, and its source (``StartedJob``) for the one
+pipeline (``ddplab.diagnose``).
 
     job (ddplab.job)           what to run: resolved input, the torchrun command, the ranks' environment
-    supervise (ddplab.supervise)  the one watch loop: each rank's progress (CPU, ledger, stack); the stall rule
-    evidence (ddplab.evidence) collect: what the loop saw, the live ranks, what the ranks left behind
-    classify (ddplab.classify) judge(evidence): status, signature, stall facts, per-rank facts
-    render (ddplab.render)     sentences, HTML and the live status line, made only when shown
+    StartedJob                 the source: starts torchrun (a warm agent) when asked for its handle,
+                               reads what the ranks left in the run folder as evidence
+    diagnose                   watch -> collect -> judge -> RunResult -> save, as for every origin
+    progress (ddplab.progress) the live status line and the echoed output: views the loop shows
 
 A job is *hung* when every live rank has made no progress for the stall window (progress is
 evidence from the ranks, never the clock); ``deadline_s`` is only an optional outer limit. Whatever
@@ -23,100 +24,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import classify, evidence, render, runfiles, timeline, turns, warm
-from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S  # noqa: F401  (re-exported)
+from . import evidence, runfiles, timeline, turns, warm
+from .defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S, Ending, Status  # noqa: F401  (re-exported)
+from .diagnose import Identity, diagnose
+from .evidence import Evidence, LiveRank, Watch
 from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
-from . import check as check_mod
+from .progress import Echo, NotebookProgress, TerminalProgress, auto_progress
 from .result import RunResult
 from .supervise import PROGRESS_EVERY_S, Snapshot, Supervisor, watch  # noqa: F401
 from .stacks import short_path
 
 Progress = Callable[[Snapshot], None]
-
-
-# ----------------------------------------------------------------------------------------------
-# Live progress: one status line, about once a second
-# ----------------------------------------------------------------------------------------------
-
-class TerminalProgress:
-    """One line on a terminal's stderr, rewritten in place; cleared when the run ends."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.width = 0
-
-    def __call__(self, snap: Snapshot) -> None:
-        line = "ddplab " + render.status_line(snap)
-        self.stream.write("\r" + line.ljust(self.width))
-        self.stream.flush()
-        self.width = len(line)
-
-    def close(self) -> None:
-        if self.width:
-            self.stream.write("\r" + " " * self.width + "\r")
-            self.stream.flush()
-
-
-class NotebookProgress:
-    """One output line in a Jupyter cell, updated in place (a display handle)."""
-
-    def __init__(self):
-        from IPython.display import display
-        self.handle = display({"text/plain": "ddplab: starting"}, raw=True, display_id=True)
-
-    def __call__(self, snap: Snapshot) -> None:
-        if self.handle is not None:
-            self.handle.update({"text/plain": "ddplab " + render.status_line(snap)}, raw=True)
-
-    def close(self, result: RunResult | None = None) -> None:
-        if self.handle is not None and result is not None:
-            self.handle.update({"text/plain": "ddplab: " + render.headline(result)}, raw=True)
-
-
-def _in_notebook() -> bool:
-    ip = sys.modules.get("IPython")
-    try:
-        shell = ip.get_ipython() if ip is not None else None
-    except Exception:
-        return False
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def auto_progress():
-    """A terminal status line when stderr is a terminal, a live cell output in Jupyter, else nothing."""
-    if _in_notebook():
-        return NotebookProgress()
-    if hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
-        return TerminalProgress()
-    return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Echoing the ranks' output (``stream=True``)
-# ----------------------------------------------------------------------------------------------
-
-class _Echo:
-    def __init__(self, run_dir: Path, before_line: Callable[[], None] | None = None):
-        self.run_dir, self.offsets, self.before_line = run_dir, {}, before_line
-
-    def __call__(self) -> None:
-        for rank, path in evidence.rank_logs(self.run_dir):
-            start = self.offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    chunk = f.read()
-            except OSError:
-                continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue  # no complete line yet
-            self.offsets[path] = start + end + 1
-            if self.before_line:
-                self.before_line()
-            for line in chunk[:end].decode(errors="replace").splitlines():
-                print(line if line.startswith("[rank") else f"[rank {rank}] {line}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,79 +77,72 @@ def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(job, stream, grace_s, progress, cluster, turn)
+        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress)
 
 
-def _run(job: Job, stream, grace_s, progress, cluster, turn: turns.Turn) -> RunResult:
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    (job.run_dir / runfiles.RANKS).mkdir(exist_ok=True)
-    socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
-    world = cluster.ranks(job.nproc) if cluster is not None else job.nproc
-    cmd, penv, spec = build_command(job, cluster)
-    if spec is not None:
-        (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))
-    go = None if turn.ready() else job.run_dir / runfiles.MACHINE_GO   # created once the machine is the run's
-    if go is not None:
-        penv[turns.GO_ENV] = f"{go} {os.getpid()}"
+def _run(source: "StartedJob", stream, grace_s, progress) -> RunResult:
     show = auto_progress() if progress == "auto" else progress
-    echo = _Echo(job.run_dir, before_line=getattr(show, "close", None) if isinstance(show, TerminalProgress) else None) \
+    echo = Echo(source.job.run_dir, before_line=show.close if isinstance(show, TerminalProgress) else None) \
         if stream else None
-
-    with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
-        # Own session: Ctrl-C in a terminal does not reach torchrun directly; ddplab ends it below.
-        # A single-node job's agent is forked from a process that imported torch already (ddplab.warm:
-        # the first run may wait for that import, which is neither the job's time nor a stall).
-        proc = warm.start(cmd, penv, console)
-    t0 = time.monotonic()   # the job's clock starts with its agent
-    # which agent ran it: forked warm (its parent: ddplab.warm's process) or started cold
-    (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
-        {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
-         "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
-    sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0)
-
-    def tick(now: float) -> None:
-        nonlocal go
-        if go is not None:
-            # waiting for its turn is not a stall: the stall window starts when the ranks may go
-            sup.job_progress = now
-            if turn.ready():
-                go.touch()
-                go = None
-        if echo:
-            echo()
-
-    ended_by = None
+    result = None
     try:
-        ended_by = watch(sup, limit_s=job.deadline_s, limit="deadline", on_tick=tick, show=show)
+        result = diagnose(source, show=show, echo=echo, grace_s=grace_s)
     finally:
-        if isinstance(show, TerminalProgress):
-            show.close()
-        result = _result(job, cmd, sup, ended_by, grace_s)
+        if isinstance(show, (TerminalProgress, NotebookProgress)):
+            show.close(result)
         if echo:
             echo()
-        if isinstance(show, NotebookProgress):
-            show.close(result)
-    if ended_by == "interrupt":
-        print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}", file=sys.stderr)
+    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
+    if result.status == Status.INTERRUPTED:
+        print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}",
+              file=sys.stderr)
         raise KeyboardInterrupt
     return result
 
 
-def _result(job: Job, cmd: list[str], sup: Supervisor, ended_by: str | None, grace_s: float) -> RunResult:
-    """End every process (live evidence read first: Supervisor.end), collect the evidence, judge, and
-    save the result with what only ``run`` knows (the job's target, command and port)."""
-    seen, live = sup.end(ended_by, grace_s)
-    if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
-        shutil.rmtree(socket_dir(job.run_dir), ignore_errors=True)
-    ev = evidence.collect(seen, live, job.run_dir)
-    v = classify.judge(ev)
-    master = next((i for i in ev.run.infos.values() if i.get("master_port")), None)
-    result = RunResult(
-        target=job.target, variant=job.variant, nproc=seen.world, wall_s=seen.wall_s,
-        run_dir=str(job.run_dir), command=tuple(cmd), stall_s=job.stall_s, deadline_s=job.deadline_s,
-        port=int(master["master_port"]) if master else (job.port or None), returncode=seen.returncode,
-        leftover=seen.leftover, notes=seen.notes, **v.fields(),
-        check=check_mod.compare(job.run_dir, seen.world) if job.check else None)
-    result.save()
-    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
-    return result
+class StartedJob:
+    """A job ddplab starts: torchrun (forked from the warm agent) in its own session, its ranks
+    found from their hook's records in the run folder, ended through its process group."""
+    limit = Ending.DEADLINE
+    stop = True
+
+    def __init__(self, job: Job, cluster, turn: turns.Turn):
+        self.job, self.cluster, self.turn = job, cluster, turn
+        self.limit_s = job.deadline_s
+        self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
+                                 deadline_s=job.deadline_s, port=job.port, check=job.check, records_dir=job.run_dir)
+
+    def handle(self) -> Supervisor:
+        job = self.job
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        (job.run_dir / runfiles.RANKS).mkdir(exist_ok=True)
+        socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
+        world = self.cluster.ranks(job.nproc) if self.cluster is not None else job.nproc
+        cmd, penv, spec = build_command(job, self.cluster)
+        self.identity = dataclasses.replace(self.identity, command=tuple(cmd))
+        if spec is not None:
+            (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))
+        gate = None
+        if not self.turn.ready():        # the go file is created once the machine is the run's
+            go = job.run_dir / runfiles.MACHINE_GO
+            penv[turns.GO_ENV] = f"{go} {os.getpid()}"
+            gate = turns.Gate(self.turn, go)
+        with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
+            # Own session: Ctrl-C in a terminal does not reach torchrun directly; the job is ended by
+            # the pipeline. A single-node job's agent is forked from a process that imported torch
+            # already (ddplab.warm: the first run may wait for that import, neither the job's time nor a stall).
+            proc = warm.start(cmd, penv, console)
+        t0 = time.monotonic()   # the job's clock starts with its agent
+        # which agent ran it: forked warm (its parent: ddplab.warm's process) or started cold
+        (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
+            {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
+             "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
+        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, gate=gate)
+
+    def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:
+        if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
+            shutil.rmtree(socket_dir(self.job.run_dir), ignore_errors=True)
+        return evidence.collect(seen, live, self.job.run_dir)
+
+    def keep(self, ev: Evidence, result: RunResult) -> None:
+        pass

@@ -25,6 +25,7 @@ import psutil
 
 from ddplab import agreement, ports
 from ddplab.agreement import Disagreement, Launched
+from ddplab.defaults import TORCHRUN_PORT
 from ddplab.errors import DdplabError
 
 
@@ -167,7 +168,7 @@ def dial(master_addr: str, port: int, timeout_s: float = 3.0, info=None, t0: flo
     return PortCheck(master_addr, port, state, round(time.monotonic() - t0, 3), detail)
 
 
-def preflight(master_addr: str = "127.0.0.1", port: int = 29500, nproc: int = 2, timeout_s: float = 3.0,
+def preflight(master_addr: str = "127.0.0.1", port: int = TORCHRUN_PORT, nproc: int = 2, timeout_s: float = 3.0,
               run_ranks: bool = True, run_root: str | Path | None = None, deadline_s: float = 90.0) -> Preflight:
     """Everything a learner should know before a multi-node run, as a frozen Preflight (``to_dict()``).
 

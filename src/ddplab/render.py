@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import groups, waits
-from . import result as _result
+from .defaults import ALIVE, RankState
 from .ledger import numel
-from .stacks import short_paths
 from .render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +76,7 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
     """One rank's state at the end of the run, without its number: "in barrier #21 at train.py:16 in main"."""
     at = (paths or Paths()).at(r)
     w = r.where
-    if r.state in ("hung", "running") and w is not None:
+    if r.state in ALIVE and w is not None:
         if w.kind == "collective":
             seq = f" #{w.seq}" if w.seq is not None else ""
             pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
@@ -97,9 +96,9 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
             op = f" ({w.op})" if w.op and w.kind not in ("sleep",) else ""
             return f"{KIND_PHRASE[w.kind]}{op}, not in any collective{at}"
         return f"running outside any collective{at}"
-    if r.state in ("hung", "running"):
+    if r.state in ALIVE:
         return f"still running{at}"
-    if r.state == "not-started":
+    if r.state == RankState.NOT_STARTED:
         return "never started"
     done = f" after collective #{r.ledger[-1].seq}" if r.ledger else ""
     if r.exit_code == 0:
@@ -121,10 +120,10 @@ def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:
     if w.how == "busy":
         state = f"busy: its CPU time was still growing ({r.cpu_busy:.2f} of a core){paths.at(r)}"
     elif w.how == "gone":
-        state = f"gone: it had {state_phrase(r, paths).removeprefix('exited ')}" if r.state == "exited" else \
+        state = f"gone: it had {state_phrase(r, paths).removeprefix('exited ')}" if r.state == RankState.EXITED else \
             f"gone: {state_phrase(r, paths)}"
     else:
-        state = f"blocked, {state_phrase(r, paths)}" if r.state in ("hung", "running") else "blocked"
+        state = f"blocked, {state_phrase(r, paths)}" if r.state in ALIVE else "blocked"
     last = next((c.seq for c in reversed(r.ledger) if c.completed), None)
     done = f"; its last finished collective was #{last}" if last is not None and w.how != "gone" else ""
     printed = _last_printed(r)
@@ -153,7 +152,7 @@ def group_lines(result: "RunResult", paths: "Paths | None" = None) -> list[str]:
     for g in gs:
         line = f"{g.label}: {state_phrase(g.rep, paths)}"
         printed = _last_printed(g.rep)
-        if printed and g.rep.state in ("hung", "running") and not said & set(g.ranks):
+        if printed and g.rep.state in ALIVE and not said & set(g.ranks):
             line += f"; last printed {printed!r}" + (f" (rank {g.rep.rank})" if len(g.ranks) > 1 else "")
         if g.odd and result.status != "failed":
             others = groups.span(r for o in gs if o is not g for r in o.ranks)
@@ -181,7 +180,7 @@ def _divergence(result: "RunResult", paths: "Paths | None" = None) -> str:
         return ""
     paths = paths or Paths()
     by_rank = {r.rank: r for r in result.ranks}
-    said = all((r := by_rank.get(k)) is not None and r.state in ("hung", "running") and r.where is not None
+    said = all((r := by_rank.get(k)) is not None and r.state in ALIVE and r.where is not None
                and r.where.seq == d.seq for k in d.ops)
     if said and d.kind != "different-sizes":
         return ""
@@ -189,7 +188,7 @@ def _divergence(result: "RunResult", paths: "Paths | None" = None) -> str:
     for rank in sorted(d.ops):
         op, r = d.ops[rank], by_rank.get(rank)
         if op is None:
-            gone = r is not None and r.state == "exited"
+            gone = r is not None and r.state == RankState.EXITED
             parts.setdefault(("never", d.last.get(rank), gone), []).append(rank)
             continue
         sizes = d.sizes.get(rank)
@@ -282,7 +281,7 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
         out.append(f"{groups.label(g.ranks).capitalize()} then failed with {o.error.type}: "
                    f"{_first_line(o.error.message, 160)}"
                    f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
-    if any(o.state == "exited" and o.signal == "SIGTERM" for o in result.ranks):
+    if any(o.state == RankState.EXITED and o.signal == "SIGTERM" for o in result.ranks):
         out.append("torchrun then ended the other ranks.")
     return " ".join(x for x in out if x)
 
@@ -301,9 +300,9 @@ def _waits(r: "RankResult") -> str:
 
 
 def _state(r: "RankResult") -> str:
-    if r.state in ("hung", "running"):
-        return ("no progress" if r.state == "hung" else "still running") + (", ended by ddplab" if r.signal else "")
-    if r.state == "not-started":
+    if r.state in ALIVE:
+        return ("no progress" if r.state == RankState.HUNG else "still running") + (", ended by ddplab" if r.signal else "")
+    if r.state == RankState.NOT_STARTED:
         return "never started"
     return f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?")
 
@@ -398,7 +397,13 @@ def status_line(snap: "Snapshot") -> str:
     return f"{snap.elapsed_s:5.1f} s | " + " | ".join(parts) + idle
 
 
-# result is data and imports no view: the views are registered here, where they live.
-# Paths as stacks.short_path shows them: a stored output names no folder of the machine that made it.
-_result.register_views(diagnosis=lambda r: short_paths(diagnosis(r)), explain=lambda r: short_paths(explain(r)),
-                       headline=headline, html=lambda r: short_paths(html(r)), wait_phrase=wait_phrase)
+def divergence_line(result) -> str | None:
+    """A view: "Collective #4 diverged first at node n1 (node rank 1), rank 1: barrier (the others: all_reduce)"."""
+    f = groups.first_divergence(result)
+    if f is None or not f["ranks"]:
+        return None
+    who = "; ".join(f"node {x['node']}, rank {x['rank']}" if x["node"] else f"rank {x['rank']}" for x in f["ranks"])
+    what = f["op"] or "never issued it"
+    others = "; ".join(f"{o['op'] or 'none'} on rank{'s' if len(o['ranks']) > 1 else ''} {', '.join(map(str, o['ranks']))}"
+                       for o in f["others"])
+    return f"Collective #{f['seq']} diverged first at {who}: {what} (the others: {others})."

@@ -1,10 +1,11 @@
 """What a run returns: frozen dataclasses of facts, with ``to_dict()``, saved as ``result.json``.
 
-Facts are fields (op, seq, frame, exception type); sentences are made from them only when shown.
-This module is data and imports no view: ``ddplab.render`` imports it and registers the views
-(``register_views``) that ``diagnosis``, ``explain()``, ``headline()``, ``waits_in`` and
-``_repr_html_`` call, so they are never stored (``result.json`` holds no rendered text) and never
-read back. Notebooks and tests assert on the fields.
+Facts are fields (op, seq, frame, exception type); statuses, rank states and endings are enums
+(``ddplab.defaults``), also after ``load()``. A result loads, prints (its ``repr`` is its fields)
+and compares with no view imported. Sentences are made from the fields only when shown, by
+``ddplab.render``: ``explain()``, ``headline()``, ``diagnosis``, ``waits_in`` and ``_repr_html_``
+are conveniences that import that view when called (``result.json`` holds no rendered text, and
+nothing shown is ever read back). Notebooks and tests assert on the fields.
 """
 from __future__ import annotations
 
@@ -12,27 +13,17 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from typing import Callable
-
 from . import runfiles
-from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
+from .defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from .check import CheckReport
 from .ledger import Collective, Divergence
-from .stacks import Frame, Where
-
-# The views, registered by ddplab.render (which imports this module, never the reverse).
-_VIEWS: dict[str, Callable] = {}
+from .stacks import Frame, Where, short_paths
 
 
-def register_views(**views: Callable) -> None:
-    """ddplab.render's functions for diagnosis, explain, headline, html and wait_phrase."""
-    _VIEWS.update(views)
-
-
-def _view(name: str) -> Callable:
-    if name not in _VIEWS:
-        raise RuntimeError(f"no {name} view: import ddplab.render (ddplab.run and the CLI do) to show a result")
-    return _VIEWS[name]
+def _render():
+    """The text and HTML views, imported when a result is shown (the data never needs them)."""
+    from . import render
+    return render
 
 
 @dataclass(frozen=True)
@@ -82,9 +73,7 @@ class Stall:
 class RankResult:
     rank: int
     pid: int | None
-    state: str                    # "exited" (on its own), "hung" (alive when the job stalled, ended
-                                  # by ddplab), "running" (alive at the outer deadline or an
-                                  # interrupt), "not-started" (torchrun never started it)
+    state: RankState              # exited, hung, running or not-started (defaults.RankState)
     exit_code: int | None         # 0, 1, ... ; None if ended by a signal or unknown
     signal: str | None            # "SIGABRT", "SIGTERM" (sent by ddplab or torchrun), ...
     where: Where | None = None    # what a live rank was blocked in when the verdict was given
@@ -116,7 +105,7 @@ class RankResult:
 
     @property
     def waits_in(self) -> str | None:
-        return _view("wait_phrase")(self.where) if self.where is not None and self.state in ("hung", "running") else None
+        return _render().wait_phrase(self.where) if self.where is not None and self.state in ALIVE else None
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -130,7 +119,7 @@ class RankResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankResult":
-        return cls(**{**d, "where": Where.from_dict(d.get("where")), "error": RankError.from_dict(d.get("error")),
+        return cls(**{**d, "state": RankState(d["state"]), "where": Where.from_dict(d.get("where")), "error": RankError.from_dict(d.get("error")),
                       "ledger": tuple(Collective.from_dict(c) for c in d.get("ledger", ())),
                       "stack": tuple(Frame.from_dict(f) for f in d.get("stack", ())),
                       "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ()))})
@@ -141,7 +130,7 @@ class RunResult:
     target: str
     variant: str | None
     nproc: int
-    status: str                   # one of STATUSES
+    status: Status
     signature: str | None         # id in ddplab.signatures (None when ok)
     excerpt: str | None           # PyTorch's own message line that the signature matched
     ranks: tuple[RankResult, ...]
@@ -164,7 +153,7 @@ class RunResult:
     # --- conveniences -------------------------------------------------------------------------
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     @property
     def records(self) -> list[dict]:
@@ -203,7 +192,7 @@ class RunResult:
     def from_dict(cls, d: dict) -> "RunResult":
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
-        return cls(**{**d, "ranks": tuple(RankResult.from_dict(r) for r in d["ranks"]),
+        return cls(**{**d, "status": Status(d["status"]), "ranks": tuple(RankResult.from_dict(r) for r in d["ranks"]),
                       "command": tuple(d["command"]), "leftover": tuple(d.get("leftover", ())),
                       "notes": tuple(d.get("notes", ())),
                       "stall": Stall(**d["stall"]) if d.get("stall") else None,
@@ -217,19 +206,21 @@ class RunResult:
             p = p / runfiles.RESULT
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people: views registered by ddplab.render ---------------------------------------
+    # --- for people: views made when shown (ddplab.render) ---------------------------------------
     @property
     def diagnosis(self) -> str:
-        return _view("diagnosis")(self)
+        return short_paths(_render().diagnosis(self))
 
     def headline(self) -> str:
-        return _view("headline")(self)
+        return _render().headline(self)
 
     def explain(self) -> str:
-        return _view("explain")(self)
+        return short_paths(_render().explain(self))
 
     def _repr_html_(self) -> str:
-        return _view("html")(self)
+        return short_paths(_render().html(self))
 
-    def __repr__(self) -> str:           # the text view (explain): its fields are to_dict()'s
-        return self.explain()
+    def __repr__(self) -> str:           # the facts that identify it; explain() says what happened
+        return (f"RunResult(target={self.target!r}, variant={self.variant!r}, nproc={self.nproc}, "
+                f"status={self.status.value!r}, signature={self.signature!r}, first_failure={self.first_failure!r}, "
+                f"wall_s={self.wall_s}, run_dir={self.run_dir!r})")

@@ -1,11 +1,12 @@
 """Supervision: the one watch loop (``watch``) over a job, the stall rule, and ending the job.
 
-Any origin goes through the same loop: a job ddplab started (``Supervisor``, from ``ddplab.run``) or
-one it attached to (``ddplab.attach``'s subclass: ranks found in the process tree), with an outer
-limit (``deadline``) or a watch time (``watched``). At the end ``Supervisor.end`` captures the live
-ranks and ends the job (or leaves it running), and returns what the loop saw as data
-(``evidence.Watch``); ``evidence.collect`` adds what the ranks left behind and
-``classify.judge`` decides. Nothing here classifies.
+Every live origin goes through the same loop (``ddplab.diagnose``): a job ddplab started
+(``Supervisor``: torchrun is its child, the ranks are found from their hook's records) or processes
+found in the process tree (``FoundSupervisor``, for ``ddplab attach``), with an outer limit
+(``Ending.DEADLINE``) or a watch time (``Ending.WATCHED``). Both are built from plain data (a
+process, pids, sockets) and the loop calls nothing of the origin that made them. At the end
+``Supervisor.end`` captures the live ranks and ends the job (or leaves it running), and returns what
+the loop saw as data (``evidence.Watch``). Nothing here classifies.
 
 Progress is evidence from the ranks, never the clock: a rank makes progress when its CPU time grows
 (with its child processes: DataLoader workers), when its collective ledger moves (torch's flight
@@ -42,7 +43,7 @@ import psutil
 
 from . import evidence, probe, stacks
 from . import ledger as ledger_mod
-from .defaults import GRACE_S, TIMEOUT_GRACE_S, TIMEOUT_PATIENCE_S  # noqa: F401  (re-exported)
+from .defaults import GRACE_S, TIMEOUT_GRACE_S, TIMEOUT_PATIENCE_S, Ending  # noqa: F401  (re-exported)
 
 POLL_S = 0.05                 # how often the loop checks the job's end
 PROGRESS_EVERY_S = 1.0        # how often the live status line is shown
@@ -161,8 +162,11 @@ class Snapshot:
 class Supervisor:
     """The job's processes and each rank's progress, sampled by ``poll()``."""
 
-    def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float):
+    def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float,
+                 gate: Callable[[], bool] | None = None):
         self.proc, self.run_dir, self.nproc, self.stall_s, self.t0 = proc, run_dir, nproc, stall_s, t0
+        # a job that must wait for its turn (ddplab.turns): until gate() says go, waiting is not a stall
+        self.gate = gate
         self.world = nproc               # ranks numbered 0..world-1 (attach: this machine's may be fewer)
         self.known: dict[int, psutil.Process] = {}
         try:
@@ -182,6 +186,11 @@ class Supervisor:
         if not force and now - self.last_sample < SAMPLE_S:
             return
         self.last_sample = now
+        if self.gate is not None:
+            if self.gate():
+                self.gate = None
+            else:
+                self.job_progress = now     # the stall window starts when the ranks may go
         self._discover(now)
         for w in self.ranks.values():
             if w.alive:
@@ -372,8 +381,7 @@ class Supervisor:
         return evidence.capture_live(run_dir, infos, {r: w.ledger for r, w in self.ranks.items()})
 
     # --- the end -----------------------------------------------------------------------------------
-    attached = False
-    finished_as: str | None = None     # how watch() names a job that ended on its own
+    finished_as = Ending.FINISHED      # how watch() names a job that ended on its own
 
     def finished(self) -> bool:
         """The job ended on its own: torchrun exited."""
@@ -382,20 +390,21 @@ class Supervisor:
     def returncode(self) -> int | None:
         return self.proc.returncode
 
-    def end(self, ended_by: str | None, grace_s: float = GRACE_S, stop: bool = True,
+    def end(self, ended_by: Ending, grace_s: float = GRACE_S, stop: bool = True,
             capture_dir: Path | None = None) -> tuple["evidence.Watch", dict]:
         """At the verdict: the loop's facts (measured now), each live rank captured (if the job did not
         end on its own), then the job ended (``stop``; always for a job ddplab started)."""
         now = time.monotonic()
-        live = self.capture(capture_dir or self.run_dir) if ended_by not in (None, "exited") else {}
+        on_its_own = ended_by in (Ending.FINISHED, Ending.EXITED)
+        live = {} if on_its_own else self.capture(capture_dir or self.run_dir)
         notes = [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and lv.source != "py-spy"]
         leftover: tuple[int, ...] = ()
-        if stop and (ended_by is not None or self.alive_processes()):
+        if stop and (not on_its_own or self.alive_processes()):
             leftover = self.terminate(grace_s)
             if leftover:
                 notes.append(f"processes still alive after cleanup: {list(leftover)}")
         watch = evidence.Watch(
-            ended_by=ended_by, returncode=self.returncode() if ended_by in (None, "exited") else None,
+            ended_by=ended_by, returncode=self.returncode() if on_its_own else None,
             # a rank numbered past the ranks started (nodes that disagree on WORLD_SIZE): 0..its number
             world=max(self.world, 1 + max(self.ranks, default=-1)), stall_s=self.stall_s,
             wall_s=round(time.monotonic() - self.t0, 3),
@@ -404,7 +413,7 @@ class Supervisor:
             cpu={r: round(w.cpu_s, 3) for r, w in self.ranks.items()},
             cpu_busy={r: recent_cores(w.cpu) for r, w in self.ranks.items()},
             ledgers={r: w.ledger for r, w in self.ranks.items() if w.ledger},
-            pids={r: w.pid for r, w in self.ranks.items()}, attached=self.attached, stopped=stop,
+            pids={r: w.pid for r, w in self.ranks.items()}, stopped=stop,
             leftover=leftover, notes=tuple(notes))
         return watch, live
 
@@ -443,30 +452,101 @@ class Supervisor:
         return tuple(p.pid for p in self.alive_processes())
 
 
-def watch(sup: Supervisor, *, limit_s: float | None = None, limit: str = "deadline",
-          on_tick: Callable[[float], None] | None = None, show: Callable[[Snapshot], None] | None = None) -> str | None:
+class FoundSupervisor(Supervisor):
+    """The same loop over processes found, not started (``ddplab attach``): the ranks are given
+    (pid, worker-server socket), stacks come from py-spy when no worker server answers, and the job
+    has ended on its own when every rank has (its exit status is not ours to read)."""
+    finished_as = Ending.EXITED
+
+    def __init__(self, root: psutil.Process, ranks: dict[int, tuple[psutil.Process, str | None]], stall_s: float,
+                 t0: float, run_dir: Path):
+        super().__init__(_Found(root), run_dir, len(ranks), stall_s, t0)
+        self.world = max(ranks) + 1
+        self.known[root.pid] = root
+        for rank, (proc, sock) in ranks.items():
+            self.known[proc.pid] = proc
+            self.ranks[rank] = RankWatch(rank, proc.pid, sock, proc, t0)
+
+    def finished(self) -> bool:
+        return bool(self.ranks) and not self.live()
+
+    def returncode(self) -> int | None:
+        return None
+
+    def _discover(self, now: float) -> None:  # the ranks are known; only their children change
+        for p in list(self.known.values()):
+            try:
+                for c in p.children(recursive=True):
+                    self.known.setdefault(c.pid, c)
+            except psutil.Error:
+                pass
+
+    def _stack(self, w: RankWatch):
+        frames = super()._stack(w)
+        if frames is None:
+            frames, _ = stacks.pyspy_dump(w.pid)
+        return frames
+
+    def terminate(self, grace_s: float = GRACE_S) -> tuple[int, ...]:
+        """--stop: SIGTERM to torchrun and every rank (each in its own session), then SIGKILL."""
+        procs = self.alive_processes()
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=2)
+        self._discover(time.monotonic())
+        return tuple(p.pid for p in self.alive_processes())
+
+
+class _Found:
+    """The part of subprocess.Popen the supervisor uses, for a process that is not our child."""
+
+    def __init__(self, p: psutil.Process):
+        self.pid, self._p, self.returncode = p.pid, p, None
+
+    def poll(self):
+        return None if _alive(self._p) else 0
+
+    def wait(self, timeout=None):
+        try:
+            self._p.wait(timeout)
+        except psutil.Error:
+            pass
+        return 0
+
+
+def watch(sup: Supervisor, *, limit_s: float | None = None, limit: Ending = Ending.DEADLINE,
+          echo: Callable[[], None] | None = None, show: Callable[[Snapshot], None] | None = None) -> Ending:
     """The one watch loop, for a started job and an attached one alike (torch's
     ``MultiProcessTestCase._join_processes`` shape: poll, check, sleep). Returns how it ended:
-    ``sup.finished_as`` when the job ended on its own (None: torchrun exited; "exited": every
-    attached rank did), "stall", ``limit`` ("deadline" or "watched") after ``limit_s`` seconds, or
-    "interrupt" (a KeyboardInterrupt: the caller ends the job, keeps the evidence, then raises it
-    again). ``on_tick(now)`` runs after every sample (echoing output, a measured run's turn);
-    ``show`` gets a Snapshot about once a second."""
+    ``sup.finished_as`` when the job ended on its own (FINISHED: torchrun exited; EXITED: every
+    attached rank did), STALL, ``limit`` (DEADLINE or WATCHED) after ``limit_s`` seconds, or
+    INTERRUPT (a KeyboardInterrupt: the caller ends the job, keeps the evidence, then raises it
+    again). Views only: ``echo()`` after every sample (the ranks' output), ``show`` a Snapshot about
+    once a second."""
     shown = 0.0
     try:
         while not sup.finished():
             now = time.monotonic()
             sup.poll()
-            if on_tick is not None:
-                on_tick(now)
+            if echo is not None:
+                echo()
             if show is not None and now - shown >= PROGRESS_EVERY_S:
                 shown = now
                 show(sup.snapshot(now))
             if limit_s is not None and now - sup.t0 >= limit_s:
                 return limit
             if sup.stalled(now):
-                return "stall"
+                return Ending.STALL
             time.sleep(POLL_S)
     except KeyboardInterrupt:
-        return "interrupt"
+        return Ending.INTERRUPT
     return sup.finished_as

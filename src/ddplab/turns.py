@@ -56,6 +56,20 @@ class Turn:
             self._granted = True
 
 
+class Gate:
+    """For the watch loop: whether a job started early may go. The first time the turn is ready,
+    the go file its ranks wait for is created; until then the waiting is not a stall."""
+
+    def __init__(self, turn: Turn, go: "os.PathLike"):
+        self.turn, self.go = turn, go
+
+    def __call__(self) -> bool:
+        if not self.turn.ready():
+            return False
+        open(self.go, "a").close()
+        return True
+
+
 @contextmanager
 def judged_by_status():
     """Runs started in this block take shared turns, whatever their variant measures."""

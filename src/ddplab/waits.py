@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import groups, ledger, signatures
+from .defaults import RankState
 from .supervise import CPU_PROGRESS_CORES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +32,7 @@ class Wait:
 
 def _how(r: "RankResult", result: "RunResult") -> str:
     own_end = r.exit_code == 0 or (r.error is not None and not r.consequence)
-    if r.state in ("exited", "not-started") and (result.status == "hung" or own_end):
+    if r.state in (RankState.EXITED, RankState.NOT_STARTED) and (result.status == "hung" or own_end):
         return "gone"
     return "busy" if (r.cpu_busy or 0) >= CPU_PROGRESS_CORES else "blocked"
 
