@@ -10,7 +10,7 @@ import pytest
 from ddplab import groups
 from ddplab.render import status_line
 from ddplab.result import RankError
-from ddplab.supervise import Snapshot
+from ddplab.result import Snapshot
 
 sys.path.insert(0, str(Path(__file__).parent))
 import many_ranks  # noqa: E402

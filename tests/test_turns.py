@@ -13,13 +13,13 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import turns
+from ddplab import runfiles, turns
 from conftest import wait_until
 
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from ddplab import turns
+from ddplab import runfiles, turns
 name, alone, folder = sys.argv[1], sys.argv[2] == "alone", Path(sys.argv[3])
 (folder / f"{name}.trying").touch()
 with turns.turn(alone=alone):
@@ -185,8 +185,8 @@ def test_a_run_judged_by_status_only_shares_the_machine(tmp_path, shared_turn):
 def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    env = dict(os.environ, **{turns.GO_ENV: f"{tmp_path / 'never'} {dead.pid}"})
-    p = subprocess.run([sys.executable, "-c", "from ddplab import turns; turns.wait_for_go()"], env=env,
+    env = dict(os.environ, **{runfiles.GO_ENV: f"{tmp_path / 'never'} {dead.pid}"})
+    p = subprocess.run([sys.executable, "-c", "from ddplab import lab"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and f"launcher (pid {dead.pid})" in p.stderr
 

@@ -45,6 +45,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--warm"]:
         # the warm process that forks each run's agent (ddplab.warm)
         from ddplab.warm import serve
-        serve(int(sys.argv[2]))
+        serve(int(sys.argv[2]), main)
     else:
         main(sys.argv[1:])

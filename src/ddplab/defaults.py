@@ -67,6 +67,9 @@ DEFAULT_STALL_S = 3.0
 DEFAULT_SCRIPT_DEADLINE_S = 1800.0
 # `ddplab attach`: give up watching a job that keeps making progress after this long.
 DEFAULT_WATCH_S = 20.0
+# A rank using more CPU than this (cores, over the loop's last second) is making progress: a rank blocked in
+# a collective uses about 0.003. The loop's stall rule and the views' "busy or blocked" read the same number.
+CPU_PROGRESS_CORES = 0.03
 # torchrun's own default rendezvous port (what a port check looks at when none is given)
 TORCHRUN_PORT = 29500
 # Ending a job: SIGTERM, this long to go, then SIGKILL.

@@ -25,8 +25,8 @@ from . import check as check_mod
 from . import classify, runfiles
 from .defaults import GRACE_S, Ending
 from .evidence import Evidence, LiveRank, Watch
-from .result import RunResult
-from .supervise import Snapshot, Supervisor, watch
+from .result import RunResult, Snapshot
+from .supervise import Supervisor, watch
 
 
 @dataclass(frozen=True)

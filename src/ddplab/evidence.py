@@ -227,17 +227,6 @@ def read(path: Path) -> str:
         return ""
 
 
-def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
-    """(rank, file) for every rank's stdout.log and stderr.log, last attempt only."""
-    found: dict[tuple[int, str], Path] = {}
-    for p in sorted((run_dir / runfiles.TORCHRUN_LOGS).glob("*/attempt_*/*/std*.log")):
-        try:
-            found[(int(p.parent.name), p.name)] = p
-        except ValueError:
-            continue
-    return sorted((rank, p) for (rank, _), p in found.items())
-
-
 def read_run(run_dir: Path) -> RunEvidence:
     infos = rank_infos(run_dir)
     errors = {}
@@ -254,8 +243,8 @@ def read_run(run_dir: Path) -> RunEvidence:
         pass
     exits = {int(r): f for r, f in (tr or {}).get("failures", {}).items()}
     logs: dict[int, str] = {}
-    for rank, path in rank_logs(run_dir):
-        logs[rank] = logs.get(rank, "") + read(path)
+    for rank, path in runfiles.rank_logs(run_dir):
+        logs[rank] = logs.get(rank, "") + read(Path(path))
     fatal = {}
     for rank in infos:
         text = read(Path(runfiles.rank_path(run_dir, rank, runfiles.STACK)))

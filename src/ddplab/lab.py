@@ -16,11 +16,34 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddplab import runfiles, turns
+from ddplab import runfiles
+
+
+def wait_for_go() -> None:
+    """In a rank (``ddplab.lab`` calls it at import, after ``import torch``, before anything is
+    timed): wait until the launcher has the machine alone for this run. If the launcher is gone,
+    leave with a one-line reason rather than wait for ever."""
+    spec = os.environ.get(runfiles.GO_ENV)
+    if not spec:
+        return
+    path, _, pid = spec.rpartition(" ")
+    checked = 0.0
+    while not os.path.exists(path):
+        time.sleep(0.02)
+        checked += 0.02
+        if checked >= 0.5:
+            checked = 0.0
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                raise SystemExit(f"ddplab: the launcher (pid {pid}) that was to give this run the machine is gone")
+            except (PermissionError, ValueError):
+                pass
+
 
 # make workbook: a run whose verdicts compare times waits here (torch imported, nothing timed yet)
 # until the launcher has the machine alone for it (ddplab.turns); elsewhere this returns at once
-turns.wait_for_go()
+wait_for_go()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from .job import (HOOK_DIR, Job, build_cluster_command, build_command, build_lau
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from .progress import Echo, NotebookProgress, TerminalProgress, auto_progress
 from .result import RunResult
-from .supervise import PROGRESS_EVERY_S, Snapshot, Supervisor, watch  # noqa: F401
+from .result import Snapshot
+from .supervise import PROGRESS_EVERY_S, Supervisor, watch  # noqa: F401
 from .stacks import short_path
 
 Progress = Callable[[Snapshot], None]
@@ -54,7 +55,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     "deadline" (still making progress at the optional outer limit ``deadline_s``) or "interrupted"
     (a KeyboardInterrupt: the job is ended the same way, the result saved, then it propagates).
     ``progress``: "auto" (a status line on a terminal or in Jupyter), None, or a callable that gets
-    a ``supervise.Snapshot`` about once a second.
+    a ``result.Snapshot`` about once a second.
     ``cluster``: a ``ddplab.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
     its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
     gets a cluster of its own, made and removed around the run.
@@ -125,7 +126,7 @@ class StartedJob:
         gate = None
         if not self.turn.ready():        # the go file is created once the machine is the run's
             go = job.run_dir / runfiles.MACHINE_GO
-            penv[turns.GO_ENV] = f"{go} {os.getpid()}"
+            penv[runfiles.GO_ENV] = f"{go} {os.getpid()}"
             gate = turns.Gate(self.turn, go)
         with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
             # Own session: Ctrl-C in a terminal does not reach torchrun directly; the job is ended by

@@ -1,6 +1,6 @@
 """Live views of a job while the loop watches it: the status line (a terminal's stderr, or a Jupyter
 cell updated in place) and the ranks' own output echoed (``stream=True``). They get a
-``supervise.Snapshot`` or read the run folder; the loop only calls them, and nothing reads them back.
+``result.Snapshot`` or read the run folder; the loop only calls them, and nothing reads them back.
 """
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from . import evidence, render
-from .result import RunResult
-from .supervise import Snapshot
+from . import render, runfiles
+from .result import RunResult, Snapshot
 
 
 class TerminalProgress:
@@ -74,7 +73,7 @@ class Echo:
         self.run_dir, self.offsets, self.before_line = run_dir, {}, before_line
 
     def __call__(self) -> None:
-        for rank, path in evidence.rank_logs(self.run_dir):
+        for rank, path in runfiles.rank_logs(self.run_dir):
             start = self.offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:

@@ -17,7 +17,7 @@ from .render_check import check_html, check_lines
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult
     from .stacks import Where
-    from .supervise import Snapshot
+    from .result import Snapshot
 
 # Who issued a collective the user never called by name.
 VIA = {

@@ -224,3 +224,14 @@ class RunResult:
         return (f"RunResult(target={self.target!r}, variant={self.variant!r}, nproc={self.nproc}, "
                 f"status={self.status.value!r}, signature={self.signature!r}, first_failure={self.first_failure!r}, "
                 f"wall_s={self.wall_s}, run_dir={self.run_dir!r})")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The job at one moment, as the watch loop sees it (``Supervisor.snapshot``): what the live status
+    line shows (``ddplab.render.status_line``)."""
+    elapsed_s: float
+    nproc: int
+    ranks: tuple[dict, ...]      # rank, state ("starting", "running", "waiting", "exited"), op, seq, idle_s
+    idle_s: float                # time since any rank last made progress (0 while progressing)
+    stall_s: float

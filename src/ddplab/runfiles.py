@@ -21,6 +21,7 @@ Used by the rank hook (``_rankhook/sitecustomize.py``, inside every rank: this m
     RUN/ranks/rankN.log           ``attach --save``: the rank's last output lines
     RUN/ranks/rankN.check.json    ``run --check``: the rank's own checksums, sampler indices, steps
 """
+import glob
 import os
 
 RANKS = "ranks"
@@ -30,6 +31,8 @@ TORCHRUN_LOG = "torchrun.log"
 TORCHRUN_LOGS = "torchrun"
 CLUSTER = "cluster.json"
 MACHINE_GO = "machine.go"
+# set on a job's ranks when they must wait for their turn (ddplab.turns): "<go file> <launcher pid>"
+GO_ENV = "DDPLAB_MACHINE_GO"
 RESULT = "result.json"
 NODE = "node.json"
 
@@ -75,3 +78,14 @@ def node_torchrun(index):
 
 def node_log(index):
     return f"torchrun.node{index}.log"
+
+
+def rank_logs(run_dir):
+    """(rank, path) for every rank's stdout.log and stderr.log that torchrun wrote (its --log-dir),
+    the last attempt only."""
+    found = {}
+    for p in sorted(glob.glob(os.path.join(str(run_dir), TORCHRUN_LOGS, "*", "attempt_*", "*", "std*.log"))):
+        rank = os.path.basename(os.path.dirname(p))
+        if rank.isdigit():
+            found[(int(rank), os.path.basename(p))] = p
+    return sorted((rank, p) for (rank, _), p in found.items())

@@ -43,7 +43,8 @@ import psutil
 
 from . import evidence, probe, stacks
 from . import ledger as ledger_mod
-from .defaults import GRACE_S, TIMEOUT_GRACE_S, TIMEOUT_PATIENCE_S, Ending  # noqa: F401  (re-exported)
+from .result import Snapshot
+from .defaults import CPU_PROGRESS_CORES, GRACE_S, TIMEOUT_GRACE_S, TIMEOUT_PATIENCE_S, Ending  # noqa: F401
 
 POLL_S = 0.05                 # how often the loop checks the job's end
 PROGRESS_EVERY_S = 1.0        # how often the live status line is shown
@@ -51,7 +52,6 @@ SAMPLE_S = 0.25               # how often the ranks are sampled (CPU)
 LEDGER_EVERY_S = 0.5          # how often each rank's ledger is read
 STACK_EVERY_S = 1.0           # how often an idle rank's stack is fingerprinted
 CPU_WINDOW_S = 1.0
-CPU_PROGRESS_CORES = 0.03     # CPU use over the window above this is progress (a blocked rank: ~0.003)
 # A TCPStore client that cannot connect retries once after its timeout (torch 2.13: "retrying (try=0,
 # timeout=..., delay=...)"), so it raises after about 2-2.5x the timeout it was given (measured: 3 s ->
 # 5.7-7.2 s, 8 s -> 19.5 s). A rendezvous timeout is expected to fire within this multiple of it.
@@ -147,16 +147,6 @@ class RankWatch:
 
     def pending(self):
         return ledger_mod.pending(self.ledger)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The job at one moment, for the live status line (``ddplab.render.status_line``)."""
-    elapsed_s: float
-    nproc: int
-    ranks: tuple[dict, ...]      # rank, state ("starting", "running", "waiting", "exited"), op, seq, idle_s
-    idle_s: float                # time since any rank last made progress (0 while progressing)
-    stall_s: float
 
 
 class Supervisor:

@@ -10,7 +10,7 @@ it. Other work in a notebook (a plot, a kernel starting) is not stopped, and is 
 An alone turn is taken early by the launcher: it holds the turnstile at once and starts the job,
 whose processes start (torchrun's agent, each rank's ``import torch``) while the runs in progress
 end; the ranks wait in ``ddplab.lab``'s import for a file the launcher creates once the machine is
-the run's (GO_ENV), so nothing is timed before. Started late, a measured run's start-up (3-4 s of
+the run's (runfiles.GO_ENV), so nothing is timed before. Started late, a measured run's start-up (3-4 s of
 imports) had the machine alone and the runs it waited for ended on a machine half idle.
 
 ``judged_by_status()``: runs in the block share the machine whatever their variant measures (the
@@ -23,11 +23,9 @@ ends, so a killed notebook never leaves the machine locked.
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager
 
 ENV = "DDPLAB_MACHINE_LOCK"
-GO_ENV = "DDPLAB_MACHINE_GO"          # set on a job's ranks: "<file> <launcher pid>"
 _status_only = False
 
 
@@ -79,28 +77,6 @@ def judged_by_status():
         yield
     finally:
         _status_only = before
-
-
-def wait_for_go() -> None:
-    """In a rank (``ddplab.lab`` calls it at import, after ``import torch``, before anything is
-    timed): wait until the launcher has the machine alone for this run. If the launcher is gone,
-    leave with a one-line reason rather than wait for ever."""
-    spec = os.environ.get(GO_ENV)
-    if not spec:
-        return
-    path, _, pid = spec.rpartition(" ")
-    checked = 0.0
-    while not os.path.exists(path):
-        time.sleep(0.02)
-        checked += 0.02
-        if checked >= 0.5:
-            checked = 0.0
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                raise SystemExit(f"ddplab: the launcher (pid {pid}) that was to give this run the machine is gone")
-            except (PermissionError, ValueError):
-                pass
 
 
 @contextmanager

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import groups, ledger, signatures
-from .defaults import RankState
-from .supervise import CPU_PROGRESS_CORES
+from .defaults import CPU_PROGRESS_CORES, RankState
 
 if TYPE_CHECKING:  # pragma: no cover
     from .result import RankResult, RunResult

@@ -255,7 +255,9 @@ def start(cmd: list[str], env: dict[str, str], console) -> "WarmProcess | subpro
 # The warm process (python -m ddplab._torchrun --warm FD)
 # ----------------------------------------------------------------------------------------------
 
-def serve(fd: int) -> None:
+def serve(fd: int, main) -> None:
+    """The warm process: fork one agent per request, each running ``main(argv)`` (``_torchrun.main``,
+    handed in by ``_torchrun``'s own entry point, so this module imports nothing of it)."""
     import signal
     import warnings
 
@@ -264,7 +266,6 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # the launcher ends it by closing the pair
     sock = socket.socket(fileno=fd)
     import torch.distributed.run  # noqa: F401  (the import every agent would make)
-    from ddplab import _torchrun
 
     def send(msg: dict) -> bool:
         try:
@@ -294,7 +295,7 @@ def serve(fd: int) -> None:
                 continue
             if pid == 0:
                 warnings.filters[:] = filters
-                _agent(sock, req, fds, _torchrun.main)
+                _agent(sock, req, fds, main)
             for f in fds:
                 os.close(f)
             children.add(pid)
