@@ -5,9 +5,10 @@
 
 A job that never ran under ddplab: torch's own debug server (torch >= 2.13, with jinja2, tabulate
 and requests) writes every rank's stacks into DIR every ``--dump-interval`` seconds (its flight
-recorder dump fails for gloo on torch 2.13 and is not written). Every rank but rank 1 all-reduces a fourth time; rank 1 skips it and
-goes on to the barrier, so the others wait in all_reduce and rank 1 in barrier, for ever (until
-killed). With 3 ranks or more, rank 1 is the one whose stack differs.
+recorder dump fails for gloo on torch 2.13 and is not written). Every rank but rank 1 all-reduces
+a fourth time; rank 1 skips it and goes on to the barrier, so the others wait in all_reduce and
+rank 1 in barrier, for ever (until killed). With 3 ranks or more, rank 1 is the one whose stack
+differs.
 """
 import argparse
 
