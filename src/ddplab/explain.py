@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from . import frdump, nodes, runfiles
+from . import debugdump, frdump, nodes, runfiles
 from .diagnose import diagnose
 from .errors import DdplabError
 from .result import RunResult
 
-ORIGINS = (nodes.SavedNodes, frdump.FlightRecorderDumps)
+ORIGINS = (nodes.SavedNodes, frdump.FlightRecorderDumps, debugdump.DebugServerDumps)
 
 
 def source_for(folders: Sequence[Path]):
