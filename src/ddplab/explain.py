@@ -29,9 +29,9 @@ def source_for(folders: Sequence[Path]):
         raise DdplabError("pass either the folders ddplab attach --save wrote or one folder of torch's dumps",
                           hint="explain one job's evidence at a time")
     f = next(f for f in folders if not nodes.is_node_folder(f))
-    raise DdplabError(f"{f} holds no evidence (no {runfiles.NODE} from ddplab attach --save, no dump of torch's)",
-                      hint="pass the folder ddplab attach PID --save DIR wrote, or the folder of torch's "
-                           "$TORCH_FR_DUMP_TEMP_FILE dumps")
+    raise DdplabError(f"{f} holds no evidence (no {runfiles.NODE} from ddplab attach --save, no dump of torch's flight recorder or debug server)",
+                      hint="pass the folder ddplab attach PID --save DIR wrote, the folder of torch's "
+                           "$TORCH_FR_DUMP_TEMP_FILE dumps, or the dump_dir of torch's debug server")
 
 
 def explain(folders: Sequence[Path]) -> RunResult:
