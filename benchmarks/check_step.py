@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import lab
+from ddplab.rank import lab
 
 spec = importlib.util.spec_from_file_location("lab07", Path(__file__).resolve().parents[1] / "labs" / "07_scaling.py")
 lab07 = importlib.util.module_from_spec(spec)
@@ -34,7 +34,7 @@ g = torch.Generator().manual_seed(100 + ctx.rank)
 teacher = torch.randn(a.width, a.width, generator=g) / a.width ** 0.5
 # --check's checksum itself (the rank hook's own function), timed right after each step in the same
 # process: the pair sees the same load, which a ratio of two whole runs on a shared machine does not
-sys.path.insert(0, str(Path(ddplab.__file__).resolve().parent / "_rankhook"))
+sys.path.insert(0, str(Path(ddplab.__file__).resolve().parent / "rank" / "hook"))
 from ddplab_rankcheck import _sums  # noqa: E402
 
 tensors = list(model.module.parameters()) + list(model.module.buffers())

@@ -1,7 +1,7 @@
 """torch's debug-server dumps as an origin, for real: a job that never ran under ddplab (bare
 torchrun, gloo) starts ``torch.distributed.debug.start_debug_server(dump_dir=..., dump_interval=1)``
 and hangs because rank 1 skips a collective; once the dumps show the hang, every process of the job
-is killed and ``ddplab.explain([dump_dir])`` judges the job from the folder alone. Then the bad
+is killed and ``ddplab.origins.explain([dump_dir])`` judges the job from the folder alone. Then the bad
 input: a folder of unrelated files, the dumps without a stacks file, an empty or cut-short stacks
 file (cut at every byte of the real one: an error or the same stacks, never other ones), and a dump
 that lacks a rank's stack (rank 1 stopped with SIGSTOP before the job was killed).
@@ -18,7 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddplab import debugdump, explain, groups
+from ddplab.origins import debugdump, explain
+from ddplab.engine import groups
 from ddplab.defaults import RankState
 from ddplab.errors import DdplabError
 from ddplab.result import Status

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddplab import cluster, system
-from ddplab.workbook import build
+from ddplab.origins import cluster
+from ddplab.tools import system
+from ddplab.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "src" / "ddplab" / "system.py"

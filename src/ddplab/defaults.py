@@ -42,7 +42,7 @@ ALIVE = (RankState.HUNG, RankState.RUNNING)     # a rank still alive at the verd
 
 
 class Ending(str, Enum):
-    """How the one watch loop ended (``ddplab.supervise.watch``); the judge reads it, never the origin."""
+    """How the one watch loop ended (``ddplab.engine.supervise.watch``); the judge reads it, never the origin."""
     FINISHED = "finished"        # the job ended on its own (torchrun exited: its exit status is known)
     EXITED = "exited"            # every watched rank ended (a job ddplab did not start: no exit status)
     STALL = "stall"              # the stall rule: every live rank without progress for the stall window
@@ -59,7 +59,7 @@ class Ending(str, Enum):
         """An ending read back from a saved watch (``None`` was a finished job in older folders)."""
         return cls.FINISHED if value is None else cls(value)
 
-# A job is hung when every live rank has made no progress for the stall window (ddplab.supervise);
+# A job is hung when every live rank has made no progress for the stall window (ddplab.engine.supervise);
 # a lab may set its own (its LAB dict's "stall_s").
 DEFAULT_STALL_S = 3.0
 # The outer limit, a safety net and not the hang rule: none for labs, half an hour for a script

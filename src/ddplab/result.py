@@ -3,7 +3,7 @@
 Facts are fields (op, seq, frame, exception type); statuses, rank states and endings are enums
 (``ddplab.defaults``), also after ``load()``. A result loads, prints (its ``repr`` is its fields)
 and compares with no view imported. Sentences are made from the fields only when shown, by
-``ddplab.render``: ``explain()``, ``headline()``, ``diagnosis``, ``waits_in`` and ``_repr_html_``
+``ddplab.views.render``: ``explain()``, ``headline()``, ``diagnosis``, ``waits_in`` and ``_repr_html_``
 are conveniences that import that view when called (``result.json`` holds no rendered text, and
 nothing shown is ever read back). Notebooks and tests assert on the fields.
 """
@@ -13,16 +13,16 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from . import runfiles
-from .defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
-from .check import CheckReport
-from .ledger import Collective, Divergence
-from .stacks import Frame, Where, short_paths
+from ddplab import runfiles
+from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
+from ddplab.engine.check import CheckReport
+from ddplab.engine.ledger import Collective, Divergence
+from ddplab.engine.stacks import Frame, Where, short_paths
 
 
 def _render():
     """The text and HTML views, imported when a result is shown (the data never needs them)."""
-    from . import render
+    from ddplab.views import render
     return render
 
 
@@ -40,7 +40,7 @@ class RankError:
     @property
     def frame(self) -> Frame | None:
         """The innermost frame of the user's own code."""
-        from .stacks import is_user_file
+        from ddplab.engine.stacks import is_user_file
         return next((f for f in self.frames if is_user_file(f.file)), None)
 
     def to_dict(self) -> dict:
@@ -131,7 +131,7 @@ class RunResult:
     variant: str | None
     nproc: int
     status: Status
-    signature: str | None         # id in ddplab.signatures (None when ok)
+    signature: str | None         # id in ddplab.engine.signatures (None when ok)
     excerpt: str | None           # PyTorch's own message line that the signature matched
     ranks: tuple[RankResult, ...]
     wall_s: float
@@ -148,7 +148,7 @@ class RunResult:
     stall: Stall | None = None        # why it was judged hung
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
     attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
-    check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.check)
+    check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.engine.check)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -206,7 +206,7 @@ class RunResult:
             p = p / runfiles.RESULT
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people: views made when shown (ddplab.render) ---------------------------------------
+    # --- for people: views made when shown (ddplab.views.render) ---------------------------------------
     @property
     def diagnosis(self) -> str:
         return short_paths(_render().diagnosis(self))
@@ -229,7 +229,7 @@ class RunResult:
 @dataclass(frozen=True)
 class Snapshot:
     """The job at one moment, as the watch loop sees it (``Supervisor.snapshot``): what the live status
-    line shows (``ddplab.render.status_line``)."""
+    line shows (``ddplab.views.render.status_line``)."""
     elapsed_s: float
     nproc: int
     ranks: tuple[dict, ...]      # rank, state ("starting", "running", "waiting", "exited"), op, seq, idle_s

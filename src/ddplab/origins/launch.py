@@ -1,0 +1,152 @@
+"""The origin "a job ddplab starts": ``ddplab.run``, and its source (``StartedJob``) for the one
+pipeline (``ddplab.engine.diagnose``).
+
+    job (ddplab.origins.job)           what to run: resolved input, the torchrun command, the ranks' environment
+    StartedJob                 the source: starts torchrun (a warm agent) when asked for its handle,
+                               reads what the ranks left in the run folder as evidence
+    diagnose                   watch -> collect -> judge -> RunResult -> save, as for every origin
+    progress (ddplab.views.progress) the live status line and the echoed output: views the loop shows
+
+A job is *hung* when every live rank has made no progress for the stall window (progress is
+evidence from the ranks, never the clock); ``deadline_s`` is only an optional outer limit. Whatever
+happens (an exit, a stall, the deadline, Ctrl-C, a Jupyter interrupt, SIGTERM), every process of the
+job is ended and checked gone before ``run`` returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ddplab.engine import evidence
+from ddplab import runfiles
+from ddplab.views import timeline
+from ddplab.origins import turns, warm
+from ddplab.defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S, Ending, Status  # noqa: F401  (re-exported)
+from ddplab.engine.diagnose import Identity, diagnose
+from ddplab.engine.evidence import Evidence, LiveRank, Watch
+from ddplab.origins.job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
+                  launch_environment, max_nproc, resolve, runs_root, socket_dir)
+from ddplab.views.progress import Echo, NotebookProgress, TerminalProgress, auto_progress
+from ddplab.result import RunResult
+from ddplab.result import Snapshot
+from ddplab.engine.supervise import PROGRESS_EVERY_S, Supervisor, watch  # noqa: F401
+from ddplab.engine.stacks import short_path
+
+Progress = Callable[[Snapshot], None]
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry point
+# ----------------------------------------------------------------------------------------------
+
+def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int | None = None,
+        deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+        port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
+        grace_s: float = GRACE_S, stall_s: float | None = None,
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
+    """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
+
+    Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
+    (every live rank made no progress for ``stall_s`` seconds: evidence read, job ended),
+    "deadline" (still making progress at the optional outer limit ``deadline_s``) or "interrupted"
+    (a KeyboardInterrupt: the job is ended the same way, the result saved, then it propagates).
+    ``progress``: "auto" (a status line on a terminal or in Jupyter), None, or a callable that gets
+    a ``result.Snapshot`` about once a second.
+    ``cluster``: a ``ddplab.origins.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
+    its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
+    gets a cluster of its own, made and removed around the run.
+    ``check``: compare what each rank recorded about its replicas, gradients and data after the run
+    (``result.check``, a ``ddplab.engine.check.CheckReport``), with no collective added to the job.
+    """
+    # the lab is looked up once, here (job.lab)
+    job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
+                  run_root=Path(run_root) if run_root else None, stall_s=stall_s, check=check)
+    spec = (job.lab.extra.get("network") or {}).get(job.variant) if job.lab is not None else None
+    if cluster is None and spec is not None:
+        from ddplab.origins import cluster as cluster_mod
+        with cluster_mod.Cluster.from_spec(spec) as made:
+            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
+    return _turn(job, stream, grace_s, progress, cluster)
+
+
+def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
+    measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
+    # make workbook: a run that measures times has the machine alone; its job starts at once, its
+    # ranks wait (ddplab.rank.lab) until the runs in progress have ended
+    with turns.turn(alone=measured, early=True) as turn:
+        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress)
+
+
+def _run(source: "StartedJob", stream, grace_s, progress) -> RunResult:
+    show = auto_progress() if progress == "auto" else progress
+    echo = Echo(source.job.run_dir, before_line=show.close if isinstance(show, TerminalProgress) else None) \
+        if stream else None
+    result = None
+    try:
+        result = diagnose(source, show=show, echo=echo, grace_s=grace_s)
+    finally:
+        if isinstance(show, (TerminalProgress, NotebookProgress)):
+            show.close(result)
+        if echo:
+            echo()
+    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
+    if result.status == Status.INTERRUPTED:
+        print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}",
+              file=sys.stderr)
+        raise KeyboardInterrupt
+    return result
+
+
+class StartedJob:
+    """A job ddplab starts: torchrun (forked from the warm agent) in its own session, its ranks
+    found from their hook's records in the run folder, ended through its process group."""
+    limit = Ending.DEADLINE
+    stop = True
+
+    def __init__(self, job: Job, cluster, turn: turns.Turn):
+        self.job, self.cluster, self.turn = job, cluster, turn
+        self.limit_s = job.deadline_s
+        self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
+                                 deadline_s=job.deadline_s, port=job.port, check=job.check, records_dir=job.run_dir)
+
+    def handle(self) -> Supervisor:
+        job = self.job
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        (job.run_dir / runfiles.RANKS).mkdir(exist_ok=True)
+        socket_dir(job.run_dir).mkdir(parents=True, exist_ok=True)
+        world = self.cluster.ranks(job.nproc) if self.cluster is not None else job.nproc
+        cmd, penv, spec = build_command(job, self.cluster)
+        self.identity = dataclasses.replace(self.identity, command=tuple(cmd))
+        if spec is not None:
+            (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))
+        gate = None
+        if not self.turn.ready():        # the go file is created once the machine is the run's
+            go = job.run_dir / runfiles.MACHINE_GO
+            penv[runfiles.GO_ENV] = f"{go} {os.getpid()}"
+            gate = turns.Gate(self.turn, go)
+        with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
+            # Own session: Ctrl-C in a terminal does not reach torchrun directly; the job is ended by
+            # the pipeline. A single-node job's agent is forked from a process that imported torch
+            # already (ddplab.origins.warm: the first run may wait for that import, neither the job's time nor a stall).
+            proc = warm.start(cmd, penv, console)
+        t0 = time.monotonic()   # the job's clock starts with its agent
+        # which agent ran it: forked warm (its parent: ddplab.origins.warm's process) or started cold
+        (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
+            {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
+             "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
+        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, gate=gate)
+
+    def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:
+        if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
+            shutil.rmtree(socket_dir(self.job.run_dir), ignore_errors=True)
+        return evidence.collect(seen, live, self.job.run_dir)
+
+    def keep(self, ev: Evidence, result: RunResult) -> None:
+        pass
