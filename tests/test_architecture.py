@@ -84,3 +84,33 @@ def test_design_names_the_folders_the_code_has():
     layout = text[text.index("## Layout"):text.index("## Data flow")]
     named = sorted(set(re.findall(r"src/ddplab/(\w+)/", layout)))
     assert named == have, (named, have)
+
+
+@pytest.mark.multiprocess
+def test_the_watch_loop_never_calls_back_into_an_origin(tmp_path):
+    """A real run traced call by call (sys.setprofile, this thread): while the engine's loop
+    (supervise.watch and everything it calls) runs, no function defined in ddplab.origins is entered;
+    the run still gives its catalog verdict."""
+    import ddplab
+    from conftest import assert_nothing_left
+
+    inside_loop, from_loop = [0], []
+
+    def profile(frame, event, arg):
+        if event not in ("call", "return"):
+            return
+        mod = frame.f_globals.get("__name__", "")
+        if mod == "ddplab.engine.supervise" and frame.f_code.co_name == "watch":
+            inside_loop[0] += 1 if event == "call" else -1
+        elif event == "call" and inside_loop[0] and mod.startswith("ddplab.origins"):
+            from_loop.append(f"{mod}.{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        r = ddplab.run("01", variant="broken", run_root=tmp_path, progress=None)
+    finally:
+        sys.setprofile(None)
+    assert r.status == "hung" and r.signature == "hang-different-collectives"
+    assert inside_loop[0] == 0
+    assert from_loop == [], sorted(set(from_loop))
+    assert_nothing_left(str(tmp_path))

@@ -14,7 +14,7 @@ from ddplab.course import articles, claim_register, claims
 from ddplab.course import lab09
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = sorted(p.stem[3:] for p in (ROOT / "src" / "ddplab" / "workbook").glob("lab[0-9][0-9].py"))
+LABS = sorted(p.stem[3:] for p in (ROOT / "src" / "ddplab" / "course").glob("lab[0-9][0-9].py"))
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if p.name[:2] != "00"}
 
 

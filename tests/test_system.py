@@ -14,7 +14,7 @@ from ddplab.tools import system
 from ddplab.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "src" / "ddplab" / "system.py"
+SCRIPT = ROOT / "src" / "ddplab" / "tools" / "system.py"
 
 
 def test_a_missing_tool_is_named_with_its_install_command(monkeypatch, tmp_path):

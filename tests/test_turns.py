@@ -188,7 +188,7 @@ def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     env = dict(os.environ, **{runfiles.GO_ENV: f"{tmp_path / 'never'} {dead.pid}"})
-    p = subprocess.run([sys.executable, "-c", "from ddplab import lab"], env=env,
+    p = subprocess.run([sys.executable, "-c", "from ddplab.rank import lab"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and f"launcher (pid {dead.pid})" in p.stderr
 
@@ -203,6 +203,6 @@ def test_every_lab_with_a_measured_variant_imports_ddplab_lab_where_its_ranks_wa
     assert {lab.number for lab in measured} >= {"07", "09", "10", "11"}
     for lab in measured:
         tree = catalog.parse(lab.path)
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ddplab"
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ddplab.rank"
                     for a in n.names} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "lab" in imported or "ddplab.rank.lab" in imported, f"{lab.path.name} does not import ddplab.rank.lab"

@@ -13,7 +13,7 @@ from ddplab.course import articles, claims
 from ddplab.origins import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "src" / "ddplab" / "workbook").glob("lab[0-9][0-9].py"))
+MODULES = sorted(p.stem for p in (ROOT / "src" / "ddplab" / "course").glob("lab[0-9][0-9].py"))
 SEED_NAME = re.compile(r"\d{3}_[0-9a-f]{16}\.txt")
 
 

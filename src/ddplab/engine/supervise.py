@@ -153,10 +153,11 @@ class Supervisor:
     """The job's processes and each rank's progress, sampled by ``poll()``."""
 
     def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float,
-                 gate: Callable[[], bool] | None = None):
+                 go_file: Path | None = None):
         self.proc, self.run_dir, self.nproc, self.stall_s, self.t0 = proc, run_dir, nproc, stall_s, t0
-        # a job that must wait for its turn (ddplab.origins.turns): until gate() says go, waiting is not a stall
-        self.gate = gate
+        # a job whose ranks wait for their turn (ddplab.origins.turns): until this file exists, their
+        # waiting is not a stall (the stall window starts when they may go)
+        self.go_file = go_file
         self.world = nproc               # ranks numbered 0..world-1 (attach: this machine's may be fewer)
         self.known: dict[int, psutil.Process] = {}
         try:
@@ -176,11 +177,11 @@ class Supervisor:
         if not force and now - self.last_sample < SAMPLE_S:
             return
         self.last_sample = now
-        if self.gate is not None:
-            if self.gate():
-                self.gate = None
+        if self.go_file is not None:
+            if os.path.exists(self.go_file):
+                self.go_file = None
             else:
-                self.job_progress = now     # the stall window starts when the ranks may go
+                self.job_progress = now
         self._discover(now)
         for w in self.ranks.values():
             if w.alive:

@@ -113,6 +113,7 @@ class StartedJob:
     def __init__(self, job: Job, cluster, turn: turns.Turn):
         self.job, self.cluster, self.turn = job, cluster, turn
         self.limit_s = job.deadline_s
+        self.waiting: turns.Waiting | None = None
         self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
                                  deadline_s=job.deadline_s, port=job.port, check=job.check, records_dir=job.run_dir)
 
@@ -126,11 +127,11 @@ class StartedJob:
         self.identity = dataclasses.replace(self.identity, command=tuple(cmd))
         if spec is not None:
             (job.run_dir / runfiles.CLUSTER).write_text(json.dumps(spec, indent=2))
-        gate = None
+        go = None
         if not self.turn.ready():        # the go file is created once the machine is the run's
             go = job.run_dir / runfiles.MACHINE_GO
             penv[runfiles.GO_ENV] = f"{go} {os.getpid()}"
-            gate = turns.Gate(self.turn, go)
+            self.waiting = turns.Waiting(self.turn, go)
         with open(job.run_dir / runfiles.TORCHRUN_LOG, "wb") as console:
             # Own session: Ctrl-C in a terminal does not reach torchrun directly; the job is ended by
             # the pipeline. A single-node job's agent is forked from a process that imported torch
@@ -141,9 +142,11 @@ class StartedJob:
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
              "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
-        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, gate=gate)
+        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
 
     def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:
+        if self.waiting is not None:
+            self.waiting.stop()
         if not seen.leftover:   # the ranks' worker-server sockets went with them; their folder would be left in /tmp
             shutil.rmtree(socket_dir(self.job.run_dir), ignore_errors=True)
         return evidence.collect(seen, live, self.job.run_dir)

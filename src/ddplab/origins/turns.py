@@ -23,6 +23,7 @@ ends, so a killed notebook never leaves the machine locked.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 
 ENV = "DDPLAB_MACHINE_LOCK"
@@ -54,18 +55,25 @@ class Turn:
             self._granted = True
 
 
-class Gate:
-    """For the watch loop: whether a job started early may go. The first time the turn is ready,
-    the go file its ranks wait for is created; until then the waiting is not a stall."""
+class Waiting(threading.Thread):
+    """A job started early, waiting for its turn: once the turn is ready, the go file its ranks wait
+    for is created (the watch loop only looks for that file). ``stop()`` when the job has ended."""
 
     def __init__(self, turn: Turn, go: "os.PathLike"):
-        self.turn, self.go = turn, go
+        super().__init__(name="ddplab-turn", daemon=True)
+        self.turn, self.go, self._stop_it = turn, go, threading.Event()
+        self.start()
 
-    def __call__(self) -> bool:
-        if not self.turn.ready():
-            return False
-        open(self.go, "a").close()
-        return True
+    def run(self) -> None:
+        while not self._stop_it.is_set():
+            if self.turn.ready():
+                open(self.go, "a").close()
+                return
+            self._stop_it.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop_it.set()
+        self.join()
 
 
 @contextmanager
