@@ -52,6 +52,36 @@ def check_knob_names(knobs: Mapping[str, Any], *takers) -> None:
                           hint="the knobs are: " + ", ".join(sorted(known)))
 
 
+def validate_knobs(lab: str, knobs: Mapping[str, Any], *takers) -> None:
+    """Every workbook module's validate(): an unknown knob is refused by name (the script's declared
+    knobs, ``takers``' parameters and the launcher's are known), then each script knob's value is
+    checked against its one declaration (``LAB["knobs"]`` of the script, ddplab.lab_args)."""
+    from ddplab import lab_args
+
+    declared = lab_args.declared(lab)
+    known = set(declared).union(*map(_named, takers), launcher_knobs()) - {"variant"}
+    unknown = sorted(set(knobs) - known)
+    if unknown:
+        raise DdplabError(f"unknown knob(s) {', '.join(unknown)}",
+                          hint="the knobs are: " + ", ".join(sorted(known)))
+    for name in declared.keys() & knobs.keys():
+        try:
+            lab_args.coerce(name, declared[name], knobs[name])
+        except ValueError as e:
+            raise DdplabError(f"lab {lab}: {e}", hint=declared[name].get("help")) from None
+
+
+def script_args(lab: str, kw: Mapping[str, Any]) -> tuple[list[str], dict]:
+    """(the script's command line for the declared knobs in ``kw``, the rest of ``kw`` for ddplab.run).
+    Call validate first: a value is checked again here only as the argv is made."""
+    from ddplab import lab_args
+
+    declared = lab_args.declared(lab)
+    mine = {k: v for k, v in kw.items() if k in declared}
+    rest = {k: v for k, v in kw.items() if k not in declared}
+    return lab_args.argv(declared, mine) + list(rest.pop("args", ())), rest
+
+
 def _returns(fn, name: str) -> bool:
     ann = inspect.signature(fn).return_annotation
     text = ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
