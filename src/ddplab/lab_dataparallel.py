@@ -10,24 +10,6 @@ import torch.nn as nn
 from ddplab import lab
 
 
-def label(mode: str) -> str:
-    return "real nn.DataParallel" if mode == "real" else "emulation of DataParallel on CPU"
-
-
-def data_parallel(model, x, lengths, n, mode, apply):
-    """One DataParallel forward, ``apply(model, x, lengths, n, mode)`` (the lab's own scatter/gather). A forward
-    hook (copied to DataParallel's replicas with the module) records what each replica held and got."""
-    seen = []
-    hook = model.register_forward_hook(lambda m, i, o: seen.append(
-        {"device": str(next(m.parameters()).device), "params": sum(q.numel() for q in m.parameters()),
-         "rows": int(i[0].shape[0]), "out_len": int(o.shape[1])}))
-    try:
-        return apply(model, x, lengths, n, mode)
-    finally:
-        hook.remove()
-        lab.record("replicas", dp_mode=mode, seen=sorted(seen, key=lambda d: d["device"]))
-
-
 def replicate_emulated(network, devices):
     """DataParallel's replicate() (torch/nn/parallel/replicate.py) step for step, with Tensor.to(device)
     in place of the CUDA broadcast: every module copied, every registered parameter and buffer moved."""
