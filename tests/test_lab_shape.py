@@ -113,7 +113,7 @@ def test_argparse_is_the_declaration(lab):
     assert options["variant"].default == lab.default_variant
     assert options["variant"].choices == [v.name for v in lab.variants]
     for name, spec in knobs.items():
-        assert options[name].option_strings == [lab_args.flag(name)]
+        assert options[name].option_strings == [lab_args.flag(name, spec)]
         assert options[name].default == spec["default"]
     assert p.parse_args([]).variant == lab.default_variant
 
@@ -147,7 +147,7 @@ def test_workbook_validate_is_the_declaration(lab):
                 module.validate(**{name: bad})
             with pytest.raises(SystemExit):
                 lab_args.parse({"variants": {"v": {}}, "knobs": knobs},
-                               "", [lab_args.flag(name), ",".join(map(str, bad)) if isinstance(bad, list) else str(bad)])
+                               "", [lab_args.flag(name, spec), ",".join(map(str, bad)) if isinstance(bad, list) else str(bad)])
     # every run_variant validates the same way: it calls validate(), which calls contract.validate_knobs
     tree = ast.parse(Path(module.__file__).read_text())
     fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}

@@ -1,14 +1,17 @@
 """A lab's knobs, declared once: the script's argparse, the workbook's validate() and its argv all
 come from the literal ``LAB["knobs"]`` of the lab script.
 
-A knob is ``{"type": ..., "default": ..., "help": ...}`` plus, where it has one, ``"range": [lo, hi]``
-(either end None: open) or ``"choices": [...]``. Types: ``int``, ``float``, ``str``, ``bool`` (a flag,
-default False), and ``ints``, ``floats``, ``strs`` (comma-separated on the command line; range and
-choices then hold for each item). A default of None means "the script decides" (often: PyTorch's own).
-The knob ``pg_timeout_s`` is the script's ``--pg-timeout-s`` and ``main(variant, *, pg_timeout_s)``.
+A knob is ``{"type": ..., "default": ..., "help": ...}`` plus, where it has one, ``"range": [lo,
+hi]`` (either end None: open) or ``"choices": [...]``, and ``"flag"`` where the option is not the
+name. Types: ``int``, ``float``, ``str``, ``bool`` (a flag, default False), and ``ints``,
+``floats``, ``strs`` (comma-separated on the command line; range and choices then hold for each
+item). A default of None means "the script decides" (often: PyTorch's own); a value None given by
+the workbook means "not given". The knob ``pg_timeout_s`` is the script's ``--pg-timeout-s`` and
+``main(variant, *, pg_timeout_s)``.
 
-The declaration is a literal, so the catalog reads it with ``ast`` (``catalog.find_lab(n).extra["knobs"]``)
-and the workbook checks a request without importing torch. This module imports only argparse.
+The declaration is a literal, so the catalog reads it with ``ast``
+(``catalog.find_lab(n).extra["knobs"]``) and the workbook checks a request without importing torch.
+This module imports only argparse (the catalog, lazily, for ``declared("NN")``).
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ LISTS = {"ints": int, "floats": float, "strs": str}
 SCALARS = {"int": int, "float": float, "str": str}
 
 
-def flag(name: str) -> str:
-    """The command-line option of knob ``name``: pg_timeout_s -> --pg-timeout-s."""
-    return "--" + name.replace("_", "-")
+def flag(name: str, spec: Mapping | None = None) -> str:
+    """The command-line option of knob ``name``: pg_timeout_s -> --pg-timeout-s, unless its
+    declaration names another (``"flag": "--master-port"`` for the knob ``port``)."""
+    return (spec or {}).get("flag") or "--" + name.replace("_", "-")
 
 
 def _one(spec: Mapping, cast, value: Any, name: str):
@@ -57,15 +61,18 @@ def coerce(name: str, spec: Mapping, value: Any) -> Any:
     """``value`` as knob ``name`` takes it (a list for the list types), or ValueError saying why not.
     The one check of a value: argparse's type and the workbook's validate() both call it."""
     kind = spec["type"]
-    if value is None and spec.get("default") is None and kind != "bool":
-        return None
+    if value is None and kind != "bool":
+        return None                      # not given: the script's default
     if kind == "bool":
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, not {value!r}")
         return value
     if kind in LISTS:
-        items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else list(value)
-        if not items:
+        if isinstance(value, str):
+            items = [v for v in value.split(",") if v.strip()]
+        else:
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not items and spec.get("default") != []:
             raise ValueError(f"{name} needs at least one value")
         return [_one(spec, LISTS[kind], v.strip() if isinstance(v, str) else v, name) for v in items]
     return _one(spec, SCALARS[kind], value, name)
@@ -90,11 +97,11 @@ def parser(lab: Mapping, doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=variants, default=variants[0], help="which variant to run")
     for name, spec in lab.get("knobs", {}).items():
         if spec["type"] == "bool":
-            p.add_argument(flag(name), dest=name, action="store_true", help=spec.get("help"))
+            p.add_argument(flag(name, spec), dest=name, action="store_true", help=spec.get("help"))
             continue
         default = spec.get("default")
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
-        p.add_argument(flag(name), dest=name, type=_argtype(name, spec), default=default,
+        p.add_argument(flag(name, spec), dest=name, type=_argtype(name, spec), default=default,
                        metavar=name.upper(), help=f"{spec.get('help', '')} (default: {shown})")
     return p
 
@@ -127,14 +134,14 @@ def argv(knobs: Mapping[str, Mapping], values: Mapping[str, Any]) -> list[str]:
     for name, value in values.items():
         spec = knobs[name]
         value = coerce(name, spec, value)
-        if value is None or value is False:
+        if value is None or value is False or value == []:
             continue
         if value is True:
-            out.append(flag(name))
+            out.append(flag(name, spec))
         elif isinstance(value, list):
-            out += [flag(name), ",".join(map(str, value))]
+            out += [flag(name, spec), ",".join(map(str, value))]
         else:
-            out += [flag(name), str(value)]
+            out += [flag(name, spec), str(value)]
     return out
 
 
