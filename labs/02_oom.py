@@ -32,8 +32,6 @@ Variants (each one's training step is a function in STEPS):
 """
 import contextlib
 import ctypes
-import glob
-import os
 import resource
 
 import torch

@@ -79,7 +79,8 @@ def problems(path: Path) -> list[str]:
     for node in outside:
         for sub in ast.walk(node):
             name = getattr(sub, "id", None) or getattr(sub, "attr", None)
-            names = [a.name for a in getattr(sub, "names", [])] if isinstance(sub, (ast.Import, ast.ImportFrom)) else []
+            imports = isinstance(sub, (ast.Import, ast.ImportFrom))
+            names = [a.name for a in sub.names] if imports else []
             if name in ARGPARSE or "argparse" in names or "lab_args" in names:
                 out.append(f"line {sub.lineno}: argparse outside `if __name__ == '__main__':`")
                 break
@@ -145,9 +146,9 @@ def test_workbook_validate_is_the_declaration(lab):
         if bad is not None:
             with pytest.raises(DdplabError, match=name):
                 module.validate(**{name: bad})
-            with pytest.raises(SystemExit):
-                lab_args.parse({"variants": {"v": {}}, "knobs": knobs},
-                               "", [lab_args.flag(name, spec), ",".join(map(str, bad)) if isinstance(bad, list) else str(bad)])
+            text = ",".join(map(str, bad)) if isinstance(bad, list) else str(bad)
+            with pytest.raises(SystemExit):      # argparse refuses it too, from the same declaration
+                lab_args.parse({"variants": {"v": {}}, "knobs": knobs}, "", [lab_args.flag(name, spec), text])
     # every run_variant validates the same way: it calls validate(), which calls contract.validate_knobs
     tree = ast.parse(Path(module.__file__).read_text())
     fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -156,6 +157,35 @@ def test_workbook_validate_is_the_declaration(lab):
     assert "validate_knobs" in calls["validate"]
     assert "validate" in calls["run_variant"] or any(
         "validate" in calls.get(c, ()) for c in calls["run_variant"]), "run_variant does not call validate"
+
+
+def _inside(spec: dict):
+    """A value the declaration allows, other than the default where it can be."""
+    kind, lo, hi = spec["type"], *spec.get("range", (None, None))
+    if kind == "bool":
+        return True
+    if spec.get("choices") is not None:
+        one = spec["choices"][-1]
+    elif kind in ("str", "strs"):
+        one = "127.0.0.2"
+    else:
+        one = hi if hi is not None else (lo if lo is not None else 0) + 1
+    return [one] if kind in lab_args.LISTS else one
+
+
+@pytest.mark.parametrize("lab", LABS, ids=IDS)
+def test_workbook_argv_is_the_declaration(lab):
+    """What the workbook passes (contract.script_args) is what the script's argparse reads back."""
+    from ddplab.workbook import contract
+
+    knobs = lab.extra.get("knobs", {})
+    values = {name: _inside(spec) for name, spec in knobs.items()}
+    argv, rest = contract.script_args(lab.number, {**values, "nproc": 2, "args": ["--extra"]})
+    assert rest == {"nproc": 2} and argv[-1] == "--extra"
+    variant, parsed = lab_args.parse({"variants": {v.name: {} for v in lab.variants}, "knobs": knobs},
+                                     "", argv[:-1])
+    assert variant == lab.default_variant
+    assert parsed == {name: lab_args.coerce(name, knobs[name], v) for name, v in values.items()}
 
 
 BAD = '''"""A lab without the shape."""

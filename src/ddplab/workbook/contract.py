@@ -42,16 +42,6 @@ def _named(fn) -> set[str]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def check_knob_names(knobs: Mapping[str, Any], *takers) -> None:
-    """A DdplabError naming every knob that none of ``takers`` (run_variant and the functions it passes
-    its knobs to) nor the launcher takes."""
-    known = set().union(*map(_named, takers), launcher_knobs()) - {"variant"}
-    unknown = sorted(set(knobs) - known)
-    if unknown:
-        raise DdplabError(f"unknown knob(s) {', '.join(unknown)}",
-                          hint="the knobs are: " + ", ".join(sorted(known)))
-
-
 def validate_knobs(lab: str, knobs: Mapping[str, Any], *takers) -> None:
     """Every workbook module's validate(): an unknown knob is refused by name (the script's declared
     knobs, ``takers``' parameters and the launcher's are known), then each script knob's value is
@@ -68,7 +58,9 @@ def validate_knobs(lab: str, knobs: Mapping[str, Any], *takers) -> None:
         try:
             lab_args.coerce(name, declared[name], knobs[name])
         except ValueError as e:
-            raise DdplabError(f"lab {lab}: {e}", hint=declared[name].get("help")) from None
+            spec = declared[name]
+            raise DdplabError(f"lab {lab}: {e}",
+                              hint=f"{name} is {spec.get('help')} (default {spec.get('default')!r})") from None
 
 
 def script_args(lab: str, kw: Mapping[str, Any]) -> tuple[list[str], dict]:
