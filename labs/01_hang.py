@@ -30,7 +30,7 @@ from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Anatomy of a hang: ranks with different numbers of batches",
@@ -151,7 +151,7 @@ class _nothing:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

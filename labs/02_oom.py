@@ -16,7 +16,7 @@ does something else: it SIGKILLs the process, which leaves no Python message at 
 runs that for real: the last rank moves itself into a child memory cgroup (v2 memory.max +
 memory.swap.max=0, or v1 memory.limit_in_bytes) and the kernel kills it at the long step. That
 needs a cgroup the user may write to (root, usually).
-Notebook: notebooks/02_oom.ipynb; workbook module: ddplab.workbook.lab02.
+Notebook: notebooks/02_oom.ipynb; workbook module: ddplab.course.lab02.
 
 Variants (each one's training step is a function in STEPS):
   oom                     the allocation fails on the last rank; torchrun ends the others.
@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Out of memory, and the OOM that turns into a hang",
@@ -67,7 +67,7 @@ LAB = {
             "expect": "ok", "signature": None,
             "about": "all-reduce an 'I failed' flag first, so every rank skips the same batch"},
     },
-    # read by ddplab.workbook.lab02 to reject a cap too small for the model before any rank starts
+    # read by ddplab.course.lab02 to reject a cap too small for the model before any rank starts
     "model": {"features": 32, "hidden": 512, "batch": 16, "long_len": 384, "steps": 4,
               "long_step": 2},
     "knobs": {
@@ -427,7 +427,7 @@ def _too_small(variant: str, knobs: dict) -> str | None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__, check=_too_small)
     main(variant, **knobs)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Mismatched shapes across ranks: what hangs and what does not",
@@ -302,7 +302,7 @@ def main(variant: str, *, on_mismatch: str, steps: int) -> None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -21,7 +21,7 @@ Without 2 GPUs the DataParallel variants run an EMULATION of DataParallel's own 
 same model and the same broken/fixed line. DataParallel is one process: only rank 0 runs the dp-*
 variants.
 
-Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.workbook.lab04.
+Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.course.lab04.
 
 Variants: LAB["variants"] below, each with the outcome it must show; `--variant NAME` runs one.
 """
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Padded variable-length sequences under DataParallel and DDP",
@@ -478,7 +478,7 @@ def run_bucketing(ctx, n_seqs, reps, batch=16):
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

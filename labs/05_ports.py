@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddplab import lab, ports
+from ddplab.rank import lab
+from ddplab.origins import ports
 
 LAB = {
     "title": "Port conflicts, and two jobs that meet on one port",
@@ -251,7 +252,7 @@ def main(variant: str, *, port: int, pg_timeout_s: float | None, steps: int,
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -43,7 +43,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Initialization that never finishes: missing ranks, late ranks, an unreachable "
@@ -348,7 +348,7 @@ def _loopback_or_lab(variant: str, knobs: dict) -> str | None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__, check=_loopback_or_lab)
     main(variant, **knobs)

@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Scaling overhead, measured: where a DDP step's time goes",
@@ -334,7 +334,7 @@ def main(variant: str, *, width: list[int], depth: int, batch: list[int], steps:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

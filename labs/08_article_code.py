@@ -37,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Run the articles' own code: silent accumulation, frozen shuffles, missing env",
@@ -233,7 +233,7 @@ def main(variant: str, *, max_k: int, epochs: int) -> None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -4,7 +4,7 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/10_ddp_safety.py --variant unused-params
     ddplab run 10 --variant eval-rank0        # the same, judged by progress, with a diagnosis
-Notebook: notebooks/10_ddp_safety.ipynb; its runs and measurements: ddplab.workbook.lab10.
+Notebook: notebooks/10_ddp_safety.ipynb; its runs and measurements: ddplab.course.lab10.
 
 Article 001 ("How can I resolve PyTorch DistributedDataParallel issues?") says DDP issues show as
 "deadlocks, inconsistent model states across processes, slow training speed, or outright runtime
@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Model code that is not DDP-safe: unused parameters, BatchNorm buffers, evaluation "
@@ -537,7 +537,7 @@ def main(variant: str) -> None:  # lab 10 has no knobs: each variant is its code
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -6,7 +6,7 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
     torchrun --nproc-per-node 2 labs/11_amp_input.py --variant amp
     ddplab run 11 --variant slow-loader      # the same, judged by progress: slow, not stuck
 
-Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.workbook.lab11.
+Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.course.lab11.
 
 Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here
 it is ported to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
-from ddplab import lab
+from ddplab.rank import lab
 LAB = {
     "title": "Mixed precision and the input pipeline: torch.amp, GradScaler under DDP, a slow "
              "DataLoader",
@@ -339,7 +339,7 @@ def main(variant: str, *, steps: int, k: int, workers: int) -> None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Ok but wrong: replicas that drift, samples seen twice, gradients never averaged, "
@@ -230,7 +230,7 @@ def main(variant: str, *, epochs: int, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    from ddplab import lab_args
+    from ddplab.rank import lab_args
 
     variant, knobs = lab_args.parse(LAB, __doc__)
     main(variant, **knobs)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import catalog, lab_args
+from ddplab.origins import catalog
+from ddplab.rank import lab_args
 from ddplab.errors import DdplabError
 
 MAX_LINE = 99          # characters; "under 100"
@@ -136,7 +137,7 @@ def _outside(spec: dict):
 
 @pytest.mark.parametrize("lab", LABS, ids=IDS)
 def test_workbook_validate_is_the_declaration(lab):
-    module = importlib.import_module(f"ddplab.workbook.lab{lab.number}")
+    module = importlib.import_module(f"ddplab.course.lab{lab.number}")
     knobs = lab.extra.get("knobs", {})
     module.validate(**{name: spec["default"] for name, spec in knobs.items()})
     with pytest.raises(DdplabError, match="no_such_knob"):
@@ -176,7 +177,7 @@ def _inside(spec: dict):
 @pytest.mark.parametrize("lab", LABS, ids=IDS)
 def test_workbook_argv_is_the_declaration(lab):
     """What the workbook passes (contract.script_args) is what the script's argparse reads back."""
-    from ddplab.workbook import contract
+    from ddplab.course import contract
 
     knobs = lab.extra.get("knobs", {})
     values = {name: _inside(spec) for name, spec in knobs.items()}
