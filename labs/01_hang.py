@@ -5,8 +5,8 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
     torchrun --nproc-per-node 2 labs/01_hang.py --variant broken
     ddplab run 01 --variant broken          # the same, judged by progress, with each rank's stack
     torchrun --nproc-per-node 2 labs/01_hang.py --variant broken --debug-server-port 25999
-                                            # then open http://localhost:25999/stacks (torch's own
-                                            # debug server: the route from inside the job)
+                                            # then open http://localhost:25999/stacks (torch's
+                                            # own debug server: the route from inside the job)
 
 Article 000 ("Why do DataParallel and DDP hang indefinitely?") blames hangs mostly on networks and
 data transfer. The most common hang in real code is simpler: DDP runs one all-reduce per backward,
@@ -38,14 +38,30 @@ LAB = {
     "nproc": 2,
     "min_nproc": 2,
     "variants": {
-        "broken": {"expect": "hung", "signature": "hang-different-collectives",
-                   "about": "uneven hand-made shards: rank 0 leaves the loop and waits in a barrier, rank 1 in backward's all-reduce"},
-        "rank-conditional": {"expect": "hung", "signature": "hang-different-collectives",
-                             "about": "a barrier inside `if rank == 0:` (checkpointing), the other rank goes on to its next all-reduce"},
-        "fixed-sampler": {"expect": "ok", "signature": None,
-                          "about": "DistributedSampler: the same number of batches on every rank"},
-        "fixed-join": {"expect": "ok", "signature": None,
-                       "about": "uneven inputs kept; Join shadows the finished rank's all-reduces"},
+        "broken": {
+            "expect": "hung", "signature": "hang-different-collectives",
+            "about": "uneven hand-made shards: rank 0 leaves the loop and waits in a barrier, "
+                     "rank 1 in backward's all-reduce"},
+        "rank-conditional": {
+            "expect": "hung", "signature": "hang-different-collectives",
+            "about": "a barrier inside `if rank == 0:` (checkpointing), the other rank goes on "
+                     "to its next all-reduce"},
+        "fixed-sampler": {
+            "expect": "ok", "signature": None,
+            "about": "DistributedSampler: the same number of batches on every rank"},
+        "fixed-join": {
+            "expect": "ok", "signature": None,
+            "about": "uneven inputs kept; Join shadows the finished rank's all-reduces"},
+    },
+    "knobs": {
+        "pg_timeout_s": {
+            "type": "float", "default": None, "range": [0.1, None],
+            "help": "init_process_group(timeout=...) in seconds (None: PyTorch's 30 minutes)"},
+        "quiet": {"type": "bool", "default": False, "help": "do not record every step"},
+        "debug_server_port": {
+            "type": "int", "default": 0, "range": [0, 65535],
+            "help": "start torch's debug server on rank 0 at this port (0: off); "
+                    "it listens on every interface"},
     },
 }
 
@@ -67,25 +83,25 @@ def uneven_shard(data: TensorDataset, rank: int) -> Subset:
     return Subset(data, [(start + i) % len(data) for i in range(sizes[-1])])
 
 
-def main(variant: str, steps_log: bool = True, pg_timeout_s: float | None = None,
-         debug_server_port: int = 0) -> None:
+def main(variant: str, *, pg_timeout_s: float | None, quiet: bool, debug_server_port: int) -> None:
     ctx = lab.setup(timeout_s=pg_timeout_s)
     if debug_server_port:
         start_debug_server(debug_server_port)
     rank, device = ctx.rank, ctx.device
     torch.manual_seed(0)
-    model = DDP(nn.Linear(8, 1).to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    ids = [device.index] if device.type == "cuda" else None
+    model = DDP(nn.Linear(8, 1).to(device), device_ids=ids)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = make_data()
 
     # ---- the broken lines and their fixes ------------------------------------------------------
     if variant in ("broken", "fixed-join"):
-        loader = DataLoader(uneven_shard(data, rank), batch_size=BATCH)          # BROKEN: 4 vs 6 batches
+        loader = DataLoader(uneven_shard(data, rank), batch_size=BATCH)  # BROKEN: 4 vs 6 batches
     else:
-        sampler = DistributedSampler(data, shuffle=True, seed=0)                  # FIX: equal shards
-        sampler.set_epoch(0)  # reshuffles each epoch; forgetting it repeats the same order every epoch
+        sampler = DistributedSampler(data, shuffle=True, seed=0)  # FIX: equal shards
+        sampler.set_epoch(0)  # reshuffles each epoch; forget it and every epoch repeats one order
         loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
-    joined = Join([model]) if variant == "fixed-join" else _nothing()          # FIX: Join for uneven inputs
+    joined = Join([model]) if variant == "fixed-join" else _nothing()  # FIX: Join, uneven inputs
     # ---------------------------------------------------------------------------------------------
 
     lab.record("start", variant=variant, batches=len(loader), world_size=ctx.world_size,
@@ -98,11 +114,11 @@ def main(variant: str, steps_log: bool = True, pg_timeout_s: float | None = None
             loss.backward()          # DDP all-reduces the gradients here: every rank must arrive
             opt.step()
             steps += 1
-            if steps_log:
+            if not quiet:
                 lab.record("step", step=step, loss=round(loss.item(), 5))
             if variant == "rank-conditional" and rank == 0 and step == 1:
                 torch.save(model.module.state_dict(), os.devnull)  # "only rank 0 saves"
-                dist.barrier()       # BROKEN: a collective only rank 0 calls; move it out of the `if`
+                dist.barrier()  # BROKEN: a collective only rank 0 calls; move it out of the `if`
 
     lab.record("loop_done", steps=steps)
     dist.barrier()                   # e.g. "wait for everyone before saving the checkpoint"
@@ -114,12 +130,14 @@ def start_debug_server(port: int) -> None:
     """torch's experimental in-job debug server (torch >= 2.13): rank 0 serves every rank's Python
     stacks at http://<host>:<port>/stacks while the job runs. It is the route from inside the job:
     one line in the training script, extra packages, and ports opened on every interface (only on a
-    trusted network). ddplab's own diagnosis reads the same stacks from outside, with no code change."""
+    trusted network). ddplab's own diagnosis reads the same stacks from outside, with no code
+    change."""
     try:
         from torch.distributed.debug import start_debug_server as start
     except ImportError as e:  # older torch, or jinja2 / tabulate / requests missing
-        raise SystemExit(f"[rank {lab.ctx().rank}] torch's debug server is not available here ({e}): it needs "
-                         f"torch>=2.13 and `pip install jinja2 tabulate requests`") from None
+        raise SystemExit(f"[rank {lab.ctx().rank}] torch's debug server is not available here "
+                         f"({e}): it needs torch>=2.13 and `pip install jinja2 tabulate requests`"
+                         ) from None
     start(port=port)
     lab.record("debug_server", port=port)
 
@@ -133,18 +151,7 @@ class _nothing:
 
 
 if __name__ == "__main__":
-    import argparse
+    from ddplab.rank import lab_args
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", choices=list(LAB["variants"]), default="broken",
-                   help="which version of the training loop to run")
-    p.add_argument("--pg-timeout-s", type=float, default=None,
-                   help="init_process_group(timeout=...) in seconds (default: PyTorch's 30 minutes)")
-    p.add_argument("--quiet", action="store_true", help="do not record every step")
-    p.add_argument("--debug-server-port", type=int, default=0, metavar="PORT",
-                   help="start torch's debug server on rank 0 at this port (0: off); it listens on every interface")
-    a = p.parse_args()
-    if not 0 <= a.debug_server_port <= 65535:
-        p.error(f"--debug-server-port {a.debug_server_port}: a port is 1-65535 (0 turns the server off)")
-    main(a.variant, steps_log=not a.quiet, pg_timeout_s=a.pg_timeout_s, debug_server_port=a.debug_server_port)
+    variant, knobs = lab_args.parse(LAB, __doc__)
+    main(variant, **knobs)

@@ -1,5 +1,5 @@
-"""Lab 11 - mixed precision and the input pipeline: torch.amp with accumulation, GradScaler under DDP,
-and a slow DataLoader that looks like a hang.
+"""Lab 11 - mixed precision and the input pipeline: torch.amp with accumulation, GradScaler under
+DDP, and a slow DataLoader that looks like a hang.
 
 Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
@@ -8,66 +8,104 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
 Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.course.lab11.
 
-Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here it is ported
-to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has float32's exponent range) and
-float16 with torch.amp.GradScaler on GPUs (the GPU path runs only where CUDA is present). Accumulation is done
-right: loss / k, model.no_sync() on all but the last micro-batch, zero_grad() after the step (lab 08 runs the
-article's loop as written).
+Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here
+it is ported to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has
+float32's exponent range) and float16 with torch.amp.GradScaler on GPUs (the GPU path runs only
+where CUDA is present). Accumulation is done right: loss / k, model.no_sync() on all but the last
+micro-batch, zero_grad() after the step (lab 08 runs the article's loop as written).
 
 Variants:
-  amp                 k micro-batches per step under no_sync, two replicas stepping in turn: float32 and autocast
-                      (bf16 CPU / fp16 + GradScaler GPU): loss, step time, saved activations and (GPU) peak memory.
+  amp                 k micro-batches per step under no_sync, two replicas stepping in turn:
+                      float32 and autocast (bf16 CPU / fp16 + GradScaler GPU): loss, step time,
+                      saved activations and (GPU) peak memory.
   scaler-inf          GradScaler with DDP; at one step only rank 1's local gradient holds inf/NaN.
-                      DDP's all-reduce spreads it to every rank, so every rank's scaler skips the step.
-  scaler-inf-unsynced the same, but the whole accumulation loop sits inside no_sync(): no all-reduce,
-                      so each rank's scaler decides alone (rank 1 skips, rank 0 steps; scales differ).
-  slow-loader         rank 1's samples sit on slow storage (a sleep: an imitation) and are decoded on the CPU in
-                      its DataLoader worker: rank 0 waits seconds in DDP's all-reduce each step. Looks like a
-                      hang; ddplab sees the worker's CPU and calls it slow, not stuck.
+                      DDP's all-reduce spreads it to every rank, so every rank's scaler skips the
+                      step.
+  scaler-inf-unsynced the same, but the whole accumulation loop sits inside no_sync(): no
+                      all-reduce, so each rank's scaler decides alone (rank 1 skips, rank 0 steps;
+                      scales differ).
+  slow-loader         rank 1's samples sit on slow storage (a sleep: an imitation) and are decoded
+                      on the CPU in its DataLoader worker: rank 0 waits seconds in DDP's all-reduce
+                      each step. Looks like a hang; ddplab sees the worker's CPU and calls it slow,
+                      not stuck.
   loader-sweep        num_workers, prefetch_factor and pin_memory measured on the same dataset.
 """
 import contextlib
 import time
+import warnings
+import zlib
 
 import torch
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from ddplab.rank import lab, lab_loader
-from ddplab.rank.lab_measure import checksum, precision, saved_bytes
-
+from ddplab.rank import lab
 LAB = {
-    "title": "Mixed precision and the input pipeline: torch.amp, GradScaler under DDP, a slow DataLoader",
-    "article": "001_159326f62e29f2b3.txt",
-    "nproc": 2,
-    "min_nproc": 2,
+    "title": "Mixed precision and the input pipeline: torch.amp, GradScaler under DDP, a slow "
+             "DataLoader",
+    "article": "001_159326f62e29f2b3.txt", "nproc": 2, "min_nproc": 2,
     "variants": {
-        "amp": {"expect": "ok", "signature": None,
-                "about": "article 001's apex sample on torch.amp (bf16 CPU / fp16 + GradScaler GPU), accumulation under no_sync, step by step against float32"},
-        "scaler-inf": {"expect": "ok", "signature": None,
-                       "about": "only rank 1's local gradient holds inf: after DDP's all-reduce every rank's scaler skips the step"},
-        "scaler-inf-unsynced": {"expect": "ok", "signature": None,
-                                "about": "the loop inside no_sync(): no all-reduce, rank 1 skips alone, scales and weights diverge"},
-        "slow-loader": {"expect": "ok", "signature": None,
-                        "about": "rank 1's DataLoader is slow (storage latency + decoding): rank 0 waits seconds in all_reduce; slow, not stuck"},
-        "loader-sweep": {"expect": "ok", "signature": None, "measured": "samples/s against the loader's settings",
-                         "about": "num_workers, prefetch_factor, pin_memory: data wait and samples/s measured"},
+        "amp": {
+            "expect": "ok", "signature": None,
+            "about": "article 001's apex sample on torch.amp (bf16 CPU / fp16 + GradScaler GPU), "
+                     "accumulation under no_sync, step by step against float32",
+        },
+        "scaler-inf": {
+            "expect": "ok", "signature": None,
+            "about": "only rank 1's local gradient holds inf: after DDP's all-reduce every "
+                     "rank's scaler skips the step",
+        },
+        "scaler-inf-unsynced": {
+            "expect": "ok", "signature": None,
+            "about": "the loop inside no_sync(): no all-reduce, rank 1 skips alone, scales and "
+                     "weights diverge",
+        },
+        "slow-loader": {
+            "expect": "ok", "signature": None,
+            "about": "rank 1's DataLoader is slow (storage latency + decoding): rank 0 waits "
+                     "seconds in all_reduce; slow, not stuck",
+        },
+        "loader-sweep": {
+            "expect": "ok", "signature": None,
+            "measured": "samples/s against the loader's settings",
+            "about": "num_workers, prefetch_factor, pin_memory: data wait and samples/s measured",
+        },
     },
-    "sizes": {"width": 512, "micro": 64, "k": 4, "steps": 6, "inf_step": 2,
-              "slow_read_ms": 400, "slow_ms": 50, "fast_ms": 10, "slow_batch": 8, "slow_steps": 2,
-              "sweep_batch": 16, "sweep_steps": 5, "sweep_rounds": 2, "sweep_decode_ms": 2, "sweep_read_ms": 6},
+    "sizes": {
+        "width": 512, "micro": 64, "k": 4, "steps": 6, "inf_step": 2, "slow_read_ms": 400,
+        "slow_ms": 50,
+        "fast_ms": 10, "slow_batch": 8, "slow_steps": 2, "sweep_batch": 16, "sweep_steps": 5,
+        "sweep_rounds": 2,
+        "sweep_decode_ms": 2, "sweep_read_ms": 6,
+    },
+    "knobs": {
+        "steps": {
+            "type": "int", "default": 6, "range": [3, 100],
+            "help": "amp/scaler-*: optimizer steps",
+        },
+        "k": {
+            "type": "int", "default": 4, "range": [1, 16],
+            "help": "amp/scaler-*: micro-batches per optimizer step",
+        },
+        "workers": {
+            "type": "int", "default": 1, "range": [0, 4],
+            "help": "slow-loader: DataLoader num_workers",
+        },
+    },
 }
 S = LAB["sizes"]
 
 
 def make_model(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(256, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10))
+    return nn.Sequential(nn.Linear(256, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+                         nn.Linear(width, 10))
 
 
 def micro_batch(rank: int, step: int, i: int, device):
-    g = torch.Generator().manual_seed(1000 * rank + 10 * step + i)     # the same data in every variant
+    # the same data in every variant
+    g = torch.Generator().manual_seed(1000 * rank + 10 * step + i)
     x = torch.randn(S["micro"], 256, generator=g)
     y = (x[:, :10] * 3).argmax(1)                                       # a learnable target
     return x.to(device), y.to(device)
@@ -77,7 +115,8 @@ class Replica:
     """One DDP model with its optimizer, autocast dtype and GradScaler (one per precision)."""
 
     def __init__(self, ctx, name: str):
-        torch.manual_seed(0)                          # the same initial weights for every precision
+        # the same initial weights for every precision
+        torch.manual_seed(0)
         self.name, self.local_bad = name, False
         self.model = DDP(make_model(S["width"]).to(ctx.device),
                          device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
@@ -85,7 +124,8 @@ class Replica:
         self.dtype, self.scaler = precision(ctx.device, name)
         self.model.register_comm_hook(None, self.comm_hook)
 
-    def comm_hook(self, state, bucket):              # sees this rank's own gradient before the all-reduce
+    # sees this rank's own gradient before the all-reduce
+    def comm_hook(self, state, bucket):
         self.local_bad |= not bool(torch.isfinite(bucket.buffer()).all())
         return default_hooks.allreduce_hook(None, bucket)
 
@@ -94,7 +134,8 @@ class Replica:
 
 
 def train_step(ctx, rep: Replica, step: int, k: int, inject: bool, unsynced: bool) -> dict:
-    """k micro-batches, one optimizer step: article 001's Example 3 on torch.amp, accumulation done right."""
+    """k micro-batches, one optimizer step: article 001's Example 3 on torch.amp, accumulation done
+    right."""
     model, scaler = rep.model, rep.scaler
     rep.local_bad = False
     scale_before = scaler.get_scale() if scaler.is_enabled() else None
@@ -105,42 +146,56 @@ def train_step(ctx, rep: Replica, step: int, k: int, inject: bool, unsynced: boo
         for i in range(k):
             x, y = micro_batch(ctx.rank, step, i, ctx.device)
             if inject and ctx.rank == 1 and i == 0:
-                x[0, 0] = float("inf")                 # only rank 1's local gradient will hold inf/NaN
+                # only rank 1's local gradient will hold inf/NaN
+                x[0, 0] = float("inf")
             last = i == k - 1
-            # FIX: no all-reduce on all but the last micro-batch (BROKEN in scaler-inf-unsynced: never one)
+            # FIX: no all-reduce on all but the last micro-batch (BROKEN in scaler-inf-unsynced:
+            # never one)
             with model.no_sync() if (not last or unsynced) else contextlib.nullcontext():
                 def fwd_bwd():
-                    with torch.autocast(ctx.device.type, dtype=rep.dtype or torch.float32, enabled=rep.dtype is not None):
-                        loss = nn.functional.cross_entropy(model(x).float(), y) / k    # FIX: mean over k
-                    scaler.scale(loss).backward()      # apex: `with amp.scale_loss(loss, optimizer) as s: s.backward()`
+                    with torch.autocast(ctx.device.type, dtype=rep.dtype or torch.float32,
+                                        enabled=rep.dtype is not None):
+                        # FIX: mean over k
+                        loss = nn.functional.cross_entropy(model(x).float(), y) / k  # FIX
+                    # apex: `with amp.scale_loss(loss, optimizer) as s: s.backward()`
+                    scaler.scale(loss).backward()
                     losses.append(loss.item())
                 if act is None:
                     act = saved_bytes(fwd_bwd)
                 else:
                     fwd_bwd()
-            if not last or unsynced:                   # no all-reduce ran: p.grad is still this rank's own
+            # no all-reduce ran: p.grad is still this rank's own
+            if not last or unsynced:
                 rep.local_bad |= rep.grads_bad()
         grads_bad = rep.grads_bad()                    # what the scaler is about to check
-        scaler.step(rep.optimizer)                     # skipped when the (unscaled) gradients hold inf/NaN
+        # skipped when the (unscaled) gradients hold inf/NaN
+        scaler.step(rep.optimizer)
         scaler.update()                                # ... and then the scale is halved
         rep.optimizer.zero_grad(set_to_none=True)      # FIX: zero only after the step
     after = checksum(model)
-    return {"precision": rep.name, "step": step, "loss": sum(losses), "step_s": t.seconds, "act_bytes": act,
-            "peak_mb": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.device.type == "cuda" else None,
-            "local_nonfinite": rep.local_bad, "grads_nonfinite": grads_bad, "stepped": after != before,
-            "scale_before": scale_before, "scale_after": scaler.get_scale() if scaler.is_enabled() else None,
+    cuda = ctx.device.type == "cuda"
+    return {"precision": rep.name, "step": step, "loss": sum(losses), "step_s": t.seconds,
+            "act_bytes": act,
+            "peak_mb": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if cuda else None,
+            "local_nonfinite": rep.local_bad, "grads_nonfinite": grads_bad,
+            "stepped": after != before, "scale_before": scale_before,
+            "scale_after": scaler.get_scale() if scaler.is_enabled() else None,
             "checksum": after}
 
 
 def train(ctx, variant: str, steps: int, k: int) -> None:
     # amp: float32 and autocast replicas step in turn, so both are timed under the same load
-    replicas = [Replica(ctx, "fp32"), Replica(ctx, "amp")] if variant == "amp" else [Replica(ctx, "scaler")]
+    if variant == "amp":
+        replicas = [Replica(ctx, "fp32"), Replica(ctx, "amp")]
+    else:
+        replicas = [Replica(ctx, "scaler")]
     for rep in replicas:
-        lab.record("start", precision=rep.name, device=str(ctx.device), dtype=str(rep.dtype or torch.float32),
-                   scaler=rep.scaler.is_enabled(), k=k)
+        lab.record("start", precision=rep.name, device=str(ctx.device),
+                   dtype=str(rep.dtype or torch.float32), scaler=rep.scaler.is_enabled(), k=k)
     for step in range(steps):
         for rep in replicas:
-            lab.record("step", **train_step(ctx, rep, step, k, inject=variant.startswith("scaler") and step == S["inf_step"],
+            inject = variant.startswith("scaler") and step == S["inf_step"]
+            lab.record("step", **train_step(ctx, rep, step, k, inject=inject,
                                             unsynced=variant == "scaler-inf-unsynced"))
 
 
@@ -153,13 +208,16 @@ def epoch(ctx, model, optimizer, loader, steps: int) -> dict:
         t0 = time.perf_counter()
         x, y = next(it)                                # where a rank waits for its data
         t1 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(x.to(ctx.device, non_blocking=True)), y.to(ctx.device))
-        loss.backward()                                # DDP's all-reduce: a fast rank waits here for a slow one
+        loss = nn.functional.cross_entropy(model(x.to(ctx.device, non_blocking=True)),
+                                           y.to(ctx.device))
+        # DDP's all-reduce: a fast rank waits here for a slow one
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         waits.append(t1 - t0)
         steps_s.append(time.perf_counter() - t1)
-    return {"wall_s": time.perf_counter() - t_all, "data_wait_s": sum(waits), "compute_s": sum(steps_s),
+    return {"wall_s": time.perf_counter() - t_all, "data_wait_s": sum(waits),
+            "compute_s": sum(steps_s),
             "max_data_wait_s": max(waits), "max_compute_s": max(steps_s), "steps": steps}
 
 
@@ -167,34 +225,121 @@ def slow_loader(ctx, workers: int) -> None:
     # BROKEN (by design of the data): rank 1's shard sits on slow storage (400 ms per sample) and
     # costs more to decode; rank 0's is fast. Rank 1 fetches for seconds; rank 0 waits for it.
     read, decode = (S["slow_read_ms"], S["slow_ms"]) if ctx.rank == 1 else (0, S["fast_ms"])
-    data = lab_loader.Encoded(S["slow_batch"] * S["slow_steps"], decode, read)
+    data = Encoded(S["slow_batch"] * S["slow_steps"], decode, read)
     loader = DataLoader(data, batch_size=S["slow_batch"], num_workers=workers)
-    model, optimizer = lab_loader.ddp_mlp(ctx)
+    model, optimizer = ddp_mlp(ctx)
     lab.log(f"loading: {read} ms read + {decode} ms decoding per sample, {workers} worker(s)")
     lab.record("loader", workers=workers, read_ms=read, decode_ms=decode,
                **epoch(ctx, model, optimizer, loader, S["slow_steps"]))
 
 
-def main(variant: str, steps: int, k: int, workers: int) -> None:
+# ---- measuring precision: saved activations, a weights checksum, the autocast dtype and scaler
+# ----
+
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves for backward while fn() runs (the activations AMP
+    halves)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+def checksum(model) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def precision(device, wanted: str):
+    """(autocast dtype or None, GradScaler): bf16 on the CPU, fp16 + loss scaling on a GPU."""
+    if wanted == "fp32":
+        return None, torch.amp.GradScaler(device.type, enabled=False)
+    if device.type == "cuda":
+        # GPU path: fp16 needs loss scaling
+        return torch.float16, torch.amp.GradScaler("cuda")
+    # CPU: bf16, no scaling needed
+    return torch.bfloat16, torch.amp.GradScaler("cpu", enabled=wanted == "scaler")
+
+
+# ---- the input pipeline: a dataset that reads and decodes, a small DDP model, the sweep ----
+
+class Encoded(Dataset):
+    """Samples stored compressed: __getitem__ 'reads' (read_ms, a sleep standing in for storage
+    latency) and 'decodes' (zlib, on the CPU, until decode_ms of CPU time are spent)."""
+
+    def __init__(self, n: int, decode_ms: float, read_ms: float = 0.0):
+        self.n, self.decode_s, self.read_s = n, decode_ms / 1000, read_ms / 1000
+        self.blob = zlib.compress(bytes(range(256)) * 4096)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.read_s:
+            time.sleep(self.read_s)                    # storage latency (an imitation: a sleep)
+        t0 = time.thread_time()
+        raw = zlib.decompress(self.blob)               # the decode: real CPU work in this process,
+        # at least once (the CPU clock can tick coarsely)
+        while time.thread_time() - t0 < self.decode_s:
+            raw = zlib.decompress(self.blob)
+        x = torch.frombuffer(bytearray(raw[:256 * 4]),
+                             dtype=torch.uint8)[:256].float() / 255 + i % 7
+        return x, i % 10
+
+
+def ddp_mlp(ctx):
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(ctx.device),
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+SWEEP = [  # (num_workers, prefetch_factor, pin_memory)
+    (0, None, False), (1, 2, False), (2, 2, False), (2, 4, False), (2, 2, True)]
+
+
+def loader_sweep(ctx) -> None:
+    """num_workers, prefetch_factor and pin_memory measured on the same dataset, every setting once
+    per round, each timed by epoch()."""
+    model, optimizer = ddp_mlp(ctx)
+    batch, steps = S["sweep_batch"], S["sweep_steps"]
+    data = Encoded(batch * steps, S["sweep_decode_ms"], S["sweep_read_ms"])
+    # every setting once per round: the spread shows the noise
+    for round_ in range(S["sweep_rounds"]):
+        for workers, prefetch, pin in SWEEP:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loader = DataLoader(data, batch_size=batch, num_workers=workers,
+                                    prefetch_factor=prefetch, pin_memory=pin,
+                                    persistent_workers=False)
+                m = epoch(ctx, model, optimizer, loader, steps)
+                first = next(iter(DataLoader(data, batch_size=2, pin_memory=pin)))[0]
+            pin_warnings = sorted({str(w.message) for w in caught if "pin" in str(w.message)})
+            lab.record("sweep", round=round_, workers=workers, prefetch=prefetch, pin_memory=pin,
+                       batch=batch, samples_per_s=batch * steps / m["wall_s"],
+                       pinned=bool(first.is_pinned()), warnings=pin_warnings, **m)
+
+
+# amp and the scaler variants share one training loop; the loader variants have their own
+PROCEDURES = {**dict.fromkeys(("amp", "scaler-inf", "scaler-inf-unsynced"),
+                             lambda ctx, variant, steps, k, _: train(ctx, variant, steps, k)),
+              "slow-loader": lambda ctx, variant, steps, k, workers: slow_loader(ctx, workers),
+              "loader-sweep": lambda ctx, *_: loader_sweep(ctx)}
+
+
+def main(variant: str, *, steps: int, k: int, workers: int) -> None:
     ctx = lab.setup()
     torch.set_num_threads(1)
-    procedures = {"slow-loader": lambda: slow_loader(ctx, workers), "loader-sweep": lambda: lab_loader.loader_sweep(ctx, S, epoch)}
-    procedures.get(variant, lambda: train(ctx, variant, steps, k))()   # amp, scaler-inf, scaler-inf-unsynced
+    PROCEDURES[variant](ctx, variant, steps, k, workers)
     lab.record("done")
     lab.teardown()
 
 
 if __name__ == "__main__":
-    import argparse
+    from ddplab.rank import lab_args
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", choices=list(LAB["variants"]), default="amp", help="which version of the code to run")
-    p.add_argument("--steps", type=int, choices=range(3, 101), metavar="3..100", default=S["steps"],
-                   help="amp/scaler-*: optimizer steps")
-    p.add_argument("--k", type=int, choices=range(1, 17), metavar="1..16", default=S["k"],
-                   help="amp/scaler-*: micro-batches per optimizer step")
-    p.add_argument("--workers", type=int, choices=range(0, 5), metavar="0..4", default=1,
-                   help="slow-loader: DataLoader num_workers")
-    a = p.parse_args()
-    main(a.variant, a.steps, a.k, a.workers)
+    variant, knobs = lab_args.parse(LAB, __doc__)
+    main(variant, **knobs)

@@ -10,7 +10,8 @@ distribution among workers can cause discrepancies in model updates", that "the 
 reset before each epoch", and that gradient accumulation handled wrongly "can result in unexpected
 gradient updates". None of these hangs or crashes: every variant ends ok. Each broken variant has a
 fixed twin that differs only in the lines marked # BROKEN / # FIX; both train the same model from
-the same seed on the same data, and every rank records its own replica's validation loss and accuracy.
+the same seed on the same data, and every rank records its own replica's validation loss and
+accuracy.
 
 Variants (each also as NAME-fixed):
   module-update     rank 0 also trains on an extra batch through model.module: its replica drifts
@@ -18,8 +19,8 @@ Variants (each also as NAME-fixed):
   no-set-epoch      DistributedSampler(shuffle=True) without set_epoch: the same order every epoch.
   step-in-no-sync   gradient accumulation with optimizer.step() inside no_sync(): gradients never
                     averaged (fix: the last micro-batch and the step outside no_sync()).
-  rank-split        each rank takes a random half of the data, split with a seed of its rank: samples
-                    seen twice and never (fix: DistributedSampler).
+  rank-split        each rank takes a random half of the data, split with a seed of its rank:
+                    samples seen twice and never (fix: DistributedSampler).
   bn-unsynced       DDP's buffer sync off, ranks reading different sources: BatchNorm running stats
                     differ between replicas (fix: buffer sync on).
 """
@@ -32,30 +33,72 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
 from ddplab.rank import lab
-from ddplab.rank.lab_ddp import buffer_sync   # DDP's buffer-sync switch, named as this torch names it
 
 LAB = {
-    "title": "Ok but wrong: replicas that drift, samples seen twice, gradients never averaged, buffers that differ",
-    "article": "001_159326f62e29f2b3.txt",
-    "nproc": 2,
-    "min_nproc": 2,
+    "title": "Ok but wrong: replicas that drift, samples seen twice, gradients never averaged, "
+             "buffers that differ",
+    "article": "001_159326f62e29f2b3.txt", "nproc": 2, "min_nproc": 2,
     "variants": {
-        "module-update": {"expect": "ok", "about": "rank 0 also trains on an extra batch through model.module: replicas drift"},
-        "module-update-fixed": {"expect": "ok", "about": "the extra batch through the DDP wrapper on every rank"},
-        "no-set-epoch": {"expect": "ok", "about": "DistributedSampler(shuffle=True) without set_epoch: the same order every epoch"},
-        "no-set-epoch-fixed": {"expect": "ok", "about": "sampler.set_epoch(epoch) before each epoch"},
-        "step-in-no-sync": {"expect": "ok", "about": "optimizer.step() inside no_sync(): gradients never averaged"},
-        "step-in-no-sync-fixed": {"expect": "ok", "about": "the last micro-batch and the step outside no_sync()"},
-        "rank-split": {"expect": "ok", "about": "a random half per rank (seeded by rank), no sampler: overlap and samples never seen"},
-        "rank-split-fixed": {"expect": "ok", "about": "DistributedSampler: every sample once per epoch"},
-        "bn-unsynced": {"expect": "ok", "about": "buffer sync off, each rank one source: BatchNorm running stats differ"},
-        "bn-unsynced-fixed": {"expect": "ok", "about": "DDP's buffer sync on: rank 0's statistics copied to every rank at each forward"},
+        "module-update": {
+            "expect": "ok",
+            "about": "rank 0 also trains on an extra batch through model.module: replicas drift",
+        },
+        "module-update-fixed": {
+            "expect": "ok", "about": "the extra batch through the DDP wrapper on every rank",
+        },
+        "no-set-epoch": {
+            "expect": "ok",
+            "about": "DistributedSampler(shuffle=True) without set_epoch: the same order every "
+                     "epoch",
+        },
+        "no-set-epoch-fixed": {
+            "expect": "ok", "about": "sampler.set_epoch(epoch) before each epoch",
+        },
+        "step-in-no-sync": {
+            "expect": "ok", "about": "optimizer.step() inside no_sync(): gradients never averaged",
+        },
+        "step-in-no-sync-fixed": {
+            "expect": "ok", "about": "the last micro-batch and the step outside no_sync()",
+        },
+        "rank-split": {
+            "expect": "ok",
+            "about": "a random half per rank (seeded by rank), no sampler: overlap and samples "
+                     "never seen",
+        },
+        "rank-split-fixed": {
+            "expect": "ok", "about": "DistributedSampler: every sample once per epoch",
+        },
+        "bn-unsynced": {
+            "expect": "ok",
+            "about": "buffer sync off, each rank one source: BatchNorm running stats differ",
+        },
+        "bn-unsynced-fixed": {
+            "expect": "ok",
+            "about": "DDP's buffer sync on: rank 0's statistics copied to every rank at each "
+                     "forward",
+        },
     },
     # the finding `ddplab run --check` must report for each broken variant (its -fixed twin: none)
-    "findings": {"module-update": "replicas-differ", "no-set-epoch": "same-order",
-                 "step-in-no-sync": "step-in-no-sync", "rank-split": "samples-overlap", "bn-unsynced": "buffers-differ"},
-    "sizes": {"train": 512, "val": 512, "features": 16, "hidden": 64, "classes": 4, "batch": 16, "epochs": 4,
-              "lr": 0.05, "eval_every": 4, "seed": 0},
+    "findings": {
+        "module-update": "replicas-differ", "no-set-epoch": "same-order",
+        "step-in-no-sync": "step-in-no-sync",
+        "rank-split": "samples-overlap", "bn-unsynced": "buffers-differ",
+    },
+    "sizes": {
+        "train": 512, "val": 512, "features": 16, "hidden": 64, "classes": 4, "batch": 16,
+        "epochs": 4,
+        "lr": 0.05, "eval_every": 4, "seed": 0,
+    },
+    "knobs": {
+        "epochs": {
+            "type": "int", "default": 4, "range": [1, 100],
+            "help": "passes over the training data",
+        },
+        "seed": {
+            "type": "int", "default": 0, "range": [0, 2147483647],
+            "help": "data, init and sampler seed (the same on every rank)",
+        },
+    },
 }
 S = LAB["sizes"]
 
@@ -76,7 +119,8 @@ def make_data(seed: int):
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(S["features"], S["hidden"]), nn.BatchNorm1d(S["hidden"]), nn.ReLU())
+        self.body = nn.Sequential(nn.Linear(S["features"], S["hidden"]),
+                                  nn.BatchNorm1d(S["hidden"]), nn.ReLU())
         self.head = nn.Linear(S["hidden"], S["classes"])
 
     def forward(self, x):
@@ -85,11 +129,13 @@ class Net(nn.Module):
 
 def loader_for(variant: str, train, ctx, seed: int):
     if variant == "rank-split":
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + ctx.rank))  # BROKEN: rank seed
+        g = torch.Generator().manual_seed(seed + ctx.rank)  # BROKEN: a seed of the rank
+        perm = torch.randperm(len(train), generator=g)
         part = Subset(train, perm[:len(train) // ctx.world_size].tolist())
         return DataLoader(part, batch_size=S["batch"], shuffle=True), None
     # bn-unsynced: no shuffle, so rank r reads rows r, r+2, ...: rank 0 source A, rank 1 source B
-    sampler = DistributedSampler(train, shuffle=not variant.startswith("bn-unsynced"), seed=seed)   # FIX (rank-split)
+    shuffle = not variant.startswith("bn-unsynced")
+    sampler = DistributedSampler(train, shuffle=shuffle, seed=seed)  # FIX (rank-split)
     return DataLoader(train, batch_size=S["batch"], sampler=sampler), sampler
 
 
@@ -99,7 +145,8 @@ def evaluate(model, val, step):
     net.eval()
     with torch.no_grad():
         out = net(val[0])
-        loss, acc = F.cross_entropy(out, val[1]).item(), (out.argmax(1) == val[1]).float().mean().item()
+        loss = F.cross_entropy(out, val[1]).item()
+        acc = (out.argmax(1) == val[1]).float().mean().item()
     net.train()
     lab.record("eval", step=step, val_loss=loss, val_acc=acc)
 
@@ -110,66 +157,80 @@ def train_step(net, opt, x, y):
     opt.step()
 
 
-def main(variant: str, *, epochs: int = S["epochs"], seed: int = S["seed"], eval_every: int = S["eval_every"]):
+def step_in_no_sync(model, opt, x, y) -> None:
+    with model.no_sync():
+        for xm, ym in zip(x.chunk(2), y.chunk(2)):
+            (F.cross_entropy(model(xm), ym) / 2).backward()
+        opt.step()                   # BROKEN: inside no_sync(), gradients never averaged
+    opt.zero_grad()
+
+
+def step_in_no_sync_fixed(model, opt, x, y) -> None:
+    h = len(x) // 2
+    with model.no_sync():
+        (F.cross_entropy(model(x[:h]), y[:h]) / 2).backward()
+    (F.cross_entropy(model(x[h:]), y[h:]) / 2).backward()   # FIX: the last micro-batch syncs
+    opt.step()                                               # FIX: outside no_sync()
+    opt.zero_grad()
+
+
+# the training step of each variant (train_step unless named here)
+STEPS = {"step-in-no-sync": step_in_no_sync, "step-in-no-sync-fixed": step_in_no_sync_fixed}
+
+
+def extra_batch_module(ctx, model, opt, xb, yb) -> None:
+    if ctx.rank == 0:
+        train_step(model.module, opt, xb, yb)  # BROKEN: rank 0 alone, bypassing DDP
+
+
+def extra_batch_ddp(ctx, model, opt, xb, yb) -> None:
+    train_step(model, opt, xb, yb)            # FIX: every rank, through DDP
+
+
+# module-update*: an extra batch every eval_every steps
+EXTRA = {"module-update": extra_batch_module, "module-update-fixed": extra_batch_ddp}
+
+
+def main(variant: str, *, epochs: int, seed: int) -> None:
     ctx = lab.setup()
     torch.manual_seed(seed)                      # the same seed for every variant and rank
     train, val = make_data(seed)
     val = (val[0].to(ctx.device), val[1].to(ctx.device))
-    model = DDP(Net().to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                **buffer_sync(variant != "bn-unsynced"))     # BROKEN (bn-unsynced): buffers never synced
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    model = DDP(Net().to(ctx.device), device_ids=ids,
+                **lab.buffer_sync(variant != "bn-unsynced"))  # BROKEN (bn-unsynced): never synced
     opt = torch.optim.SGD(model.parameters(), lr=S["lr"], momentum=0.9)
     loader, sampler = loader_for(variant, train, ctx, seed)
     extra = torch.Generator().manual_seed(seed + 100 + ctx.rank)
-    step = 0
+    step, every = 0, S["eval_every"]
     evaluate(model, val, step)
     for epoch in range(epochs):
         if sampler is not None and variant != "no-set-epoch":  # BROKEN (no-set-epoch): never reset
             sampler.set_epoch(epoch)                            # FIX: a new order every epoch
         for x, y in loader:
             x, y = x.to(ctx.device), y.to(ctx.device)
-            if variant == "step-in-no-sync":
-                with model.no_sync():
-                    for xm, ym in zip(x.chunk(2), y.chunk(2)):
-                        (F.cross_entropy(model(xm), ym) / 2).backward()
-                    opt.step()                   # BROKEN: inside no_sync(), gradients never averaged
-                opt.zero_grad()
-            elif variant == "step-in-no-sync-fixed":
-                h = len(x) // 2
-                with model.no_sync():
-                    (F.cross_entropy(model(x[:h]), y[:h]) / 2).backward()
-                (F.cross_entropy(model(x[h:]), y[h:]) / 2).backward()   # FIX: the last micro-batch syncs
-                opt.step()                                               # FIX: outside no_sync()
-                opt.zero_grad()
-            else:
-                train_step(model, opt, x, y)
+            STEPS.get(variant, train_step)(model, opt, x, y)
             step += 1
-            if variant.startswith("module-update") and step % eval_every == 0:
+            if variant in EXTRA and step % every == 0:
                 idx = torch.randint(len(train), (S["batch"],), generator=extra)
                 xb, yb = train[idx]
-                if variant == "module-update":
-                    if ctx.rank == 0:
-                        train_step(model.module, opt, xb.to(ctx.device), yb.to(ctx.device))  # BROKEN: rank 0, bypassing DDP
-                else:
-                    train_step(model, opt, xb.to(ctx.device), yb.to(ctx.device))   # FIX: every rank, through DDP
-            if step % eval_every == 0:
+                EXTRA[variant](ctx, model, opt, xb.to(ctx.device), yb.to(ctx.device))
+            if step % every == 0:
                 evaluate(model, val, step)
-    sha = lambda ts: hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in ts)).hexdigest()
-    # this replica, bit for bit: parameters and buffers, and parameters alone (the buffers of the last
-    # forward are rank-local even with buffer sync on: DDP broadcasts them at the start of the next one)
+    def sha(ts) -> str:
+        return hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in ts)).hexdigest()
+
+    # this replica, bit for bit: parameters and buffers, and parameters alone (the buffers of the
+    # last
+    # forward are rank-local even with buffer sync on: DDP broadcasts them at the start of the next
+    # one)
     lab.record("done", steps=step, epochs=epochs, sha256=sha(model.module.state_dict().values()),
                params_sha256=sha(model.module.parameters()))
     lab.teardown()
 
 
 if __name__ == "__main__":
-    import argparse
+    from ddplab.rank import lab_args
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", choices=list(LAB["variants"]), default="module-update")
-    p.add_argument("--epochs", type=int, default=S["epochs"], help="passes over the training data")
-    p.add_argument("--seed", type=int, default=S["seed"], help="data, init and sampler seed (the same on every rank)")
-    a = p.parse_args()
-    if a.epochs < 1:
-        p.error("--epochs must be at least 1")
-    main(a.variant, epochs=a.epochs, seed=a.seed)
+    variant, knobs = lab_args.parse(LAB, __doc__)
+    main(variant, **knobs)

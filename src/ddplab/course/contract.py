@@ -42,14 +42,47 @@ def _named(fn) -> set[str]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def check_knob_names(knobs: Mapping[str, Any], *takers) -> None:
-    """A DdplabError naming every knob that none of ``takers`` (run_variant and the functions it passes
-    its knobs to) nor the launcher takes."""
-    known = set().union(*map(_named, takers), launcher_knobs()) - {"variant"}
+def declared(lab: Mapping | str) -> dict:
+    """The knobs a lab script declares (``LAB["knobs"]``): from its LAB dict, or from its number
+    through the catalog (read by ast, without torch)."""
+    if isinstance(lab, str):
+        from ddplab.origins import catalog
+
+        found = catalog.find_lab(lab)
+        return dict(found.extra.get("knobs", {})) if found else {}
+    return dict(lab.get("knobs", {}))
+
+
+def validate_knobs(lab: str, knobs: Mapping[str, Any], *takers) -> None:
+    """Every workbook module's validate(): an unknown knob is refused by name (the script's declared
+    knobs, ``takers``' parameters and the launcher's are known), then each script knob's value is
+    checked against its one declaration (``LAB["knobs"]`` of the script, ddplab.rank.lab_args)."""
+    from ddplab.rank import lab_args
+
+    decl = declared(lab)
+    known = set(decl).union(*map(_named, takers), launcher_knobs()) - {"variant"}
     unknown = sorted(set(knobs) - known)
     if unknown:
         raise DdplabError(f"unknown knob(s) {', '.join(unknown)}",
                           hint="the knobs are: " + ", ".join(sorted(known)))
+    for name in decl.keys() & knobs.keys():
+        try:
+            lab_args.coerce(name, decl[name], knobs[name])
+        except ValueError as e:
+            spec = decl[name]
+            raise DdplabError(f"lab {lab}: {e}",
+                              hint=f"{name} is {spec.get('help')} (default {spec.get('default')!r})") from None
+
+
+def script_args(lab: str, kw: Mapping[str, Any]) -> tuple[list[str], dict]:
+    """(the script's command line for the declared knobs in ``kw``, the rest of ``kw`` for ddplab.run).
+    Call validate first: a value is checked again here only as the argv is made."""
+    from ddplab.rank import lab_args
+
+    decl = declared(lab)
+    mine = {k: v for k, v in kw.items() if k in decl}
+    rest = {k: v for k, v in kw.items() if k not in decl}
+    return lab_args.argv(decl, mine) + list(rest.pop("args", ())), rest
 
 
 def _returns(fn, name: str) -> bool:

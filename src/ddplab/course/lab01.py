@@ -23,12 +23,14 @@ LAB = "01"
 
 
 def validate(**knobs) -> None:
-    """Refuse an unknown knob before any rank starts (the lab's knobs are ddplab.run's)."""
-    contract.check_knob_names(knobs, run_variant)
+    """Refuse an unknown knob or a bad value before any rank starts (the script's declared knobs)."""
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> RunResult:
-    return ddplab.run(LAB, variant=variant, **kw)
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 
 def default_pg_timeout_s() -> float:
@@ -75,7 +77,7 @@ def measure_time_to_answer(pg_timeout_s: float = 10, broken: RunResult | None = 
     a timeout that fires within 30 s), and reuse (or make) the broken run that ddplab's stall rule
     ended. ``in_job`` (from ``debug_server_view``) adds the moment torch's debug server first showed
     the hang."""
-    with_timeout = run_variant("broken", args=["--pg-timeout-s", str(pg_timeout_s)])
+    with_timeout = run_variant("broken", pg_timeout_s=pg_timeout_s)
     by_stall = broken or run_variant("broken")
     return TimeToAnswer(default_pg_timeout_s(), pg_timeout_s, with_timeout, by_stall, in_job)
 
@@ -189,7 +191,7 @@ def debug_server_view(nproc: int = 2, poll_s: float = 0.5, deadline_s: float | N
     poller.start()
     try:
         outside = run_variant("broken", nproc=nproc, deadline_s=deadline_s,
-                              args=["--debug-server-port", str(port), "--quiet"], **run_kw)
+                              debug_server_port=port, quiet=True, **run_kw)
     finally:
         done.set()
         poller.join(timeout=10)

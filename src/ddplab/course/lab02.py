@@ -18,8 +18,8 @@ from ddplab.course import contract
 from ddplab.course.notebook import Check
 
 LAB = LAB_ID = "02"
-DEFAULT_MEM_LIMIT_MB = 48.0
 EXERCISE_MEM_LIMIT_MB = 24.0
+DEFAULT_MEM_LIMIT_MB = contract.declared(LAB)["mem_limit_mb"]["default"]   # the script's, read by ast
 
 
 def spec() -> dict:
@@ -34,34 +34,38 @@ def model_mb() -> float:
     return params * 4 * 3 / 2**20
 
 
-def validate(mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0, **knobs) -> None:
-    """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
-    contract.check_knob_names(knobs, run)
-    batch = spec()["batch"] if batch is None else batch
+def validate(**knobs) -> None:
+    """Reject knobs that cannot work, before any rank starts (one line, naming the fix): the lab's
+    own checks (the cap against the model's size, accum against the batch), then the script's
+    declaration (contract.validate_knobs)."""
+    given = {k: knobs.get(k, s["default"]) for k, s in contract.declared(LAB).items()}
+    batch, mem_limit_mb, accum = given["batch"], given["mem_limit_mb"], given["accum"]
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise DdplabError(f"batch must be a whole number of sequences, at least 1 (got {batch!r})", hint="for example batch=16")
+        raise DdplabError(f"batch must be a whole number of sequences, at least 1 (got {batch!r})",
+                          hint="for example batch=16")
     try:
         mem_limit_mb = float(mem_limit_mb)
     except (TypeError, ValueError):
-        raise DdplabError(f"mem_limit_mb must be a number of MiB, not {mem_limit_mb!r}", hint="for example mem_limit_mb=48") from None
+        raise DdplabError(f"mem_limit_mb must be a number of MiB, not {mem_limit_mb!r}",
+                          hint="for example mem_limit_mb=48") from None
     need = model_mb()
     if mem_limit_mb < 0 or 0 < mem_limit_mb <= need:
         raise DdplabError(f"mem_limit_mb={mem_limit_mb:g} is too small for the model itself "
                           f"({need:.1f} MiB of parameters, gradients and SGD momentum)",
-                          hint=f"use mem_limit_mb={DEFAULT_MEM_LIMIT_MB:g} (any value above {need:.1f}), or 0 for no cap")
-    if accum not in (0, 1, 2, 4, 8, 16) or accum > batch:
+                          hint=f"use mem_limit_mb={DEFAULT_MEM_LIMIT_MB:g} (any value above "
+                               f"{need:.1f}), or 0 for no cap")
+    if isinstance(accum, int) and accum > batch:
         raise DdplabError(f"accum={accum!r} is not a number of micro-batches for a batch of {batch}",
-                          hint="use 0 (find the largest micro-batch that fits) or 1, 2, 4, 8, 16 (at most the batch)")
+                          hint="use 0 (find the largest micro-batch that fits) or 1, 2, 4, 8, 16 "
+                               "(at most the batch)")
+    contract.validate_knobs(LAB, knobs, run)
 
 
-def run(variant: str, mem_limit_mb: float = DEFAULT_MEM_LIMIT_MB, batch: int | None = None, accum: int = 0,
-        **kw) -> "ddplab.RunResult":
+def run(variant: str, **kw) -> "ddplab.RunResult":
     """Validate the lab's knobs, then one real 2-rank run of lab 02 (extra keywords go to ddplab.run).
     A hang (skip-batch) is ended by ddplab's stall rule: no rank made progress for the stall window."""
-    validate(mem_limit_mb, batch, accum)
-    args = ["--mem-limit-mb", f"{float(mem_limit_mb):g}", "--accum", str(accum)]
-    if batch is not None:
-        args += ["--batch", str(batch)]
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
     result = ddplab.run(LAB_ID, variant=variant, args=args, **kw)
     remove_cgroups(result)
     return result

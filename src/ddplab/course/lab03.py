@@ -21,40 +21,33 @@ BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
 
 
-def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30) -> None:
-    """Reject what cannot work before any rank starts (one line naming the fix)."""
+def check_request(variant: str, detail: bool = False, on_mismatch: str = "pad") -> None:
+    """Reject what cannot work together before any rank starts (one line naming the fix); each
+    knob's own values are the script's declaration (contract.validate_knobs)."""
     if variant not in VARIANTS:
         raise DdplabError(f"lab 03 has no variant {variant!r}", hint="choose one of: " + ", ".join(VARIANTS))
     if detail and variant in BUILDS_DDP:
         raise DdplabError(f"TORCH_DISTRIBUTED_DEBUG=DETAIL crashes (SIGSEGV) when DDP is constructed on gloo with "
                           f"torch 2.13, and variant {variant!r} constructs DDP",
                           hint="use detail=True only with gather-ragged or fixed-pad-gather (plain collectives)")
-    if on_mismatch not in ("pad", "raise"):
-        raise DdplabError(f"on_mismatch must be 'pad' or 'raise', not {on_mismatch!r}",
-                          hint="on_mismatch='raise' makes the guard stop the job with its clear error")
     if on_mismatch != "pad" and variant != "fixed-guard":
         raise DdplabError(f"on_mismatch is an option of fixed-guard, not of {variant!r}",
                           hint="run variant='fixed-guard' with on_mismatch='raise'")
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
-        raise DdplabError(f"steps must be a whole number from 1 to 1000, not {steps!r}", hint="for example steps=30")
 
 
-def validate(variant: str = "gather-ragged", detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
-             **knobs) -> None:
-    """Refuse a bad request before any rank starts: an unknown knob, or knobs ``variant`` cannot take."""
-    contract.check_knob_names(knobs, run_variant)
-    check_request(variant, detail, on_mismatch, steps)
+def validate(variant: str = "gather-ragged", detail: bool = False, **knobs) -> None:
+    """Refuse a bad request before any rank starts: an unknown knob or value (the script's
+    declaration), or knobs ``variant`` cannot take."""
+    contract.validate_knobs(LAB, knobs, run_variant)
+    check_request(variant, detail, knobs.get("on_mismatch", "pad"))
 
 
-def run_variant(variant: str, detail: bool = False, on_mismatch: str = "pad", steps: int = 30,
-                nproc: int | None = None, **kw) -> ddplab.RunResult:
+def run_variant(variant: str, detail: bool = False, **kw) -> ddplab.RunResult:
     """One real run of lab 03; ``detail=True`` adds TORCH_DISTRIBUTED_DEBUG=DETAIL (and C++ INFO logs)."""
-    check_request(variant, detail, on_mismatch, steps)
-    args = []
-    if variant == "fixed-guard":
-        args = ["--on-mismatch", on_mismatch, "--steps", str(steps)]
+    validate(variant, detail, **kw)
+    args, kw = contract.script_args(LAB, kw)
     env = {**kw.pop("env", {}), **(DETAIL_ENV if detail else {})}
-    return ddplab.run(LAB, variant=variant, nproc=nproc, args=args, env=env, **kw)
+    return ddplab.run(LAB, variant=variant, args=args, env=env, **kw)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from ddplab.course.notebook import Check
 from ddplab.result import RunResult
 
 LAB = "04"
-DP_MODES = ("auto", "emulation", "real")
+KNOBS = contract.declared(LAB)         # the script's knobs, read by ast (no torch)
+DP_MODES = tuple(KNOBS["dp"]["choices"])
 DP_VARIANTS = ("article-example1", "dp-broken", "dp-fixed", "pinned-layer")
 EMULATION = ("an emulation of DataParallel on CPU (Tensor.chunk, a replica per chunk, torch.cat; no GPUs), "
              "not nn.DataParallel: it cannot show what DataParallel itself does")
@@ -33,7 +34,7 @@ def validate_dp(dp: str, replicas: int = 2) -> None:
     """Reject a DataParallel mode this machine cannot run, before any rank starts."""
     if dp not in DP_MODES:
         raise DdplabError(f"dp={dp!r} is not a DataParallel mode", hint=f"use one of: {', '.join(DP_MODES)}")
-    if replicas not in (2, 3, 4):
+    if replicas not in KNOBS["replicas"]["choices"]:
         raise DdplabError(f"replicas={replicas!r} is not supported", hint="use replicas=2 (or 3, 4 with that many GPUs)")
     have = gpu_count()
     if dp == "real" and have < replicas:
@@ -41,22 +42,18 @@ def validate_dp(dp: str, replicas: int = 2) -> None:
                           hint="use dp='emulation' (or 'auto'), which runs DataParallel's steps on CPU")
 
 
-def validate(dp: str = "auto", replicas: int = 2, **knobs) -> None:
-    """Refuse a bad request before any rank starts: an unknown knob or DataParallel mode."""
-    contract.check_knob_names(knobs, run_variant)
-    validate_dp(dp, replicas)
+def validate(**knobs) -> None:
+    """Refuse a bad request before any rank starts: a DataParallel mode this machine cannot run,
+    an unknown knob or a value the script's declaration refuses."""
+    validate_dp(knobs.get("dp", KNOBS["dp"]["default"]), knobs.get("replicas", KNOBS["replicas"]["default"]))
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
-def run_variant(variant: str, dp: str = "auto", replicas: int = 2, n_seqs: int = 512, reps: int = 2,
-                **kw) -> RunResult:
+def run_variant(variant: str, **kw) -> RunResult:
     """One real run of labs/04_padding.py through ddplab.run (2 ranks)."""
-    args = []
-    if variant in DP_VARIANTS:
-        validate_dp(dp, replicas)
-        args = ["--dp", dp, "--replicas", str(replicas)]
-    elif variant == "bucketing":
-        args = ["--n-seqs", str(n_seqs), "--reps", str(reps)]
-    return ddplab.run(LAB, variant=variant, args=args + list(kw.pop("args", [])), **kw)
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 
 # ---- DataParallel ------------------------------------------------------------------------------

@@ -41,15 +41,17 @@ def _check_reps(repetitions) -> int:
 
 
 def validate(**knobs) -> None:
-    """Refuse an unknown knob before any rank starts."""
-    contract.check_knob_names(knobs, run_variant)
+    """Refuse an unknown knob or a value the script's declaration refuses, before any rank starts."""
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
-def run_variant(variant: str, port: int | None = None, args=(), **kw) -> "ddplab.RunResult":
+def run_variant(variant: str, **kw) -> "ddplab.RunResult":
     """One job of lab 05 whose fixed MASTER_PORT is ``port`` (a free one if None). A hang is found by
     the stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
-    port = port or ports.free_port()
-    return ddplab.run(LAB, variant=variant, args=["--master-port", str(port), *args], **kw)
+    validate(**kw)
+    kw["port"] = kw.get("port") or ports.free_port()
+    args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -120,14 +120,17 @@ def leftover_namespaces(pid: int | None = None) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 
 def validate(**knobs) -> None:
-    """Refuse an unknown knob before any rank starts."""
-    contract.check_knob_names(knobs, run_variant)
+    """Refuse an unknown knob or a value the script's declaration refuses, before any rank starts."""
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
 def run_variant(variant: str, args: Sequence[str] = (), **kw) -> "ddplab.RunResult":
-    """One real run of a lab 06 variant (a torchrun job through ddplab.run). A hang is found by the
-    stall rule (no rank made progress for the stall window); other keywords go to ddplab.run."""
-    return ddplab.run(LAB, variant=variant, args=tuple(args), **kw)
+    """One real run of a lab 06 variant (a torchrun job through ddplab.run): the script's knobs
+    by name (timeout_s=2) or as its command line (``args``). A hang is found by the stall rule (no
+    rank made progress for the stall window); other keywords go to ddplab.run."""
+    validate(**kw)
+    knob_args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, args=(*knob_args, *args), **kw)
 
 
 def start(variant: str, args: Sequence[str] = (), **kw) -> "Future":
@@ -144,7 +147,7 @@ def start(variant: str, args: Sequence[str] = (), **kw) -> "Future":
 def run_unreachable(timeout_s: float = 3.0, prefer: str = "netns", **kw) -> tuple["ddplab.RunResult", SilentMaster]:
     """unreachable-master against a silent master made for this run (and removed right after)."""
     with silent_master(prefer) as m:
-        r = run_variant("unreachable-master", ["--master-addr", m.address, "--timeout-s", str(timeout_s)], **kw)
+        r = run_variant("unreachable-master", master_addr=m.address, timeout_s=timeout_s, **kw)
     return r, m
 
 
@@ -207,8 +210,7 @@ def timeout_sweep(timeouts: Sequence[float] = (0.5, 1, 2, 4), delays: Sequence[f
     # window must cover the delay, or a deliberate wait would be judged a hang.
     if max(timeouts) > 25 and max(delays) > 2:
         kw.setdefault("stall_s", max(delays) + 3.0)
-    r = run_variant("timeout-sweep", ["--sweep-timeouts", ",".join(map(str, timeouts)), "--sweep-delays", ",".join(map(str, delays))],
-            **kw)
+    r = run_variant("timeout-sweep", sweep_timeouts=list(timeouts), sweep_delays=list(delays), **kw)
     points = tuple(sorted(({k: p[k] for k in ("timeout_s", "delay_s", "outcome", "seconds", "error")}
                            for p in r.records_of("trial") if p["rank"] == 0),
                           key=lambda p: (p["delay_s"], p["timeout_s"])))

@@ -22,11 +22,13 @@ from typing import Mapping
 import ddplab
 from ddplab.errors import DdplabError
 from ddplab.course import answers, claims
+from ddplab.rank import lab_args
 from ddplab.course import contract
 from ddplab.course.notebook import Check, P_LEVEL, sign_test_p
 
 LAB = "07"
-FIXES = ("batch", "accumulate", "bucket", "static", "fp16", "bf16")
+KNOBS = contract.declared(LAB)          # the script's knobs, read by ast (no torch)
+FIXES = tuple(KNOBS["fix"]["choices"])
 FIX_LABELS = {"none": "baseline", "batch": "batch x k", "accumulate": "no_sync, every k steps",
               "bucket": "bucket_cap_mb", "static": "grad-as-bucket-view + static_graph",
               "fp16": "fp16 compress hook", "bf16": "bf16 compress hook"}
@@ -45,19 +47,17 @@ def oversubscribed(nproc: int) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def check_knobs(widths=(1024,), batches=(8,), nproc: int = 2, steps: int = 4, fixes=()) -> None:
+    """The sizes and fixes against the script's declaration (LAB["knobs"]), and the world sizes
+    lab 07 sweeps."""
     if nproc not in (1, 2, 4, 8):
         raise DdplabError(f"nproc={nproc!r} is not swept by lab 07", hint="use nproc 1, 2 or 4 (4 is oversubscribed on 2 cores)")
-    for w in widths:
-        if not isinstance(w, int) or not 16 <= w <= 4096:
-            raise DdplabError(f"width {w!r} is out of range", hint="use a whole number from 16 to 4096 (params ~ 4*width^2)")
-    for b in batches:
-        if not isinstance(b, int) or not 1 <= b <= 4096:
-            raise DdplabError(f"batch {b!r} is out of range", hint="use a per-rank batch from 1 to 4096")
-    if not isinstance(steps, int) or not 1 <= steps <= 200:
-        raise DdplabError(f"steps={steps!r} is out of range", hint="use 1 to 200 measured steps")
-    bad = [f for f in fixes if f not in FIXES]
-    if bad:
-        raise DdplabError(f"unknown fix {bad[0]!r}", hint=f"choose from {', '.join(FIXES)}")
+    for name, value in (("width", widths), ("batch", batches), ("steps", steps), ("fix", fixes)):
+        if name == "fix" and not value:
+            continue
+        try:
+            lab_args.coerce(name, KNOBS[name], value)
+        except ValueError as e:
+            raise DdplabError(f"lab 07: {e}", hint=KNOBS[name]["help"]) from None
 
 
 # One rank = one core (like one rank = one GPU), whatever the world size: otherwise 1 rank would get
@@ -70,8 +70,9 @@ def _env(kw: dict) -> dict:
     return kw
 
 
-def _csv(xs) -> str:
-    return ",".join(str(x) for x in xs)
+def _argv(**knobs) -> list[str]:
+    """The script's command line for these knobs (its names: width, batch, fix, ...)."""
+    return lab_args.argv(KNOBS, knobs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,12 +82,13 @@ def _csv(xs) -> str:
 
 def validate(widths=(1024,), batches=(8,), nproc: int = 2, steps: int = 4, fixes=(), **knobs) -> None:
     """Refuse a bad request before any rank starts: an unknown knob, or sizes the lab cannot run."""
-    contract.check_knob_names(knobs, run_variant, run_grid, run_fixes)
+    contract.validate_knobs(LAB, knobs, run_variant, run_grid, run_fixes, run_link, run_dataparallel)
     check_knobs(widths, batches, nproc, steps, fixes)
 
 
 def run_variant(variant: str, **kw) -> ddplab.RunResult:
     """One real run of a lab 07 variant with the lab's small defaults (one thread per rank)."""
+    validate(**kw)
     return {"broken": run_grid, "fixed": run_fixes, "link": run_link, "dataparallel": run_dataparallel}[variant](**kw)
 
 
@@ -94,19 +96,16 @@ def run_grid(widths=(256, 1024), batches=(8, 256), nproc: int = 2, steps: int = 
              profile: bool = False, rounds: int = 1, **kw) -> ddplab.RunResult:
     """Plain DDP ('broken') over every width x per-rank batch, one torchrun job."""
     check_knobs(widths, batches, nproc, steps)
-    args = ["--width", _csv(widths), "--batch", _csv(batches), "--steps", str(steps), "--warmup", str(warmup),
-            "--rounds", str(rounds)]
-    return ddplab.run(LAB, variant="broken", nproc=nproc,
-                      args=args + (["--profile"] if profile else []), **_env(kw))
+    args = _argv(width=widths, batch=batches, steps=steps, warmup=warmup, rounds=rounds, profile=profile)
+    return ddplab.run(LAB, variant="broken", nproc=nproc, args=args, **_env(kw))
 
 
 def run_fixes(width: int = 1024, batch: int = 8, fixes=FIXES, nproc: int = 2, steps: int = 4, accum_k: int = 4,
               bucket_cap_mb: float = 100.0, rounds: int = 1, warmup: int = 1, **kw) -> ddplab.RunResult:
     """The baseline, then each fix, one after another in one job (ratios within one run)."""
     check_knobs((width,), (batch,), nproc, steps, fixes)
-    args = ["--width", str(width), "--batch", str(batch), "--steps", str(steps), "--fix", _csv(fixes),
-            "--accum-k", str(accum_k), "--bucket-cap-mb", str(bucket_cap_mb), "--rounds", str(rounds),
-            "--warmup", str(warmup)]
+    args = _argv(width=[width], batch=[batch], steps=steps, fix=fixes, accum_k=accum_k,
+                 bucket_cap_mb=bucket_cap_mb, rounds=rounds, warmup=warmup)
     return ddplab.run(LAB, variant="fixed", nproc=nproc, args=args, **_env(kw))
 
 
@@ -114,13 +113,13 @@ def run_link(sizes=None, nproc: int = 2, reps: int = 5, **kw) -> ddplab.RunResul
     sizes = sizes or [4 ** k for k in range(5, 13)]       # 1 KiB .. 16 MiB
     check_knobs(nproc=nproc)
     return ddplab.run(LAB, variant="link", nproc=nproc,
-                      args=["--sizes", _csv(sizes), "--reps", str(reps)], **_env(kw))
+                      args=_argv(sizes=sizes, reps=reps), **_env(kw))
 
 
 def run_dataparallel(width: int = 1024, batch: int = 64, steps: int = 4, **kw):
     check_knobs((width,), (batch,), 1, steps)
     return ddplab.run(LAB, variant="dataparallel", nproc=1,
-                      args=["--width", str(width), "--batch", str(batch), "--steps", str(steps)], **kw)
+                      args=_argv(width=[width], batch=[batch], steps=steps), **kw)
 
 
 def gpu_count() -> int:

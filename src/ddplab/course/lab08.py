@@ -25,26 +25,23 @@ def sizes() -> dict:
     return catalog.find_lab(LAB).extra["sizes"]
 
 
-def validate(max_k: int | None = None, epochs: int | None = None, **knobs) -> None:
-    """Reject knobs that cannot work, before any rank starts (one line, naming the fix)."""
-    contract.check_knob_names(knobs, run_variant)
-    ks = sizes()["ks"]
+def validate(**knobs) -> None:
+    """Reject knobs that cannot work, before any rank starts (one line, naming the fix): the lab's
+    own wording first, then the script's declaration (contract.validate_knobs)."""
+    ks, max_k, epochs = sizes()["ks"], knobs.get("max_k"), knobs.get("epochs")
     if max_k is not None and (isinstance(max_k, bool) or max_k not in ks):
         raise DdplabError(f"max_k={max_k!r} is not one of the lab's micro-batch counts {ks}",
                           hint=f"use max_k={max(ks)} (or any of {ks})")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or not 2 <= epochs <= 8):
         raise DdplabError(f"epochs={epochs!r}: comparing orders needs 2 to 8 epochs",
                           hint=f"use epochs={sizes()['epochs']}")
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
-def run_variant(variant: str, max_k: int | None = None, epochs: int | None = None, **kw) -> "ddplab.RunResult":
+def run_variant(variant: str, **kw) -> "ddplab.RunResult":
     """Validate the lab's knobs, then one real 2-rank run of lab 08 (extra keywords go to ddplab.run)."""
-    validate(max_k, epochs)
-    args = []
-    if max_k is not None:
-        args += ["--max-k", str(max_k)]
-    if epochs is not None:
-        args += ["--epochs", str(epochs)]
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
     return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 

@@ -19,12 +19,14 @@ from ddplab.engine import classify
 from ddplab.origins import cluster as cluster_mod
 from ddplab.errors import DdplabError
 from ddplab.course import answers
+from ddplab.rank import lab_args
 from ddplab.course import contract
 from ddplab.course.notebook import Check, P_LEVEL, rank_sum_p
 
 LAB = "09"
 RATES_MBIT = (None, 300, 100)              # None: no cap (the namespace link's own speed)
-HOOKS = ("none", "fp16", "bf16", "powersgd")
+KNOBS = contract.declared(LAB)          # the script's knobs, read by ast (no torch)
+HOOKS = tuple(KNOBS["hook"]["choices"])
 RDZV_PORT = 29400                          # ddplab.origins.job.CLUSTER_RDZV_PORT, the port every variant leaves open
 
 
@@ -51,18 +53,19 @@ def _check(rate_mbit, drop_percent, steps, hook, compare=()) -> None:
                                      or not 0 <= drop_percent <= 50):
         raise DdplabError(f"drop_percent must be a whole number from 0 to 50, not {drop_percent!r}",
                           hint="for example drop_percent=5")
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 200:
-        raise DdplabError(f"steps must be a whole number from 1 to 200, not {steps!r}", hint="for example steps=8")
-    if hook not in HOOKS:
-        raise DdplabError(f"hook must be one of {', '.join(HOOKS)}, not {hook!r}", hint="for example hook='fp16'")
-    if isinstance(compare, str) or any(h not in HOOKS for h in compare):
-        raise DdplabError(f"compare must be a list of hooks from {', '.join(HOOKS)}, not {compare!r}",
-                          hint="for example compare=['fp16', 'powersgd']")
+    for name, value in (("steps", steps), ("hook", hook), ("compare", compare)):
+        if name == "compare" and isinstance(value, str):
+            raise DdplabError(f"compare must be a list of hooks from {', '.join(HOOKS)}, not {value!r}",
+                              hint="for example compare=['fp16', 'powersgd']")
+        try:
+            lab_args.coerce(name, KNOBS[name], value)
+        except ValueError as e:
+            raise DdplabError(f"lab 09: {e}", hint=KNOBS[name]["help"]) from None
 
 
 def validate(rate_mbit=None, drop_percent=None, steps: int = 8, hook: str = "fp16", compare=(), **knobs) -> None:
     """Refuse a bad request before any rank starts: an unknown knob, or a link the lab cannot make."""
-    contract.check_knob_names(knobs, run_variant)
+    contract.validate_knobs(LAB, knobs, run_variant)
     _check(rate_mbit, drop_percent, steps, hook, compare)
 
 
@@ -74,13 +77,13 @@ def run_variant(variant: str, rate_mbit: float | None | str = "lab", drop_percen
     spec = network(variant)
     if rate_mbit != "lab":
         spec["rate_mbit"] = rate_mbit
-    _check(spec.get("rate_mbit"), drop_percent, steps, hook, compare)
+    validate(spec.get("rate_mbit"), drop_percent, steps, hook, compare, **kw)
     if drop_percent is not None:
         spec["firewall"] = {"1": {"drop_percent": drop_percent}} if drop_percent else {}
     cluster_mod.require()
     env = {**spec.get("env", {}), **kw.pop("env", {})}
     with cluster_mod.Cluster.from_spec(spec) as c:
-        args = ["--steps", str(steps), "--hook", hook] + (["--compare", ",".join(compare)] if compare else [])
+        args = lab_args.argv(KNOBS, {"steps": steps, "hook": hook, "compare": list(compare)})
         return ddplab.run(LAB, variant=variant, args=args, env=env, cluster=c, **kw)
 
 

@@ -30,12 +30,13 @@ def sizes() -> dict:
 
 
 def validate(**knobs) -> None:
-    """Refuse an unknown knob before any rank starts."""
-    contract.check_knob_names(knobs, run_variant)
+    """Refuse an unknown knob before any rank starts (lab 10's script has none of its own)."""
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
 def run_variant(variant: str, **kw) -> "ddplab.RunResult":
     """One real 2-rank run of lab 10 (extra keywords go to ddplab.run)."""
+    validate(**kw)
     names = [v.name for v in catalog.find_lab(LAB).variants]
     if variant not in names:
         raise DdplabError(f"lab 10 has no variant {variant!r}", hint=f"use one of {', '.join(names)}")

@@ -38,20 +38,22 @@ def stall_s() -> float:
 
 
 def validate(steps: int | None = None, **knobs) -> None:
-    """Reject a knob that cannot work before any rank starts (one line, naming the fix)."""
-    contract.check_knob_names(knobs, run_variant)
+    """Reject a knob that cannot work before any rank starts (one line, naming the fix): the
+    lab's own wording for steps, then the script's declaration (contract.validate_knobs)."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                               or not sizes()["inf_step"] + 1 <= steps <= 100):
         raise DdplabError(f"steps={steps!r}: the lab needs {sizes()['inf_step'] + 1} to 100 optimizer steps "
                           f"(the scaler variants put the inf at step {sizes()['inf_step']})",
                           hint=f"use steps={sizes()['steps']}")
+    contract.validate_knobs(LAB, {**knobs, "steps": steps}, run_variant)
 
 
-def run_variant(variant: str, steps: int | None = None, **kw) -> RunResult:
-    """One real 2-rank run of lab 11 (``steps``: optimizer steps of the fp32/amp/scaler-* variants;
-    other keywords go to ddplab.run)."""
-    validate(steps)
-    return ddplab.run(LAB, variant=variant, args=["--steps", str(steps)] if steps is not None else [], **kw)
+def run_variant(variant: str, **kw) -> RunResult:
+    """One real 2-rank run of lab 11 (``steps``: optimizer steps of the fp32/amp/scaler-* variants,
+    ``k``, ``workers``: the script's knobs; other keywords go to ddplab.run)."""
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, args=args, **kw)
 
 
 def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:

@@ -34,9 +34,12 @@ def pairs() -> list[tuple[str, str]]:
 
 
 def run_variant(variant: str, check: bool = True, nproc: int | None = None, **kw) -> ddplab.RunResult:
-    """One real run of lab 12, checked (``check=False``: the same run without the rank hook's check)."""
+    """One real run of lab 12, checked (``check=False``: the same run without the rank hook's check);
+    ``epochs`` and ``seed``: the script's knobs."""
     _lab().variant(variant)      # a DdplabError naming the variants
-    return ddplab.run(LAB, variant=variant, nproc=nproc, check=check, **kw)
+    validate(**kw)
+    args, kw = contract.script_args(LAB, kw)
+    return ddplab.run(LAB, variant=variant, nproc=nproc, check=check, args=args, **kw)
 
 
 def run_all(**kw) -> dict[str, ddplab.RunResult]:
@@ -173,8 +176,8 @@ def check_bypass_rank(answer: int, result: ddplab.RunResult) -> Check:
 
 
 def validate(**knobs) -> None:
-    """Refuse an unknown knob before any rank starts (one line, naming the knobs)."""
-    contract.check_knob_names(knobs, run_variant)
+    """Refuse an unknown knob or a value the script's declaration refuses, before any rank starts."""
+    contract.validate_knobs(LAB, knobs, run_variant)
 
 
 EXERCISES = answers.exercises(check_bn_finding, check_bypass_rank)

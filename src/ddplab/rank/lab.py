@@ -6,6 +6,7 @@ Imports torch, so only ranks import it; the launcher and the CLI do not.
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
 import os
 import resource
@@ -160,6 +161,15 @@ class StepTimer:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def buffer_sync(on: bool) -> dict:
+    """DDP's buffer-sync switch, as this torch names it: torch >= 2.13 calls it forward_sync_buffers
+    (broadcast_buffers is deprecated). Labs 10 and 12 turn it off."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    return {name: on}
 
 
 def teardown() -> None:
