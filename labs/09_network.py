@@ -1,7 +1,7 @@
 """Lab 09 - the network, for real: a two-node DDP job on one machine (network namespaces).
 
-Each node is a network namespace with its own address on a bridge (``ddplab.origins.cluster``); torchrun
-runs one agent per node with c10d rendezvous at node 0's address. Run it on two real machines:
+Each node is a network namespace with its own address on a bridge (``ddplab.origins.cluster``);
+torchrun runs one agent per node with c10d rendezvous at node 0's address. On two real machines:
 
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint NODE0:29400 \
         labs/09_network.py --variant slow-link            # on each machine

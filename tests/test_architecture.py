@@ -89,21 +89,30 @@ def test_design_names_the_folders_the_code_has():
 @pytest.mark.multiprocess
 def test_the_watch_loop_never_calls_back_into_an_origin(tmp_path):
     """A real run traced call by call (sys.setprofile, this thread): while the engine's loop
-    (supervise.watch and everything it calls) runs, no function defined in ddplab.origins is entered;
-    the run still gives its catalog verdict."""
+    (supervise.watch) runs, nothing defined in ddplab.origins is entered except through the job
+    handle's Popen interface (poll, wait: the started process, whatever forked it); the run still
+    gives its catalog verdict."""
     import ddplab
     from conftest import assert_nothing_left
 
-    inside_loop, from_loop = [0], []
+    depth = {"loop": 0, "handle": 0}
+    from_loop, handle_calls = [], [0]
 
     def profile(frame, event, arg):
         if event not in ("call", "return"):
             return
-        mod = frame.f_globals.get("__name__", "")
-        if mod == "ddplab.engine.supervise" and frame.f_code.co_name == "watch":
-            inside_loop[0] += 1 if event == "call" else -1
-        elif event == "call" and inside_loop[0] and mod.startswith("ddplab.origins"):
-            from_loop.append(f"{mod}.{frame.f_code.co_name}")
+        mod, name = frame.f_globals.get("__name__", ""), frame.f_code.co_name
+        if mod == "ddplab.engine.supervise" and name == "watch":
+            depth["loop"] += 1 if event == "call" else -1
+            return
+        if not depth["loop"] or not mod.startswith("ddplab.origins"):
+            return
+        caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+        if name in ("poll", "wait") and caller == "ddplab.engine.supervise":     # the job handle
+            depth["handle"] += 1 if event == "call" else -1
+            handle_calls[0] += event == "call"
+        elif event == "call" and not depth["handle"]:
+            from_loop.append(f"{mod}.{name} (from {caller})")
 
     sys.setprofile(profile)
     try:
@@ -111,6 +120,6 @@ def test_the_watch_loop_never_calls_back_into_an_origin(tmp_path):
     finally:
         sys.setprofile(None)
     assert r.status == "hung" and r.signature == "hang-different-collectives"
-    assert inside_loop[0] == 0
+    assert depth == {"loop": 0, "handle": 0} and handle_calls[0] > 0
     assert from_loop == [], sorted(set(from_loop))
     assert_nothing_left(str(tmp_path))
