@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from . import groups, waits
 from . import result as _result
 from .ledger import numel
-from .stacks import short_paths
+from .stacks import short_path, short_paths
 from .render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -284,7 +284,66 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
                    f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
     if any(o.state == "exited" and o.signal == "SIGTERM" for o in result.ranks):
         out.append("torchrun then ended the other ranks.")
-    return " ".join(x for x in out if x)
+    lines = [" ".join(x for x in out if x)]
+    if r.error is not None:
+        lines += error_details(r.error)
+    return "\n".join(lines)
+
+
+MESSAGE_LINES = 40     # lines of one exception's message shown (the record keeps them all)
+
+
+def _message_rest(message: str, indent: str = "  ") -> list[str]:
+    """The lines of a message after its first, as the exception gave them (never cut to one line)."""
+    rest = [l.rstrip().replace("\t", "  ") for l in (message or "").splitlines()[1:]]
+    while rest and not rest[-1].strip():
+        rest.pop()
+    if len(rest) > MESSAGE_LINES:
+        rest = rest[:MESSAGE_LINES] + [f"... ({len(rest) - MESSAGE_LINES} more lines in the rank's error record)"]
+    return [indent + l for l in rest]
+
+
+def _call_sentence(frames, values: dict | None, lead: str) -> str:
+    """Where the library raised it and the user's call that led there, with the values on that line."""
+    from .reasons import user_call
+    c = user_call(tuple(frames), values)
+    if c is None:
+        inner = frames[0] if frames else None
+        return f"{lead} raised at {inner.short()} (no frame of your own code)." if inner is not None else ""
+    code = f": `{_code(c.frame.text)}`" if c.frame.text else ""
+    vals = ", ".join(f"{k} = {v}" for k, v in c.values.items())
+    vals = f", with {vals}" if vals else ""
+    if c.callee is None:
+        return f"{lead} raised on your own line{code}{vals}." if code or vals else ""
+    inside = f" (inside {c.raised.short()})" if c.raised is not None and c.raised != c.callee else ""
+    return (f"{lead} raised in {c.callee.func} ({short_path(c.callee.file)}){inside}, "
+            f"called from your code at {c.frame.short()}{code}{vals}.")
+
+
+def _code(text: str) -> str:
+    """A source line as shown: without its trailing comment (a `#` after two spaces)."""
+    return text.split("  #", 1)[0].strip()
+
+
+def error_details(e) -> list[str]:
+    """The whole exception of a rank beyond its first line: the rest of its message, the user's call
+    that led into the library, the exceptions chained to it, and a framework's exit after it."""
+    out = _message_rest(e.message)
+    where = _call_sentence(e.frames, e.values, "It was")
+    if where:
+        out.append(where)
+    for c in e.chain:
+        how = "It was raised from" if c.relation == "cause" else "It was raised while handling"
+        out.append(f"{how} {c.type}: {_first_line(c.message)}")
+        out += _message_rest(c.message, "    ")
+        own = _call_sentence(c.frames, None, "  that one was")
+        if own:
+            out.append(own)
+    if e.exited:
+        at = e.exited.get("frames") or []
+        by = f" in {short_path(at[0]['file'])}" if at else ""
+        out.append(f"Then sys.exit({e.exited.get('code')}) was called{by} while handling it.")
+    return out
 
 
 def headline(result: "RunResult") -> str:

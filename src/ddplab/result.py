@@ -18,6 +18,7 @@ from . import runfiles
 from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
 from .check import CheckReport
 from .ledger import Collective, Divergence
+from .reasons import ChainedError
 from .stacks import Frame, Where
 
 # The views, registered by ddplab.render (which imports this module, never the reverse).
@@ -45,6 +46,10 @@ class RankError:
     module: str = ""
     cause: str | None = None      # "raise ... from e": the cause's "Type: message"
     env: dict | None = None       # MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the rank had them when it failed
+    # ddplab.reasons: the exceptions chained to it, the values on the user's failing line, a framework's exit
+    chain: tuple["ChainedError", ...] = ()
+    values: dict | None = None    # {name: short repr} on the innermost line of the user's own code
+    exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
 
     @property
     def frame(self) -> Frame | None:
@@ -54,7 +59,8 @@ class RankError:
 
     def to_dict(self) -> dict:
         return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
-                "time": self.time, "module": self.module, "cause": self.cause, "env": self.env}
+                "time": self.time, "module": self.module, "cause": self.cause, "env": self.env,
+                "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RankError | None":
@@ -62,7 +68,9 @@ class RankError:
             return None
         return cls(type=d["type"], message=d.get("message", ""),
                    frames=tuple(Frame.from_dict(f) for f in d.get("frames", ())), time=float(d.get("time", 0)),
-                   module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"))
+                   module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"),
+                   chain=tuple(ChainedError.from_dict(c) for c in d.get("chain") or ()),
+                   values=d.get("values") or None, exited=d.get("exited"))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,16 +27,20 @@ class Frame:
     func: str
     file: str
     line: int
+    text: str | None = field(default=None, compare=False)   # the source line, where the record has it
 
     def short(self) -> str:
         return f"{short_path(self.file)}:{self.line} in {self.func}"
 
     def to_dict(self) -> dict:
-        return {"func": self.func, "file": self.file, "line": self.line}
+        d = {"func": self.func, "file": self.file, "line": self.line}
+        if self.text:
+            d["text"] = self.text
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Frame":
-        return cls(d["func"], d["file"], int(d["line"]))
+        return cls(d["func"], d["file"], int(d["line"] or 0), d.get("text") or None)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ def short_path(file: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in file:
             return file.split(marker, 1)[1]
+    for d in _LIBRARY_DIRS:        # the standard library: json/decoder.py
+        if file.startswith(d.rstrip("/") + "/"):
+            return file[len(d.rstrip("/")) + 1:]
     if not file.startswith("/"):
         return file
     rel = os.path.relpath(file, Path.cwd())

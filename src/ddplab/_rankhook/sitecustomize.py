@@ -72,27 +72,32 @@ def _install():
             json.dump(rec, f)
         os.replace(path + ".tmp", path)
 
-    def record_error(type_name, module, message, frames, cause=None):
+    def record_error(type_name, module, message, frames, cause=None, **more):
         try:
             env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
             write(names.ERROR, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
-                            "module": module, "message": message, "frames": frames, "cause": cause, "env": env})
+                            "module": module, "message": message, "frames": frames, "cause": cause, "env": env,
+                            **more})
         except Exception:  # never let evidence-keeping change how the rank fails
             pass
 
-    def record_exception(etype, value, tb):
+    def record_exception(etype, value, tb, exited=None):
         try:
-            import traceback
-            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
-                      for fs in traceback.extract_tb(tb)][::-1]          # innermost first
+            rec = _describe(value, tb)
             cause = getattr(value, "__cause__", None)
-            record_error(etype.__name__, getattr(etype, "__module__", ""), str(value), frames,
-                         type(cause).__name__ + ": " + str(cause) if cause is not None else None)
+            more = {k: rec[k] for k in ("chain", "values") if rec.get(k)}
+            if exited is not None:
+                more["exited"] = exited
+            record_error(rec["type"], rec["module"], rec["message"], rec["frames"],
+                         type(cause).__name__ + ": " + str(cause) if cause is not None else None, **more)
         except Exception:
             pass
+
+    def excepthook(etype, value, tb):
+        record_exception(etype, value, tb)
         previous_hook(etype, value, tb)
 
-    sys.excepthook = record_exception
+    sys.excepthook = excepthook
 
     # sys.exit(2) (argparse's usage error, a script's own exit code) never reaches the excepthook.
     real_exit = sys.exit
@@ -100,9 +105,16 @@ def _install():
     def exit_with_record(code=None):
         if code not in (None, 0):
             import traceback
-            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
+            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name, "text": fs.line}
                       for fs in traceback.extract_stack()[:-1]][::-1]
-            record_error("SystemExit", "builtins", str(code), frames)
+            handling = sys.exc_info()[1]
+            if handling is not None and not isinstance(handling, SystemExit):
+                # a framework (hydra, click) that caught the script's exception, printed it and exits:
+                # the exception it was handling is the rank's error, the exit only how it ended
+                record_exception(type(handling), handling, handling.__traceback__,
+                                 exited={"code": str(code), "frames": frames[:3]})
+            else:
+                record_error("SystemExit", "builtins", str(code), frames)
         real_exit(code)
 
     sys.exit = exit_with_record
@@ -130,6 +142,101 @@ def _install():
         # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
         _after_import("torch", lambda: _install_check(write))
     return stack_file  # kept referenced for the life of the process
+
+
+_CHAIN_LIMIT = 8       # chained exceptions recorded (a loop of re-raises stops here)
+_VALUE_CHARS = 120     # one value's repr, shortened
+
+
+def _describe(value, tb):
+    """An exception as data: type, module, its whole message, its frames (innermost first, each with
+    its source line), the exceptions chained to it (``raise ... from``, or raised while handling),
+    and the values of the names on the line of the user's own code that led into the library."""
+    import traceback
+
+    def frames_of(t):
+        return [{"file": fs.filename, "line": fs.lineno, "func": fs.name, "text": fs.line}
+                for fs in traceback.extract_tb(t)][::-1]
+
+    etype = type(value)
+    rec = {"type": etype.__name__, "module": getattr(etype, "__module__", ""), "message": str(value),
+           "frames": frames_of(tb)}
+    chain, seen, e = [], {id(value)}, value
+    while len(chain) < _CHAIN_LIMIT:
+        if e.__cause__ is not None:
+            nxt, relation = e.__cause__, "cause"
+        elif e.__context__ is not None and not e.__suppress_context__:
+            nxt, relation = e.__context__, "context"
+        else:
+            break
+        if id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        chain.append({"type": type(nxt).__name__, "module": getattr(type(nxt), "__module__", ""),
+                      "message": str(nxt), "frames": frames_of(nxt.__traceback__), "relation": relation})
+        e = nxt
+    rec["chain"] = chain
+    rec["values"] = _user_values(tb)
+    return rec
+
+
+def _is_library(file):
+    """The standard library, an installed package or ddplab itself: not the user's code."""
+    import sysconfig
+    if not file or file.startswith("<") or "site-packages" in file or "dist-packages" in file:
+        return True
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the ddplab package
+    paths = sysconfig.get_paths()
+    dirs = [here] + [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+    real = os.path.realpath(file)
+    return any(real.startswith(os.path.realpath(d) + os.sep) for d in dirs)
+
+
+def _user_values(tb):
+    """{name: short repr} of the local names on the innermost line of the user's own code in the
+    traceback: the arguments it passed into the library (or its own expression) that failed."""
+    import linecache
+    import re
+
+    frame, lineno = None, None
+    while tb is not None:
+        if not _is_library(tb.tb_frame.f_code.co_filename):
+            frame, lineno = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return {}
+    text = linecache.getline(frame.f_code.co_filename, lineno)
+    text = re.sub(r"#.*", "", text)
+    text = re.sub(r"(\"[^\"]*\"|'[^']*')", "", text)
+    out = {}
+    for name in dict.fromkeys(re.findall(r"(?<![\w.])([A-Za-z_]\w*)", text)):
+        short = _short(frame.f_locals[name]) if name in frame.f_locals and len(out) < 8 else None
+        if short is not None:
+            out[name] = short
+    return out
+
+
+def _short(v):
+    """A value in a few words: a tensor by shape, dtype and device, a container by its size."""
+    try:
+        t = type(v)
+        if t.__name__ in ("Tensor", "Parameter") and hasattr(v, "shape"):
+            return f"tensor(shape={list(v.shape)}, dtype={str(v.dtype).replace('torch.', '')}, device={v.device})"
+        r = repr(v) if not isinstance(v, (dict, list, tuple, set)) or len(v) <= 8 else ""
+        if isinstance(v, dict) and (not r or len(r) > _VALUE_CHARS or "\n" in r):
+            keys = ", ".join(repr(k) for k in list(v)[:4])
+            return f"{t.__name__} of {len(v)} items ({keys}{', ...' if len(v) > 4 else ''})"
+        if isinstance(v, (list, tuple, set)) and (not r or len(r) > _VALUE_CHARS or "\n" in r):
+            return f"{t.__name__} of {len(v)} items"
+        import inspect
+        if inspect.ismodule(v) or inspect.isroutine(v) or inspect.isclass(v):
+            return None
+        if hasattr(v, "state_dict") and hasattr(v, "parameters"):
+            return f"{t.__name__} (a module)"
+        r = " ".join((r or repr(v)).split())
+        return r if len(r) <= _VALUE_CHARS else r[:_VALUE_CHARS - 3] + "..."
+    except Exception:
+        return None
 
 
 def _runfiles():

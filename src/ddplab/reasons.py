@@ -1,0 +1,59 @@
+"""The parts of a failure's explanation beyond its catalog entry, as data: the exceptions chained to a
+rank's error, the call from the user's own code into the library that raised it, and the facts a
+catalog entry's premise is checked against (``Premise``). Pure: no I/O; ``ddplab.render`` makes the
+sentences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .stacks import Frame, is_user_file
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .result import RankError
+
+
+@dataclass(frozen=True)
+class ChainedError:
+    """An exception chained to a rank's error: ``relation`` "cause" (``raise ... from e``) or "context"
+    (raised while handling it), as Python's traceback prints them."""
+    type: str
+    message: str
+    frames: tuple[Frame, ...]     # innermost first
+    relation: str                 # "cause" | "context"
+    module: str = ""
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
+                "relation": self.relation, "module": self.module}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChainedError":
+        return cls(d["type"], d.get("message", ""), tuple(Frame.from_dict(f) for f in d.get("frames", ())),
+                   d.get("relation", "context"), d.get("module", ""))
+
+
+@dataclass(frozen=True)
+class UserCall:
+    """Where an exception raised inside a library came from in the user's code: the user's frame
+    (with its source line), the library function it called, where the library raised it, and the
+    values of the names on the user's line."""
+    frame: Frame                  # innermost frame of the user's own code
+    callee: Frame | None          # the library frame it called (None: raised on the user's own line)
+    raised: Frame | None          # the innermost frame, where the exception was raised
+    values: dict                  # {name: short repr}
+
+
+def user_call(frames: tuple[Frame, ...], values: dict | None = None) -> UserCall | None:
+    """The user's call into the library that raised, from frames innermost first; None when no
+    frame is the user's."""
+    for i, f in enumerate(frames):
+        if is_user_file(f.file):
+            return UserCall(f, frames[i - 1] if i else None, frames[0] if i else None, dict(values or {}))
+    return None
+
+
+def error_chain(e: "RankError") -> tuple:
+    """The rank's own error first, then the exceptions chained to it, as Python links them."""
+    return (e,) + tuple(e.chain)
