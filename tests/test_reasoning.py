@@ -42,3 +42,62 @@ def test_an_exception_a_framework_turns_into_sys_exit_is_the_ranks_error(run_lab
     assert e.frame.func == "train" and e.exited["code"] == "1"
     assert e.values == {"cfg": "{'optimizer': {'lr': 0.1}}"}
     assert "sys.exit(1) was called" in render.diagnosis(r)
+
+
+@pytest.mark.parametrize("order,op", [("send-first", "send"), ("recv-first", "recv")])
+def test_blocked_sends_are_point_to_point_with_their_peers_not_the_network(run_lab, order, op):
+    r = run_lab(SCRIPTS / "p2p_both_send.py", nproc=2, args=["--order", order], stall_s=3)
+    assert (r.status, r.signature) == ("hung", "hang-p2p-ordering"), r.explain()
+    assert [(k.where.kind, k.where.op, k.peer["peer"]) for k in r.ranks] == [("p2p", op, 1), ("p2p", op, 0)]
+    text = r.explain()
+    assert "GLOO_SOCKET_IFNAME" not in text and "Lab 07" not in text and "network (" not in text
+    assert "rank 0 " in text and "which is itself in " + op in text
+
+
+def test_ordered_sends_finish(run_lab):
+    r = run_lab(SCRIPTS / "p2p_both_send.py", nproc=2, args=["--order", "fixed"], stall_s=3)
+    assert r.status == "ok", r.explain()
+
+
+def test_parameters_used_until_the_script_changed_them_are_not_called_unused(run_lab):
+    changed = run_lab(SCRIPTS / "unused_changed.py", nproc=2)
+    assert (changed.status, changed.signature) == ("failed", "unused-parameters-changed"), changed.explain()
+    assert "Lab 03" not in changed.explain()
+    never = run_lab(SCRIPTS / "unused_changed.py", nproc=2, args=["--from-start"])
+    assert (never.status, never.signature) == ("failed", "unused-parameters"), never.explain()
+
+
+def test_an_unknown_exception_says_cause_not_identified_with_no_fix_and_no_lab(run_lab):
+    r = run_lab(SCRIPTS.parent / "no_signature.py", nproc=2, args=["--mode", "keyerror"])
+    assert (r.status, r.signature, r.first_failure) == ("failed", "python-exception", 1), r.explain()
+    text = r.explain()
+    assert "Cause not identified" in text and "Lab " not in text and "Read the traceback" not in text
+    assert "KeyError: 'warmup_steps'" in text and "`print(config[\"warmup_steps\"])`" in text
+
+
+@pytest.mark.parametrize("script,sig,words", [
+    ("tutorial_torchrun_trainer.py", "accelerator-index-on-cpu", "self.gpu_id = 0"),
+    ("tutorial_accelerator_none.py", "no-accelerator-none", "`device_type = torch.accelerator.current_accelerator().type`"),
+    ("tutorial_elastic_ddp.py", "no-gpu-device-count-zero", "`device_id = rank % torch.cuda.device_count()`"),
+])
+def test_tutorial_scripts_on_a_cpu_laptop_get_their_cause_in_their_own_terms(run_lab, script, sig, words):
+    r = run_lab(SCRIPTS / script, nproc=2)
+    assert (r.status, r.signature) == ("failed", sig), r.explain()
+    assert words in r.explain()
+
+
+def test_a_key_error_on_a_line_that_names_device_count_is_not_the_gpu_cause():
+    from ddplab import reasons, signatures
+    from ddplab.stacks import Frame
+    facts = reasons.FailureFacts((Frame("f", "/tmp/x.py", 3, "n = cfg['gpus']"),))
+    assert signatures.match_text("ZeroDivisionError: integer modulo by zero", facts)[0].id == "python-exception"
+
+
+def test_the_tutorials_mp_spawn_under_torchrun_is_named(run_lab):
+    import socket
+    with socket.socket() as s:          # the tutorial's fixed port, made free for this run
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_lab(SCRIPTS / "tutorial_spawn_under_torchrun.py", nproc=2, stall_s=3, env={"TUTORIAL_PORT": str(port)})
+    assert (r.status, r.signature) == ("hung", "spawn-under-torchrun"), r.explain()
+    assert "Lab 05" not in r.explain()

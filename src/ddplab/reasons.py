@@ -5,6 +5,7 @@ sentences.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,3 +58,45 @@ def user_call(frames: tuple[Frame, ...], values: dict | None = None) -> UserCall
 def error_chain(e: "RankError") -> tuple:
     """The rank's own error first, then the exceptions chained to it, as Python links them."""
     return (e,) + tuple(e.chain)
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    """What a catalog entry's premise is checked against (``Cause.premise``, ``Signature.premise``):
+    the first failing rank's frames (innermost first, with their source lines where recorded) and its
+    collective ledger (None: no ledger was recorded, or only a message's text is at hand)."""
+    frames: tuple[Frame, ...] = ()
+    ledger: tuple | None = None
+
+    @property
+    def line(self) -> str:
+        """The source line of the user's own code where the error was raised or called into a library."""
+        f = next((f for f in self.frames if is_user_file(f.file) and f.text), None)
+        return f.text if f is not None else ""
+
+    @property
+    def reduced_before(self) -> int:
+        """Gradient-sized all-reduces (more than one element: DDP's buckets; a metric is one number)
+        this rank completed before it failed."""
+        return sum(1 for c in self.ledger or () if c.op == "all_reduce" and c.completed and c.numel > 1)
+
+
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)\n(?:\[rank\d+\]: )?[ \t]+(\S.*)$', re.M)
+
+
+def facts_from_text(text: str) -> FailureFacts:
+    """The facts a message's text holds: the frames, with their source lines, of its first traceback
+    that passes through the user's own code (torchrun's own traceback follows a rank's in a log); no ledger."""
+    marks = [m.start() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
+    for i, start in enumerate(marks):
+        end = marks[i + 1] if i + 1 < len(marks) else len(text)
+        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), m.group(4).strip())
+                  for m in _TB_FRAME.finditer(text, start, end)]
+        if any(is_user_file(f.file) for f in frames):
+            return FailureFacts(tuple(frames[::-1]))
+    return FailureFacts()
+
+
+def line_calls(*names: str):
+    """A premise: the user's failing line calls one of ``names`` (``current_accelerator(``)."""
+    return lambda f: any(n + "(" in f.line for n in names)

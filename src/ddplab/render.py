@@ -41,12 +41,21 @@ KIND_PHRASE = {
 }
 
 
+def _via(via: str | None) -> str | None:
+    """Who issued a collective, in words: DDP's own calls, or the object collective around it."""
+    if via in VIA and via != "init_process_group":
+        return VIA[via]
+    return f"inside {via}" if via and via.endswith(("_object", "_object_list")) else None
+
+
 def wait_phrase(w: "Where | None") -> str | None:
     """What a rank is blocked in, in a few words: "barrier", "all_reduce (DDP gradients, inside backward)"."""
     if w is None:
         return None
     if w.kind == "collective":
-        return f"{w.op} ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else w.op
+        return f"{w.op} ({_via(w.via)})" if _via(w.via) else w.op
+    if w.kind == "p2p":
+        return f"{w.op} (point-to-point" + (f", inside {w.via})" if w.via else ")")
     if w.kind == "rendezvous":
         return f"{w.op} (rendezvous)"
     if w.kind == "store":
@@ -82,8 +91,11 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
             seq = f" #{w.seq}" if w.seq is not None else ""
             pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
             size = f" of {pend.numel} elements" if pend is not None and pend.sizes else ""
-            via = f" ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else ""
+            via = f" ({_via(w.via)})" if _via(w.via) else ""
             return f"in {w.op}{seq}{size}{via}{at}"
+        if w.kind == "p2p":       # its peer is in p2p_sentence: a group's ranks have different peers
+            via = f" (inside {w.via})" if w.via else ""
+            return f"in {w.op}{via}, a point-to-point call{at}"
         if w.kind == "rendezvous" or w.kind == "store":
             to = ""
             if r.dialling and r.dialling.get("host"):
@@ -240,8 +252,48 @@ def diagnosis(result: "RunResult") -> str:
     elif s == "exited":
         return "The job ended while ddplab watched it."
     div = _divergence(result, paths)
-    head = " ".join(x for x in (lead, wait_sentence(result, paths), div) if x)
+    head = " ".join(x for x in (lead, wait_sentence(result, paths), div, p2p_sentence(result),
+                                spawn_sentence(result)) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
+
+
+def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
+    """Which rank waits for which peer in blocked point-to-point calls, and what that peer is doing."""
+    blocked = [r for r in result.ranks if r.state in ("hung", "running") and r.where is not None
+               and r.where.kind == "p2p" and r.peer and r.peer.get("peer") is not None]
+    if not blocked:
+        return ""
+    by = {r.rank: r for r in result.ranks}
+    parts = []
+    for r in blocked[:limit]:
+        p = by.get(r.peer["peer"])
+        if p is None:
+            doing = "which is not a rank of this job"
+        elif p.state in ("hung", "running") and p.where is not None and p.where.kind == "p2p":
+            doing = f"which is itself in {p.where.op}" + (f" to rank {p.peer['peer']}" if p.peer and
+                                                          p.where.op in ("send", "isend", "send_object_list") else
+                                                          f" from rank {p.peer['peer']}" if p.peer else "")
+        else:
+            doing = f"which is {state_phrase(p)}"
+        verb = "sends to" if r.where.op in ("send", "isend", "send_object_list") else "waits to receive from"
+        parts.append(f"rank {r.rank} {verb} rank {p.rank if p else r.peer['peer']}, {doing}")
+    more = f" (and {len(blocked) - limit} more)" if len(blocked) > limit else ""
+    text = "Point-to-point: " + "; ".join(parts) + more + "."
+    if result.signature == "hang-p2p-ordering":
+        ops = {r.where.op for r in blocked}
+        first = "sends first" if ops <= {"send", "send_object_list"} else "receives first"
+        text += f" Every rank {first}: no send meets a receive."
+    return text
+
+
+def spawn_sentence(result: "RunResult") -> str:
+    """Ranks waiting for the processes they started themselves with mp.spawn."""
+    if result.signature != "spawn-under-torchrun":
+        return ""
+    from .classify import spawns
+    ranks = [r.rank for r in result.ranks if r.state in ("hung", "running") and spawns(r)]
+    return (f"{groups.label(ranks).capitalize()} (started by torchrun) wait in torch.multiprocessing's spawn for "
+            f"processes of their own: {result.nproc} x nprocs processes in all." if ranks else "")
 
 
 def _failed(result: "RunResult", paths: "Paths") -> str:
@@ -367,11 +419,22 @@ def _state(r: "RankResult") -> str:
     return f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?")
 
 
+def identified(result: "RunResult") -> bool:
+    """False where the run failed or hung and no catalog entry whose premise the evidence holds
+    explains it: the view then says "cause not identified" and shows the evidence, no fix, no lab."""
+    from . import signatures
+    if result.status in ("ok", "running", "exited", "deadline"):
+        return True
+    return result.signature is not None and result.signature not in signatures.UNIDENTIFIED
+
+
 def explain(result: "RunResult") -> str:
     from . import signatures
 
     lines = [headline(result)]
-    if result.signature:
+    if not identified(result):
+        lines.append("  Cause not identified: no known failure fits the evidence; what the ranks did follows.")
+    elif result.signature:
         sig = signatures.get(result.signature)
         lines.append(f"  {sig.title}.")
         lines += [f"  {t}" for t in sig.explanation.splitlines()]
@@ -420,7 +483,9 @@ def html(result: "RunResult") -> str:
         f"<td><code>{e(paths.at(g.rep).removeprefix(' at '))}</code></td></tr>"
         for g in groups.group(result))
     sig = ""
-    if result.signature:
+    if not identified(result):
+        sig = "<p><b>Cause not identified</b>: no known failure fits the evidence; what the ranks did follows.</p>"
+    elif result.signature:
         s = signatures.get(result.signature)
         lab = f", lab {e(s.lab)}" if s.lab else ""
         sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>{lab})<br>"

@@ -105,6 +105,8 @@ class RankResult:
     connections: tuple[dict, ...] = ()   # TCP sockets at the verdict: laddr, raddr, status
     dialling: dict | None = None   # {"host", "port"} of the store it was connecting to, if stuck there
     given: dict | None = None      # {"host", "port"} torchrun gave it (MASTER_ADDR/PORT)
+    peer: dict | None = None       # {"op", "peer", "tag"}: the rank a blocked send/recv waits for (group rank)
+    asked: dict | None = None      # {"rank", "world_size", "env"}: what it asked init_process_group for
     records: tuple[dict, ...] = ()
     log_tail: str = ""
     consequence: bool = False      # its error only says that a peer went away (not a cause)

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .causes import CAUSES
+from .causes import CAUSES, UNUSED_PATTERNS
+from .reasons import facts_from_text
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Signature:
     lab: str                    # the lab that teaches it ("01"); "" when none does
     hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
     precedence: int = 0                 # hang rules are tried lowest first
+    premise: Callable | None = None     # text signatures: what the evidence must hold (reasons.FailureFacts)
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -94,12 +96,19 @@ CATALOG: tuple = CAUSES + (
         "Build the model identically on every rank (no rank-dependent layer sizes); seed before building.",
         "03"),
     Signature(
+        "unused-parameters-changed", "DDP: parameters that had gradients in earlier steps got none",
+        UNUSED_PATTERNS,
+        "This rank had already completed gradient all-reduces before the failing step: the parameters took part "
+        "then, and the forward stopped using some of them (a branch on the step or the data, a layer skipped or frozen).\n"
+        "Find the step where the forward path changes; if the change is meant, keep every parameter in the loss "
+        "(add 0 * the skipped layer's output) or pass find_unused_parameters=True.",
+        "", premise=lambda f: f.reduced_before > 0),
+    Signature(
         "unused-parameters", "DDP: parameters that received no gradient",
-        (r"Expected to have finished reduction in the prior iteration before starting a new one",
-         r"did not receive grad for rank"),
+        UNUSED_PATTERNS,
         "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
         "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
-        "03"),
+        "03", premise=lambda f: f.reduced_before == 0),
     Signature(
         "device-mismatch", "Tensors on different devices in one operation",
         (r"Expected all tensors to be on the same device", r"is not on the expected device"),
@@ -156,6 +165,9 @@ CATALOG: tuple = CAUSES + (
 )
 
 GENERIC = {"peer-lost", "python-exception"}
+# Entries that name no cause: the explanation says "cause not identified" and shows the evidence, with
+# no fix and no lab.
+UNIDENTIFIED = {"python-exception"}
 
 # Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
 # progress (ddplab.classify.hang_signature).
@@ -200,6 +212,29 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
         "01",
         hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50),
+    Signature(
+        "hang-p2p-ordering", "Every rank blocked in a send (or every one in a receive) to a peer doing the same",
+        (),
+        "Blocking point-to-point calls pair a send with the peer's receive; here every rank sends first (or every rank "
+        "receives first), so no send meets a receive and none completes: an ordering deadlock, not the network.\n"
+        "Order each pair (even ranks send then receive, odd ranks receive then send), or post both at once with "
+        "dist.isend / dist.irecv (or batch_isend_irecv) and wait on both.",
+        "", hang_rule=lambda f: f.p2p_deadlock, precedence=35),
+    Signature(
+        "hang-p2p", "A rank waits in a point-to-point send or receive",
+        (),
+        "A rank is blocked in dist.send / dist.recv: it waits for one peer to post the matching call (same peer, same tag), "
+        "and that peer is elsewhere.\n"
+        "Look at what its peer is doing (shown below): the matching recv/send is missing, comes later, or uses another tag.",
+        "", hang_rule=lambda f: bool(f.in_p2p), precedence=55),
+    Signature(
+        "spawn-under-torchrun", "mp.spawn inside a script that torchrun already started",
+        (),
+        "Each process torchrun started calls mp.spawn and starts its own ranks: nproc x nprocs processes, each set with "
+        "its own rank 0 and world size, all waiting for a rendezvous that cannot complete.\n"
+        "Start a script that spawns with plain `python script.py`; to use torchrun, drop mp.spawn and read RANK, LOCAL_RANK "
+        "and WORLD_SIZE from the environment (init_process_group() with no rank or world_size).",
+        "", hang_rule=lambda f: bool(f.spawned), precedence=15),
     Signature(
         "hang-same-collective", "All ranks wait in the same collective",
         (),
@@ -258,9 +293,26 @@ def get(sig_id: str) -> Signature:
     return BY_ID[sig_id]
 
 
-def match_text(text: str) -> tuple[Signature, str] | None:
-    """The first catalog entry whose pattern occurs in ``text``, with the line that matched."""
+def holds(sig, facts) -> bool:
+    """Whether the evidence holds the entry's premise (an entry without one needs only its text)."""
+    premise = getattr(sig, "premise", None)
+    return premise is None or bool(premise(facts))
+
+
+def premised() -> set[str]:
+    """The entries named only where the evidence holds a premise beyond the message's words, and the
+    hang entries no lab teaches (their rule is their premise)."""
+    return ({s.id for s in CATALOG if getattr(s, "premise", None) is not None}
+            | {s.id for s in STACK_CATALOG if s.hang_rule is not None and not s.lab})
+
+
+def match_text(text: str, facts=None) -> tuple[Signature, str] | None:
+    """The first catalog entry whose pattern occurs in ``text`` and whose premise the evidence holds
+    (``facts``: a reasons.FailureFacts, None when only the text is at hand), with the line that matched."""
+    facts = facts if facts is not None else facts_from_text(text)
     for sig in CATALOG:
+        if not holds(sig, facts):
+            continue
         m = sig.search(text)
         if m:
             start = text.rfind("\n", 0, m.start()) + 1

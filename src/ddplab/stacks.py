@@ -47,9 +47,10 @@ class Frame:
 class Where:
     """Where one rank stands, as data: what it is blocked in and the line of its own code.
 
-    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "sleep", "accept",
+    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "send", "sleep", "accept",
     "store.wait"); ``via`` says who issued a collective the user never called by name
-    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group");
+    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group", or the
+    object collective that called it: "all_gather_object");
     ``seq`` is the collective's number in the ledger when the ledger knows it."""
     kind: str
     op: str | None = None
@@ -76,16 +77,21 @@ class Where:
                    call=Frame.from_dict(d["call"]) if d.get("call") else None)
 
 
-KINDS = ("collective", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
 
 # torch.distributed functions that block until every rank joins. Names as they appear in stacks.
 COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
     "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
-    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce_coalesced",
-    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+    "scatter_object_list", "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
 }
+# Point-to-point calls: they wait for one peer, not for every rank (kind "p2p"). The object variants
+# pickle and call send/recv themselves.
+P2P = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+# Collectives of pickled Python objects: they call a tensor collective (all_gather, broadcast) inside.
+OBJECT_CALLS = {"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+                "send_object_list", "recv_object_list"}
 # Collectives DDP and Join issue themselves, which a learner never calls by name: (op, via).
 DDP_CALLS = {
     "_verify_param_shape_across_processes": ("all_gather", "ddp-construct"),
@@ -178,8 +184,12 @@ def where(frames: list[Frame], wchan: str | None = None) -> Where:
         if name in DDP_CALLS and ("torch/distributed" in path or "torch/nn/parallel" in path):
             op, via = DDP_CALLS[name]
             return Where("collective", op, via, user, f)
-        if name in COLLECTIVES and "torch/distributed" in path:
-            return Where("collective", name, None, user, f)
+        if (name in COLLECTIVES or name in P2P) and "torch/distributed" in path:
+            kind = "p2p" if name in P2P else "collective"
+            outer = next((g for g in frames[frames.index(f) + 1:] if _base_name(g.func) in OBJECT_CALLS
+                          and "torch/distributed" in g.file.replace("\\", "/")), None)
+            # all_gather_object's all_gather: the user called the object collective
+            return Where(kind, name, _base_name(outer.func) if outer is not None else None, user, outer or f)
         if name in RENDEZVOUS_CALLS and "torch/distributed" in path:
             return Where("rendezvous", name, "init_process_group", user, f)
     for f in frames:

@@ -209,10 +209,22 @@ def _user_values(tb):
     text = re.sub(r"#.*", "", text)
     text = re.sub(r"(\"[^\"]*\"|'[^']*')", "", text)
     out = {}
-    for name in dict.fromkeys(re.findall(r"(?<![\w.])([A-Za-z_]\w*)", text)):
-        short = _short(frame.f_locals[name]) if name in frame.f_locals and len(out) < 8 else None
-        if short is not None:
-            out[name] = short
+    for chain in dict.fromkeys(re.findall(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", text)):
+        parts = chain.split(".")
+        if parts[0] not in frame.f_locals or len(out) >= 8:
+            continue
+        # the longest attribute chain that resolves to a value worth showing (self.gpu_id, model)
+        for n in range(len(parts), 0, -1):
+            try:
+                v = frame.f_locals[parts[0]]
+                for a in parts[1:n]:
+                    v = getattr(v, a)
+            except Exception:
+                continue
+            short = _short(v)
+            if short is not None:
+                out[".".join(parts[:n])] = short
+                break
     return out
 
 
@@ -234,6 +246,8 @@ def _short(v):
         if hasattr(v, "state_dict") and hasattr(v, "parameters"):
             return f"{t.__name__} (a module)"
         r = " ".join((r or repr(v)).split())
+        if r.startswith("<") and " object at 0x" in r:    # a default repr says nothing
+            return None
         return r if len(r) <= _VALUE_CHARS else r[:_VALUE_CHARS - 3] + "..."
     except Exception:
         return None
@@ -345,6 +359,17 @@ def _rendezvous_handler(req, resp):
         code = frame.f_code
         if "torch/distributed" in code.co_filename.replace("\\", "/"):
             loc = frame.f_locals
+            if code.co_name in _P2P and "p2p" not in found:
+                # a blocked point-to-point call: which peer it waits for (dst or src, in group ranks)
+                peer = loc.get("dst", loc.get("src", loc.get("group_dst", loc.get("group_src"))))
+                if isinstance(peer, int) and not isinstance(peer, bool):
+                    found["p2p"] = {"op": code.co_name, "peer": peer, "tag": loc.get("tag")
+                                    if isinstance(loc.get("tag"), int) else None}
+            if code.co_name == "init_process_group" and "asked" not in found:
+                # what this process asked the rendezvous for: its arguments and its environment
+                found["asked"] = {"rank": _int(loc.get("rank")), "world_size": _int(loc.get("world_size")),
+                                  "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                         "MASTER_ADDR", "MASTER_PORT")}}
             host = loc.get("hostname", loc.get("host_name", loc.get("master_addr")))
             port = loc.get("port", loc.get("master_port"))
             if "host" not in found and isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool):
@@ -355,6 +380,13 @@ def _rendezvous_handler(req, resp):
         frame = frame.f_back
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
+
+
+_P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list")
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _after_import(name, callback):
