@@ -195,6 +195,9 @@ def _examples():
         # rank 0 receives from rank 1, which sleeps
         "hang-p2p": ((replace(_rank(0, kind="p2p", op="recv"), peer={"op": "recv", "peer": 1}),
                       _rank(1, kind="sleep", op="sleep")), None),
+        "rendezvous-ranks-conflict": tuple([tuple(replace(_rank(n, kind="rendezvous", op="init_process_group"),
+                                                          asked={"rank": 0, "world_size": 2, "env": {"RANK": str(n)}})
+                                                  for n in (0, 1)), None]),
         "spawn-under-torchrun": ((replace(_rank(0, kind="socket", op="select"), stack=(
             Frame("join", "/venv/site-packages/torch/multiprocessing/spawn.py", 160),)),), None),
     }

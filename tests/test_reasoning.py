@@ -101,3 +101,29 @@ def test_the_tutorials_mp_spawn_under_torchrun_is_named(run_lab):
     r = run_lab(SCRIPTS / "tutorial_spawn_under_torchrun.py", nproc=2, stall_s=3, env={"TUTORIAL_PORT": str(port)})
     assert (r.status, r.signature) == ("hung", "spawn-under-torchrun"), r.explain()
     assert "Lab 05" not in r.explain()
+
+
+def test_two_processes_asking_for_the_same_rank_are_told_from_a_rank_that_never_came(run_lab):
+    r = run_lab(SCRIPTS / "same_rank.py", nproc=2, stall_s=3)
+    assert (r.status, r.signature) == ("hung", "rendezvous-ranks-conflict"), r.explain()
+    assert [(k.asked["rank"], k.asked["env"]["RANK"]) for k in r.ranks] == [(0, "0"), (0, "1")]
+    text = r.explain()
+    assert "rank 0 was asked for 2 times" in text and "no waiting process asked for rank 1" in text
+    assert "Lab 06" not in text
+
+
+def test_a_world_size_other_than_the_jobs_is_named(run_lab):
+    r = run_lab(SCRIPTS / "same_rank.py", nproc=2, stall_s=3, args=["--world-size", "3"])
+    assert (r.status, r.signature) == ("hung", "rendezvous-ranks-conflict"), r.explain()
+    assert "in a world of 3" in r.explain() and "the job started 2 processes" in r.explain()
+
+
+def test_a_rank_that_never_came_stays_the_general_rendezvous_hang():
+    from ddplab import classify
+    from ddplab.result import RankResult
+    from ddplab.stacks import Where
+    waiting = RankResult(rank=0, pid=1, state="hung", exit_code=None, signal=None,
+                         where=Where("rendezvous", "init_process_group"),
+                         asked={"rank": 0, "world_size": 2, "env": {"RANK": "0", "WORLD_SIZE": "2"}})
+    late = RankResult(rank=1, pid=2, state="hung", exit_code=None, signal=None, where=Where("sleep", "sleep"))
+    assert classify.hang_signature((waiting, late), None) == "hang-rendezvous"

@@ -15,7 +15,8 @@ from . import ledger as ledger_mod
 from . import signatures, stacks
 from .defaults import Status
 from .evidence import Evidence, LiveRank, RunEvidence
-from .reasons import FailureFacts, facts_from_text
+from .reasons import Asks, FailureFacts, facts_from_text
+from .reasons import asks as reasons_asks
 from .result import RankResult, Stall
 
 # A rank's error that says only that a peer went away: a consequence, never the cause.
@@ -204,6 +205,7 @@ class HangFacts:
     p2p_deadlock: bool = False             # every live rank in a blocking send (or every one in a recv)
                                            # to a peer that is itself in the same direction: an ordering deadlock
     spawned: tuple[RankResult, ...] = ()   # live ranks waiting for processes they started with mp.spawn
+    asks: Asks | None = None               # what the processes in init_process_group asked it for
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
@@ -216,7 +218,15 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         at_rendezvous=any(r.where is not None and r.where.kind in ("rendezvous", "store") for r in alive),
         any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
         divergence_kind=divergence.kind if divergence is not None else None,
-        in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)))
+        in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
+        asks=rendezvous_asks(ranks))
+
+
+def rendezvous_asks(ranks: tuple[RankResult, ...]) -> Asks | None:
+    """What the live ranks waiting at the rendezvous asked init_process_group for (None: none said)."""
+    asked = {r.rank: r.asked for r in ranks if r.state in ("hung", "running") and r.asked
+             and r.where is not None and r.where.kind in ("rendezvous", "store")}
+    return reasons_asks(asked, len(ranks)) if asked else None
 
 
 BLOCKING_SEND, BLOCKING_RECV = {"send", "send_object_list"}, {"recv", "recv_object_list"}

@@ -100,3 +100,55 @@ def facts_from_text(text: str) -> FailureFacts:
 def line_calls(*names: str):
     """A premise: the user's failing line calls one of ``names`` (``current_accelerator(``)."""
     return lambda f: any(n + "(" in f.line for n in names)
+
+
+@dataclass(frozen=True)
+class Asks:
+    """What each process asked init_process_group for, at a rendezvous hang: torchrun's rank of the
+    process -> (the rank it asked for, the world size it asked for), from its arguments or, where it
+    passed none, the RANK and WORLD_SIZE it was given; ``job`` the number of processes started."""
+    by_process: dict
+    job: int
+
+    @property
+    def duplicates(self) -> dict:
+        """{asked rank: processes that asked for it}, for ranks more than one process asked for."""
+        seen: dict = {}
+        for p, (rank, _) in sorted(self.by_process.items()):
+            if rank is not None:
+                seen.setdefault(rank, []).append(p)
+        return {k: tuple(v) for k, v in seen.items() if len(v) > 1}
+
+    @property
+    def world_sizes(self) -> frozenset:
+        return frozenset(ws for _, ws in self.by_process.values() if ws is not None)
+
+    @property
+    def missing(self) -> tuple:
+        """Ranks of the asked world that no waiting process asked for."""
+        ws = max(self.world_sizes, default=0)
+        asked = {rank for rank, _ in self.by_process.values()}
+        return tuple(r for r in range(ws) if r not in asked)
+
+    @property
+    def conflict(self) -> bool:
+        """The asks cannot fit together whatever else happens: a rank asked for twice, or every process
+        of the job asking for one world other than the processes it started. (World sizes that differ
+        between processes are shown, and stay under hang-rendezvous's general reading: nodes launched
+        unlike each other, lab 09's nodes-disagree.)"""
+        return bool(self.duplicates) or (
+            len(self.world_sizes) == 1 and len(self.by_process) == self.job and self.world_sizes != {self.job})
+
+
+def asks(asked: dict, job: int) -> Asks:
+    """``asked``: {torchrun rank: the rank hook's answer (rank, world_size, env)} of the processes
+    waiting in init_process_group."""
+    def num(v, env_key, a):
+        if isinstance(v, int) and v >= 0:
+            return v
+        try:
+            return int((a.get("env") or {}).get(env_key))
+        except (TypeError, ValueError):
+            return None
+    return Asks({p: (num(a.get("rank"), "RANK", a), num(a.get("world_size"), "WORLD_SIZE", a))
+                 for p, a in asked.items() if a}, job)

@@ -253,7 +253,7 @@ def diagnosis(result: "RunResult") -> str:
         return "The job ended while ddplab watched it."
     div = _divergence(result, paths)
     head = " ".join(x for x in (lead, wait_sentence(result, paths), div, p2p_sentence(result),
-                                spawn_sentence(result)) if x)
+                                spawn_sentence(result), asks_sentence(result)) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
 
 
@@ -284,6 +284,30 @@ def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
         first = "sends first" if ops <= {"send", "send_object_list"} else "receives first"
         text += f" Every rank {first}: no send meets a receive."
     return text
+
+
+def asks_sentence(result: "RunResult") -> str:
+    """What the processes waiting at the rendezvous asked init_process_group for: ranks asked twice,
+    ranks nobody asked for, world sizes."""
+    from .classify import rendezvous_asks
+    a = rendezvous_asks(result.ranks)
+    if a is None:
+        return ""
+    by: dict = {}
+    for p, (rank, _) in sorted(a.by_process.items()):
+        by.setdefault(rank, []).append(p)
+    parts = [f"rank {k if k is not None else '?'} by {'process' if len(v) == 1 else 'processes'} "
+             f"{groups.span(v)}" for k, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+    text = "At init_process_group the processes (numbered as torchrun started them) asked for " + "; ".join(parts)
+    sizes = sorted(a.world_sizes)
+    text += f", in a world of {' / '.join(map(str, sizes))}" if sizes else ""
+    if a.duplicates:
+        text += "; " + ", ".join(f"rank {k} was asked for {len(v)} times" for k, v in sorted(a.duplicates.items()))
+    if a.missing:
+        text += f"; no waiting process asked for {groups.label(list(a.missing))}"
+    if len(sizes) == 1 and sizes[0] != a.job:
+        text += f"; the job started {a.job} processes"
+    return text + "."
 
 
 def spawn_sentence(result: "RunResult") -> str:

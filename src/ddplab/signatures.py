@@ -250,6 +250,14 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "09",
         hang_rule=lambda f: bool(f.blocked), precedence=20),
     Signature(
+        "rendezvous-ranks-conflict", "The processes asked init_process_group for ranks that do not fit together",
+        (),
+        "Two processes asked for the same rank, or every process asked for a world of another size than the "
+        "processes started: the rendezvous waits for a rank that no process will be.\n"
+        "Under torchrun leave rank and world_size out of init_process_group (it reads RANK and WORLD_SIZE); if you pass "
+        "them, take them from os.environ['RANK'] and os.environ['WORLD_SIZE'].",
+        "", hang_rule=lambda f: f.asks is not None and f.asks.conflict, precedence=25),
+    Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),
         "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
