@@ -127,3 +127,14 @@ def test_a_rank_that_never_came_stays_the_general_rendezvous_hang():
                          asked={"rank": 0, "world_size": 2, "env": {"RANK": "0", "WORLD_SIZE": "2"}})
     late = RankResult(rank=1, pid=2, state="hung", exit_code=None, signal=None, where=Where("sleep", "sleep"))
     assert classify.hang_signature((waiting, late), None) == "hang-rendezvous"
+
+
+def test_where_every_other_rank_was_when_torchrun_ended_it(run_lab):
+    r = run_lab(SCRIPTS / "others_when_one_fails.py", nproc=4)
+    assert (r.status, r.first_failure) == ("failed", 0), r.explain()
+    ended = {k.rank: k for k in r.ranks if k.rank}
+    assert all(k.signal == "SIGTERM" and k.stack_source == "faulthandler (SIGTERM)" for k in ended.values())
+    # rank 1 blocked inside gloo (C++): the dump still has its Python frames
+    assert (ended[1].where.kind, ended[1].where.op, ended[1].frame.line) == ("collective", "all_reduce", 28)
+    assert ended[2].frame.line == 30 and ended[3].frame.func == "busy_loop"
+    assert "When it did, rank 1 was in all_reduce" in r.explain()

@@ -93,8 +93,14 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
         else:
             # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
             state, exit_code, sig = "exited", None, "SIGTERM"
+        where = None
+        if not frames and sig == "SIGTERM" and rank in ev.terminated:
+            # ended by torchrun after another rank failed: where it was then (the hook's SIGTERM dump)
+            frames, source = tuple(ev.terminated[rank]), "faulthandler (SIGTERM)"
+            where = locate(LiveRank(rank, info.get("pid") or 0, frames=list(frames),
+                                    ledger=tuple(ledgers.get(rank, ()))))
         out.append(RankResult(state=state, exit_code=exit_code, signal=sig, ledger=tuple(ledgers.get(rank, ())),
-                              stack=frames, stack_source=source, **common))
+                              stack=frames, stack_source=source, where=where, **common))
     return tuple(out)
 
 

@@ -360,10 +360,23 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
                    f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
     if any(o.state == "exited" and o.signal == "SIGTERM" for o in result.ranks):
         out.append("torchrun then ended the other ranks.")
+        out.append(_ended_where(result, first, paths))
     lines = [" ".join(x for x in out if x)]
     if r.error is not None:
         lines += error_details(r.error)
     return "\n".join(lines)
+
+
+def _ended_where(result: "RunResult", first: int, paths: "Paths") -> str:
+    """Where the ranks torchrun ended were when it did (the rank hook's SIGTERM dump), a group per state."""
+    from dataclasses import replace
+    ended = [r for r in result.ranks if r.rank != first and r.state == "exited" and r.signal == "SIGTERM"
+             and r.where is not None]
+    by: dict[str, list[int]] = {}
+    for r in ended:
+        by.setdefault(state_phrase(replace(r, state="running"), paths), []).append(r.rank)
+    return ("When it did, " + "; ".join(f"{groups.label(ks)} {'was' if len(ks) == 1 else 'were'} {p}"
+                                        for p, ks in by.items()) + ".") if by else ""
 
 
 MESSAGE_LINES = 40     # lines of one exception's message shown (the record keeps them all)

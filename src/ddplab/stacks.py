@@ -278,6 +278,14 @@ def parse_faulthandler_main(text: str) -> list[Frame]:
     return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
 
 
+def parse_faulthandler_last_main(text: str) -> list[Frame]:
+    """The main thread's frames in the last dump of a faulthandler file written on a signal that
+    any thread may receive (SIGTERM: "Current thread" may be one of gloo's): the last thread block
+    whose outermost frame is ``<module>``."""
+    threads = [frames for _, frames in _fh_threads(text)]
+    return next((t for t in reversed(threads) if t and t[-1].func == "<module>"), [])
+
+
 _TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)
 
 

@@ -10,6 +10,8 @@ from its file: the package itself is not imported here):
   rankN.exit.json   at a normal exit (not a kill): the time and the flight recorder's ledger
   rankN.stack.txt   faulthandler's dump of every thread on a fatal signal (SIGSEGV, SIGABRT from
                     gloo) and on SIGUSR1 (the fallback route to a stack before torch is imported)
+  rankN.term.txt    faulthandler's dump of every thread on SIGTERM (torchrun ending the rank after
+                    another failed), then SIGTERM's default action
 and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
 server (``torch._C._distributed_c10d._WorkerServer``) on the Unix socket named in rankN.json. Its
 handlers run on a C++ thread, so the launcher can ask for the flight recorder's collective ledger
@@ -47,6 +49,12 @@ def _install():
     faulthandler.enable(file=stack_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    term_file = None
+    if hasattr(signal, "SIGTERM") and hasattr(faulthandler, "register"):
+        # torchrun SIGTERMs the other workers when one fails: where each one was, written in C (works
+        # while the main thread is blocked in a gloo collective), then the default action (chain=True)
+        term_file = open(os.path.join(folder, names.rank_name(rank, names.TERM)), "a", buffering=1)
+        faulthandler.register(signal.SIGTERM, file=term_file, all_threads=True, chain=True)
     sock_dir = os.environ.get("DDPLAB_SOCKET_DIR")
     sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
     info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
@@ -141,7 +149,7 @@ def _install():
     if os.environ.get("DDPLAB_CHECK"):
         # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
         _after_import("torch", lambda: _install_check(write))
-    return stack_file  # kept referenced for the life of the process
+    return stack_file, term_file  # kept referenced for the life of the process
 
 
 _CHAIN_LIMIT = 8       # chained exceptions recorded (a loop of re-raises stops here)
