@@ -138,3 +138,28 @@ def test_where_every_other_rank_was_when_torchrun_ended_it(run_lab):
     assert (ended[1].where.kind, ended[1].where.op, ended[1].frame.line) == ("collective", "all_reduce", 28)
     assert ended[2].frame.line == 30 and ended[3].frame.func == "busy_loop"
     assert "When it did, rank 1 was in all_reduce" in r.explain()
+
+
+@pytest.mark.timeout(240)
+def test_torchs_flight_recorder_dumps_give_each_ranks_own_line(tmp_path):
+    """A plain torchrun job (no ddplab), gloo, each rank's dump written after its collective timed out:
+    `ddplab explain` places every rank at the line of its own code that issued its last collective."""
+    import os
+    import subprocess
+    import sys
+
+    from ddplab import nodes
+    script = SCRIPTS.parent / "hang_last_rank.py"
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB")}
+    env.update(PYTHONPATH="", TORCH_FR_BUFFER_SIZE="200", TORCH_FR_DUMP_TEMP_FILE=str(dumps / "trace_"),
+               OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--rdzv-backend",
+                        "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), "--dump-after", "3"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    assert sorted(f.name for f in dumps.iterdir()) == ["trace_0", "trace_1", "trace_2"], p.stderr[-2000:]
+    r = nodes.explain([dumps])
+    assert [(k.where.op, k.frame is not None and k.frame.file == str(script)) for k in r.ranks] == \
+        [("all_reduce", True), ("all_reduce", True), ("barrier", True)], r.explain()
+    assert " in 0.0 s" not in r.explain() and "hang_last_rank.py:" in r.explain()

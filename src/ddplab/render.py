@@ -438,7 +438,9 @@ def error_details(e) -> list[str]:
 def headline(result: "RunResult") -> str:
     v = f" --variant {result.variant}" if result.variant else ""
     sig = f" [{result.signature}]" if result.signature else ""
-    return f"{result.target}{v}: {result.status}{sig} in {result.wall_s:.1f} s ({result.nproc} ranks)"
+    # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0)
+    took = f" in {result.wall_s:.1f} s" if result.wall_s > 0 else ""
+    return f"{result.target}{v}: {result.status}{sig}{took} ({result.nproc} ranks)"
 
 
 def _waits(r: "RankResult") -> str:

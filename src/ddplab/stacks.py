@@ -278,6 +278,18 @@ def parse_faulthandler_main(text: str) -> list[Frame]:
     return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
 
 
+def fr_frames(dump: dict | None) -> list[Frame]:
+    """The Python frames (innermost first) that issued a rank's last collective, from torch's
+    flight-recorder dump (each entry records its ``frames``: name, filename, line)."""
+    entries = (dump or {}).get("entries") or []
+    if not entries:
+        return []
+    pending = [e for e in entries if e.get("state") != "completed"]
+    e = (pending or entries)[-1]
+    return [Frame(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line") or 0))
+            for f in e.get("frames") or () if isinstance(f, dict)]
+
+
 def parse_faulthandler_last_main(text: str) -> list[Frame]:
     """The main thread's frames in the last dump of a faulthandler file written on a signal that
     any thread may receive (SIGTERM: "Current thread" may be one of gloo's): the last thread block
