@@ -163,3 +163,15 @@ def test_torchs_flight_recorder_dumps_give_each_ranks_own_line(tmp_path):
     assert [(k.where.op, k.frame is not None and k.frame.file == str(script)) for k in r.ranks] == \
         [("all_reduce", True), ("all_reduce", True), ("barrier", True)], r.explain()
     assert " in 0.0 s" not in r.explain() and "hang_last_rank.py:" in r.explain()
+
+
+def test_a_split_made_on_each_rank_is_named_with_a_fix_that_keeps_the_sampler(run_lab):
+    r = run_lab(SCRIPTS / "mingpt_split.py", nproc=2, check=True)
+    assert r.status == "ok", r.explain()
+    found = {f.kind: f for f in r.check.findings}
+    assert set(found) == {"samples-overlap", "samples-dropped"} and {f.cause for f in found.values()} == {"split-differs"}
+    over, never = found["samples-overlap"], found["samples-dropped"]
+    assert never.held_out == 16 and over.count == never.count      # 48 shares: every sample twice is one missed
+    assert "generator=torch.Generator().manual_seed(seed)" in over.fix and "sampler=DistributedSampler" not in over.fix
+    seeded = run_lab(SCRIPTS / "mingpt_split.py", nproc=2, check=True, args=["--seeded"])
+    assert seeded.status == "ok" and seeded.check.findings == (), seeded.explain()
