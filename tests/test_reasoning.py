@@ -175,3 +175,43 @@ def test_a_split_made_on_each_rank_is_named_with_a_fix_that_keeps_the_sampler(ru
     assert "generator=torch.Generator().manual_seed(seed)" in over.fix and "sampler=DistributedSampler" not in over.fix
     seeded = run_lab(SCRIPTS / "mingpt_split.py", nproc=2, check=True, args=["--seeded"])
     assert seeded.status == "ok" and seeded.check.findings == (), seeded.explain()
+
+
+@pytest.mark.timeout(200)
+def test_attach_save_attributes_no_line_of_a_stdout_file_the_ranks_share(tmp_path):
+    """torchrun's output redirected to one file: which rank printed a line is unknown, so neither
+    rank's saved log holds the other's line."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from conftest import wait_until
+    from ddplab import runfiles
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB")}
+    env["PYTHONPATH"] = ""
+    out = open(tmp_path / "out.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend",
+                             "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(SCRIPTS / "shared_stdout.py")],
+                            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    agent = psutil.Process(proc.pid)
+    try:
+        wait_until(lambda: "rank 0 sleeps forever" in (tmp_path / "out.log").read_text(), "both ranks print",
+                   limit_s=120, every_s=0.2)
+        folder = tmp_path / "saved"
+        p = subprocess.run([sys.executable, "-m", "ddplab.cli", "attach", str(proc.pid), "--save", str(folder),
+                            "--watch", "60"], capture_output=True, text=True, timeout=150,
+                           env={**os.environ, "DDPLAB_RUNS_DIR": str(tmp_path / "runs")})
+        assert folder.exists(), p.stderr
+        assert (folder / runfiles.RANKS / runfiles.rank_name(0, runfiles.INFO)).exists(), p.stderr
+        # the only output is the one file both ranks write: no rank's log is made from it
+        assert [Path(runfiles.rank_path(folder, r, runfiles.LOG)).exists() for r in (0, 1)] == [False, False]
+    finally:
+        for c in [agent] + agent.children(recursive=True):
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
+        proc.wait(timeout=10)
+        out.close()
