@@ -76,14 +76,14 @@ def test_an_unknown_exception_says_cause_not_identified_with_no_fix_and_no_lab(r
 
 
 @pytest.mark.parametrize("script,sig,words", [
-    ("tutorial_torchrun_trainer.py", "accelerator-index-on-cpu", "self.gpu_id = 0"),
+    ("tutorial_torchrun_trainer.py", "accelerator-index-on-cpu", "self.gpu_id = {first}"),
     ("tutorial_accelerator_none.py", "no-accelerator-none", "`device_type = torch.accelerator.current_accelerator().type`"),
     ("tutorial_elastic_ddp.py", "no-gpu-device-count-zero", "`device_id = rank % torch.cuda.device_count()`"),
 ])
 def test_tutorial_scripts_on_a_cpu_laptop_get_their_cause_in_their_own_terms(run_lab, script, sig, words):
     r = run_lab(SCRIPTS / script, nproc=2)
     assert (r.status, r.signature) == ("failed", sig), r.explain()
-    assert words in r.explain()
+    assert words.format(first=r.first_failure) in r.explain()
 
 
 def test_a_key_error_on_a_line_that_names_device_count_is_not_the_gpu_cause():
@@ -215,3 +215,10 @@ def test_attach_save_attributes_no_line_of_a_stdout_file_the_ranks_share(tmp_pat
                 pass
         proc.wait(timeout=10)
         out.close()
+
+
+def test_a_receive_of_the_wrong_size_is_a_point_to_point_mismatch_not_a_collective_one(run_lab):
+    r = run_lab(SCRIPTS / "recv_shape.py", nproc=2)
+    assert (r.status, r.signature, r.first_failure) == ("failed", "p2p-size-mismatch", 1), r.explain()
+    assert (r.rank(1).signal, r.rank(1).frame.line) == ("SIGABRT", 16)
+    assert "Lab 01" not in r.explain() and "recv_shape.py:16" in r.explain()

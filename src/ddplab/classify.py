@@ -94,6 +94,10 @@ def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: R
             # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
             state, exit_code, sig = "exited", None, "SIGTERM"
         where = None
+        if rank in ev.fatal and frames:
+            # died on a fatal signal (gloo's SIGABRT): where, from faulthandler's dump
+            where = locate(LiveRank(rank, info.get("pid") or 0, frames=list(frames),
+                                    ledger=tuple(ledgers.get(rank, ()))))
         if not frames and sig == "SIGTERM" and rank in ev.terminated:
             # ended by torchrun after another rank failed: where it was then (the hook's SIGTERM dump)
             frames, source = tuple(ev.terminated[rank]), "faulthandler (SIGTERM)"
@@ -171,22 +175,26 @@ def _is_consequence(ev: RunEvidence, rank: int) -> bool:
     return m is not None and m[0].id in CONSEQUENCES
 
 
-def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = ()) -> FailureFacts | None:
-    """What the catalog's premises are checked against: the first failing rank's error and ledger."""
+def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = ()) -> FailureFacts | None:
+    """What the catalog's premises are checked against: the first failing rank's frames (its
+    exception's, else its stack: a fatal signal's dump, else its log's traceback) and its ledger."""
     if first is None:
         return None
     led = ev.final_ledgers.get(first) or tuple(ledger) or None
     e = ev.errors.get(first)
     if e is not None:
         return FailureFacts(e.frames, led)
+    if first in ev.fatal or stack:
+        return FailureFacts(tuple(ev.fatal.get(first) or stack), led)
     return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
 
 
-def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = ()) -> tuple[str | None, str | None]:
+def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
+                     stack: tuple = ()) -> tuple[str | None, str | None]:
     """The catalog entry for a failed run: the first failing rank's own exception first (the
     record's type and message), then its log, then any rank's log or torchrun's output when the
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
-    facts = failure_facts(ev, first, ledger)
+    facts = failure_facts(ev, first, ledger, stack)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
     if m is None or m[0].id in signatures.GENERIC:
         every = "\n".join(_rank_text(ev, r) for r in sorted(set(ev.logs) | set(ev.errors)) if r != first)
@@ -310,8 +318,8 @@ def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ra
     signature = excerpt = first = None
     if status == Status.FAILED:
         first = first_failure(ev, ranks)
-        own = next((r.ledger for r in ranks if r.rank == first), ())
-        signature, excerpt = failed_signature(ev, first, own)
+        own = next((r for r in ranks if r.rank == first), None)
+        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else ())
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
             signature = "rank-killed"
         elif signature in CONSEQUENCES and left_early(ranks, div, ev):

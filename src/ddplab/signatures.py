@@ -83,6 +83,14 @@ CATALOG: tuple = CAUSES + (
         "Make every rank call the same collectives in the same order with the same shapes; the message names both calls.",
         "03"),
     Signature(
+        "p2p-size-mismatch", "A point-to-point receive got a message of another size",
+        (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
+        "A dist.recv (or irecv) got a message whose size differs from its tensor's: the sender's tensor has another shape "
+        "or dtype, or the pair's sends and receives are out of order.\n"
+        "Make the receive buffer the sender's shape and dtype (send the shape first, or use send_object_list / "
+        "recv_object_list), and pair each send with the recv meant for it (a tag per kind of message).",
+        "", premise=lambda f: in_p2p_call(f.frames)),
+    Signature(
         "gloo-size-mismatch", "Collective mismatch seen by gloo (received data size differs)",
         (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
         "Two ranks were in different collectives, or in the same one with tensors of different shapes or dtypes: gloo saw the bytes disagree.\n"
@@ -299,6 +307,12 @@ HANG_RULES: tuple[Signature, ...] = tuple(sorted((s for s in STACK_CATALOG if s.
 
 def get(sig_id: str) -> Signature:
     return BY_ID[sig_id]
+
+
+def in_p2p_call(frames) -> bool:
+    """The failing rank raised inside a point-to-point call of torch.distributed (send, recv, ...)."""
+    from .stacks import P2P
+    return any(f.func.rsplit(".", 1)[-1] in P2P and "torch/distributed" in f.file.replace("\\", "/") for f in frames)
 
 
 def holds(sig, facts) -> bool:
