@@ -222,3 +222,12 @@ def test_a_receive_of_the_wrong_size_is_a_point_to_point_mismatch_not_a_collecti
     assert (r.status, r.signature, r.first_failure) == ("failed", "p2p-size-mismatch", 1), r.explain()
     assert (r.rank(1).signal, r.rank(1).frame.line) == ("SIGABRT", 16)
     assert "Lab 01" not in r.explain() and "recv_shape.py:16" in r.explain()
+
+
+def test_an_object_collective_is_named_around_the_tensor_collective_it_runs(run_lab):
+    r = run_lab(SCRIPTS / "object_gather.py", nproc=2, stall_s=3)
+    assert (r.status, r.signature) == ("hung", "hang-different-collectives"), r.explain()
+    w0, w1 = r.rank(0).where, r.rank(1).where
+    assert (w0.kind, w0.via, w0.frame.line) == ("collective", "all_gather_object", 14), r.explain()
+    assert (w1.kind, w1.op) == ("collective", "barrier")
+    assert "(inside all_gather_object)" in r.explain()
