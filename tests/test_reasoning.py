@@ -231,3 +231,10 @@ def test_an_object_collective_is_named_around_the_tensor_collective_it_runs(run_
     assert (w0.kind, w0.via, w0.frame.line) == ("collective", "all_gather_object", 14), r.explain()
     assert (w1.kind, w1.op) == ("collective", "barrier")
     assert "(inside all_gather_object)" in r.explain()
+
+
+def test_ranks_stalled_outside_collectives_get_no_cause_and_no_lab(run_lab):
+    r = run_lab(SCRIPTS.parent / "my_train.py", nproc=2, args=["--mode", "sleep"], stall_s=3)
+    assert (r.status, r.signature) == ("hung", "stalled-outside-collectives"), r.explain()
+    text = r.explain()
+    assert "Cause not identified" in text and "Lab 05" not in text and "sleeping" in text

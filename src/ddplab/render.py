@@ -462,7 +462,7 @@ def identified(result: "RunResult") -> bool:
     """False where the run failed or hung and no catalog entry whose premise the evidence holds
     explains it: the view then says "cause not identified" and shows the evidence, no fix, no lab."""
     from . import signatures
-    if result.status in ("ok", "running", "exited", "deadline"):
+    if result.status not in ("failed", "hung"):
         return True
     return result.signature is not None and result.signature not in signatures.UNIDENTIFIED
 

@@ -175,7 +175,7 @@ CATALOG: tuple = CAUSES + (
 GENERIC = {"peer-lost", "python-exception"}
 # Entries that name no cause: the explanation says "cause not identified" and shows the evidence, with
 # no fix and no lab.
-UNIDENTIFIED = {"python-exception"}
+UNIDENTIFIED = {"python-exception", "stalled-outside-collectives"}
 
 # Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
 # progress (ddplab.classify.hang_signature).
@@ -277,7 +277,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "Every rank stopped outside torch.distributed: sleeping, waiting on a socket, a lock, a pipe or a subprocess.\n"
         "Read each rank's line: the wait is in the script's own code, not in a collective.",
-        "05",
+        "",     # a symptom: no lab's premise (lab 05's retry loop) is shown to hold
         hang_rule=lambda f: True, precedence=90),
     Signature(
         "no-rank-started", "No rank started",
