@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import render
+from ddplab.views import render
 
 SCRIPTS = Path(__file__).parent / "scripts" / "reasons"
 
@@ -87,8 +87,8 @@ def test_tutorial_scripts_on_a_cpu_laptop_get_their_cause_in_their_own_terms(run
 
 
 def test_a_key_error_on_a_line_that_names_device_count_is_not_the_gpu_cause():
-    from ddplab import reasons, signatures
-    from ddplab.stacks import Frame
+    from ddplab.engine import reasons, signatures
+    from ddplab.engine.stacks import Frame
     facts = reasons.FailureFacts((Frame("f", "/tmp/x.py", 3, "n = cfg['gpus']"),))
     assert signatures.match_text("ZeroDivisionError: integer modulo by zero", facts)[0].id == "python-exception"
 
@@ -119,9 +119,9 @@ def test_a_world_size_other_than_the_jobs_is_named(run_lab):
 
 
 def test_a_rank_that_never_came_stays_the_general_rendezvous_hang():
-    from ddplab import classify
+    from ddplab.engine import classify
     from ddplab.result import RankResult
-    from ddplab.stacks import Where
+    from ddplab.engine.stacks import Where
     waiting = RankResult(rank=0, pid=1, state="hung", exit_code=None, signal=None,
                          where=Where("rendezvous", "init_process_group"),
                          asked={"rank": 0, "world_size": 2, "env": {"RANK": "0", "WORLD_SIZE": "2"}})
@@ -148,7 +148,7 @@ def test_torchs_flight_recorder_dumps_give_each_ranks_own_line(tmp_path):
     import subprocess
     import sys
 
-    from ddplab import nodes
+    from ddplab.origins import nodes
     script = SCRIPTS.parent / "hang_last_rank.py"
     dumps = tmp_path / "dumps"
     dumps.mkdir()

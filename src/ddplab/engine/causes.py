@@ -1,0 +1,228 @@
+"""Known user mistakes: what an error means, in the learner's terms, and the fix.
+
+Each ``Cause`` is recognised by what the error means, not by one message's wording: the exception
+types it can be raised as (torch moved several from RuntimeError or AssertionError to ValueError
+between versions) and key phrases, each a set of alternatives, that must all occur in the message
+(the lines after the exception line included). A cause with no types is recognised by its phrases
+alone (argparse's own ``error:`` line, which comes with no traceback). Every entry is tested
+against a message captured from a real run of the mistake (``tests/data/real_<case>.txt``, made by
+``tests/data/capture_causes.py``), and ``sources`` says where learners reported it.
+
+The entries have a ``Signature``'s shape (id, title, patterns, explanation, lab, search) and come
+first in ``signatures.CATALOG``, so a run's signature, excerpt and explanation work unchanged.
+``lab`` is empty unless a lab teaches the failure. This module is data and pure lookups only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ddplab.engine.reasons import line_calls
+
+# An exception line as Python, torchrun ("[rank0]: ...") and ddplab's records print it.
+_TYPE_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?(?P<type>\w*(?:Error|Exception)|SystemExit): ", re.M)
+_WINDOW = 4000   # characters after the exception line in which its phrases must occur
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: str
+    types: tuple[str, ...]        # exception type names it is raised as (any version); () = phrases alone
+    phrases: tuple[str, ...]      # regexes (case-insensitive), every one must occur
+    explanation: str              # two lines: the cause in the learner's terms, then the fix
+    lab: str = ""                 # the lab that teaches it, if one does
+    sources: tuple[str, ...] = ()  # where learners reported it
+    # what the evidence must hold for this reading (a predicate over reasons.FailureFacts, None when
+    # only text is at hand); the entry is not named where it does not hold
+    premise: Callable | None = None
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return self.phrases
+
+    def _has_phrases(self, text: str) -> bool:
+        return all(re.search(p, text, re.I) for p in self.phrases)
+
+    def search(self, text: str) -> re.Match | None:
+        """The exception line (or, with no types, the first phrase) the cause is recognised by."""
+        if not self.types:
+            return re.search(self.phrases[0], text, re.I | re.M) if self._has_phrases(text) else None
+        for m in _TYPE_LINE.finditer(text):
+            if m.group("type") in self.types and self._has_phrases(text[m.start():m.start() + _WINDOW]):
+                return m
+        return None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "types": list(self.types), "patterns": list(self.phrases),
+                "explanation": self.explanation, "lab": self.lab, "sources": list(self.sources),
+                "premise": self.premise is not None}
+
+
+# DDP's reducer: a step began before the previous one's gradients were all reduced (unused-parameters
+# in ddplab.engine.signatures is the reading for parameters that never took part).
+UNUSED_PATTERNS = (r"Expected to have finished reduction in the prior iteration before starting a new one",
+                   r"did not receive grad for rank")
+
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "cuda-on-cpu-torch", "A CUDA call on a torch without CUDA",
+        ("AttributeError", "AssertionError", "RuntimeError"),
+        (r"_cuda_setDevice|Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available",),
+        "The script uses the GPU (torch.cuda.set_device, .cuda(), device='cuda'), and this torch has no CUDA (a CPU build, or no GPU here).\n"
+        "On CPU: init_process_group('gloo'), don't call set_device or .cuda(), keep tensors on 'cpu', DDP(model, device_ids=None); "
+        "or pick the device with torch.cuda.is_available().",
+        sources=("https://github.com/hpzhao/SummaRuNNer/issues/32", "https://github.com/karpathy/nanoGPT/issues/281",
+                 "https://github.com/facebookresearch/detectron2/issues/460")),
+    Cause(
+        "accelerator-index-on-cpu", "A device index (.to(rank), device=rank) on a machine with no accelerator",
+        ("RuntimeError",),
+        (r"Cannot access accelerator device when none is available",),
+        "An integer device (model.to(gpu_id), torch.zeros(n, device=local_rank), set_device_index(rank)) means "
+        "'accelerator number N', and this machine has none (a CPU torch, or no GPU).\n"
+        "Make the device once and pass it: device = torch.device(f'cuda:{local_rank}') if torch.cuda.is_available() "
+        "else torch.device('cpu'); then model.to(device), tensor.to(device).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed/ddp-tutorial-series",)),
+    Cause(
+        "no-accelerator-none", "torch.accelerator.current_accelerator() is None here",
+        ("AttributeError", "TypeError"),
+        (r"NoneType",),
+        "torch.accelerator.current_accelerator() returns None on a machine with no accelerator (a CPU torch, or no GPU), "
+        "and the script used it as a device (.type, a device string).\n"
+        "Check first: acc = torch.accelerator.current_accelerator(); device = torch.device(acc.type, local_rank) if acc "
+        "else torch.device('cpu'); the backend for it: dist.get_default_backend_for_device(device) (gloo on CPU).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed",),
+        premise=line_calls("current_accelerator")),
+    Cause(
+        "no-gpu-device-count-zero", "Dividing by torch.cuda.device_count(), which is 0 here",
+        ("ZeroDivisionError",),
+        (r"modulo by zero|division by zero",),
+        "torch.cuda.device_count() is 0 on a machine without a GPU (or a CPU torch), and the script divides by it "
+        "(rank % torch.cuda.device_count() to pick a GPU).\n"
+        "Pick a GPU only when there is one: device = torch.device('cuda', local_rank) if torch.cuda.is_available() "
+        "else torch.device('cpu') (torchrun gives LOCAL_RANK: no modulo needed).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed",),
+        premise=line_calls("device_count")),
+    Cause(
+        "ddp-device-ids-cpu", "DDP given device_ids for a model on the CPU",
+        ("ValueError", "AssertionError", "RuntimeError"),
+        (r"device_ids", r"only work with|can only be None or contain a single element|single-device"),
+        "DistributedDataParallel(model, device_ids=[rank]) names GPUs, but the model's parameters are on the CPU "
+        "(or on several devices).\nOn CPU pass device_ids=None (leave it out); on GPUs move the model first: "
+        "model.to(local_rank), then DDP(model, device_ids=[local_rank]).",
+        sources=("https://github.com/pytorch/pytorch/issues/100243", "https://github.com/pytorch/pytorch/issues/46821",
+                 "https://github.com/ultralytics/ultralytics/pull/15701")),
+    Cause(
+        "gloo-ifname-exclusion", "GLOO_SOCKET_IFNAME holds NCCL's exclusion syntax (^lo)",
+        ("RuntimeError",),
+        (r"Unable to find address for: *\^",),
+        "GLOO_SOCKET_IFNAME='^lo' is NCCL's way to say 'any interface but lo'; gloo takes one interface name (or a comma list of names) "
+        "and looks for an interface called '^lo'.\nSet GLOO_SOCKET_IFNAME to the interface itself (eth0, ens5: `ip -4 route get "
+        "MASTER_ADDR` names it), and keep the ^ form for NCCL_SOCKET_IFNAME only.",
+        lab="09",
+        sources=("https://github.com/aws-samples/aws-do-eks/pull/51",)),
+    Cause(
+        "launch-local-rank-arg", "A script written for torch.distributed.launch (--local_rank)",
+        (),
+        (r"error: (the following arguments are required|unrecognized arguments):.*--local[_-]rank",),
+        "The script's argparse expects --local_rank, which the old launcher (python -m torch.distributed.launch) passed; "
+        "torchrun passes LOCAL_RANK in the environment instead.\nRead it there: local_rank = int(os.environ['LOCAL_RANK']) "
+        "(and drop the argument, or give it default=int(os.environ.get('LOCAL_RANK', 0))).",
+        sources=("https://github.com/wz0919/ScaleVLN/issues/13", "https://github.com/hkchengrex/XMem/issues/18",
+                 "https://github.com/XPixelGroup/BasicSR/issues/626")),
+    Cause(
+        "process-group-not-initialized", "A torch.distributed call before init_process_group",
+        ("ValueError", "RuntimeError", "AssertionError"),
+        (r"Default process group has not been initialized",),
+        "Something called torch.distributed (get_rank, a collective, DistributedSampler, SyncBatchNorm, DDP) before "
+        "init_process_group, or after destroy_process_group, or in a run started without torchrun.\n"
+        "Call dist.init_process_group(...) first, in every rank, and start the script with torchrun.",
+        sources=("https://github.com/megvii-model/YOLOF/issues/11", "https://github.com/open-mmlab/mmsegmentation/issues/901",
+                 "https://github.com/lufficc/SSD/issues/196")),
+    Cause(
+        "process-group-initialized-twice", "init_process_group called twice",
+        ("ValueError", "RuntimeError"),
+        (r"initialize the default process group twice",),
+        "init_process_group ran a second time in the same process: the script and a helper (a framework, a utility) both initialise.\n"
+        "Initialise once: `if not dist.is_initialized(): dist.init_process_group(...)`.",
+        sources=("https://github.com/NVIDIA/Megatron-LM/pull/521", "https://github.com/intel/torch-xpu-ops/issues/1525")),
+    Cause(
+        "nccl-without-gpu", "NCCL asked for on a torch or machine without it",
+        ("RuntimeError", "ValueError", "AssertionError"),
+        (r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs|NCCL is not available",),
+        "init_process_group('nccl') needs a CUDA build of torch and a GPU per rank; this torch has no NCCL (a CPU build, macOS or Windows).\n"
+        "Use backend 'gloo' on CPU (or pick it: 'nccl' if torch.cuda.is_available() else 'gloo').",
+        lab="06", sources=("https://github.com/bshall/hubert/issues/1", "https://github.com/pytorch/pytorch/issues/159742",
+                 "https://github.com/modelscope/modelscope/issues/334")),
+    Cause(
+        "no-backend-for-device", "A tensor on a device the process group has no backend for",
+        ("RuntimeError",),
+        (r"No backend type associated with device type",),
+        "The process group was made for one device (NCCL: CUDA tensors) and a collective got a tensor on another (a CPU tensor, "
+        "often from .item() or a metric kept on the CPU).\nMove the tensor to the group's device first, or init with both: "
+        "init_process_group('cpu:gloo,cuda:nccl').",
+        lab="06", sources=("https://github.com/THUDM/SwissArmyTransformer/issues/173",
+                 "https://github.com/Lightning-AI/pytorch-lightning/issues/18803")),
+    Cause(
+        "syncbn-on-cpu", "SyncBatchNorm on the CPU",
+        ("ValueError", "RuntimeError"),
+        (r"SyncBatchNorm (layers only work with GPU modules|expected input tensor to be on GPU)",),
+        "SyncBatchNorm synchronises batch statistics across GPUs; it does not run on CPU tensors.\n"
+        "On CPU keep BatchNorm (skip nn.SyncBatchNorm.convert_sync_batchnorm), or move the model to GPUs.",
+        sources=("https://github.com/QData/spacetimeformer/issues/90", "https://github.com/open-mmlab/mmagic/issues/133")),
+    Cause(
+        "ddp-parameter-ready-twice", "A parameter's gradient arrived twice in one backward (checkpoint or shared weights)",
+        ("RuntimeError",),
+        (r"mark a variable ready only once|marked as ready twice",),
+        "DDP counts one gradient per parameter per backward; reentrant checkpointing of the same layer (or a weight shared "
+        "across concurrent forwards) gave one twice.\nUse torch.utils.checkpoint(..., use_reentrant=False), or DDP(..., static_graph=True) "
+        "when the graph is the same every step.",
+        sources=("https://github.com/microsoft/FocalNet/issues/4", "https://github.com/Lightning-AI/pytorch-lightning/issues/4033")),
+    Cause(
+        "ddp-no-trainable-parameters", "DDP around a model with nothing to train",
+        ("RuntimeError", "AssertionError"),
+        (r"DistributedDataParallel is not needed when a module doesn't have any parameter that requires a gradient",),
+        "Every parameter of the module given to DDP has requires_grad=False (a frozen feature extractor, a loss network), "
+        "so there are no gradients to average.\nDon't wrap it: move it to the device and call it as it is; wrap only the trained part.",
+        sources=("https://github.com/pytorch/pytorch/issues/45326", "https://github.com/huggingface/accelerate/issues/760")),
+    Cause(
+        "ddp-wrapper-attribute", "An attribute of the model asked of the DDP wrapper",
+        ("AttributeError",),
+        (r"'DistributedDataParallel' object has no attribute",),
+        "DDP wraps the model: its own methods and attributes (predict, generate, a layer) live on ddp_model.module, not on the wrapper.\n"
+        "Call ddp_model.module.<name> (forward still goes through ddp_model(x), so that gradients are averaged).",
+        sources=("https://github.com/ultralytics/yolov5/issues/90", "https://github.com/VinAIResearch/XPhoneBERT/issues/7",
+                 "https://github.com/huggingface/diffusers/issues/2044")),
+    Cause(
+        "state-dict-module-prefix", "A checkpoint saved from the DDP wrapper (keys start with 'module.')",
+        ("RuntimeError",),
+        (r"Error\(s\) in loading state_dict", r"Unexpected key\(s\) in state_dict: \"module\."),
+        "The checkpoint was saved from the DDP (or DataParallel) wrapper, so every key starts with 'module.'; the plain model has no such prefix.\n"
+        "Save ddp_model.module.state_dict(); to load an old file: "
+        "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').",
+        sources=("https://github.com/pytorch/pytorch/issues/3805", "https://github.com/aks2203/deep-thinking/issues/5",
+                 "https://github.com/pfnet/pfrl/pull/55")),
+    Cause(
+        "collective-list-size", "A gather's output list does not hold one tensor per rank",
+        ("RuntimeError", "ValueError"),
+        (r"invalid output tensor list.*expected length|Incorrect output list size|must match number of collective "
+         r"participants|output tensor size must be equal to world_size",),
+        "all_gather / gather write one tensor per rank: the output list (or tensor) must have world_size entries, and this one has another number.\n"
+        "Make it [torch.empty_like(t) for _ in range(dist.get_world_size())] (or all_gather_into_tensor with world_size x the input's size).",
+        sources=("https://github.com/pytorch/pytorch/issues/27440", "https://github.com/hiyouga/LlamaFactory/issues/9194")),
+    Cause(
+        "ddp-lazy-module", "DDP around a model whose layers are not built yet (Lazy modules)",
+        ("RuntimeError",),
+        (r"Modules with uninitialized parameters can't be used with `?DistributedDataParallel",),
+        "The model has lazy layers (nn.LazyLinear, LazyConv...) whose shapes are set by a first forward; DDP must see every parameter's shape when it is built.\n"
+        "Run one forward on a sample batch before wrapping: model(sample); ddp = DDP(model, ...).",
+        sources=("https://github.com/pyg-team/pytorch_geometric/issues/9692", "https://github.com/bghira/SimpleTuner/issues/644")),
+    Cause(
+        "spawn-without-main-guard", "mp.spawn without `if __name__ == '__main__':`",
+        ("RuntimeError",),
+        (r"start a new process before the\s+current process has finished its bootstrapping phase",),
+        "With the spawn start method each child imports the script again; at module level the spawn call runs again in every child.\n"
+        "Put the start under `if __name__ == '__main__':` (or start the ranks with torchrun instead of mp.spawn).",
+        sources=("https://github.com/pytorch/rl/issues/1805", "https://github.com/facebookresearch/mmf/issues/1182")),
+)
