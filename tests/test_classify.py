@@ -5,6 +5,7 @@ For a hang, the live evidence at the verdict is rebuilt from what was captured t
 main-thread stack (kept in result.json) and its flight-recorder dump (ranks/rankN.fr_trace.json).
 """
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ddplab.engine import classify, evidence, ledger, signatures
@@ -188,6 +189,17 @@ def _examples():
         "hang-different-collectives": (different.ranks, different.divergence),
         "hang-same-collective": ((_rank(0, **coll), _rank(1, **coll)), None),
         "stalled-outside-collectives": ((_rank(0, kind="sleep", op="sleep"),), None),
+        # both ranks in a blocking send to each other (the rank hook names each one's peer)
+        "hang-p2p-ordering": ((replace(_rank(0, kind="p2p", op="send"), peer={"op": "send", "peer": 1}),
+                               replace(_rank(1, kind="p2p", op="send"), peer={"op": "send", "peer": 0})), None),
+        # rank 0 receives from rank 1, which sleeps
+        "hang-p2p": ((replace(_rank(0, kind="p2p", op="recv"), peer={"op": "recv", "peer": 1}),
+                      _rank(1, kind="sleep", op="sleep")), None),
+        "rendezvous-ranks-conflict": tuple([tuple(replace(_rank(n, kind="rendezvous", op="init_process_group"),
+                                                          asked={"rank": 0, "world_size": 2, "env": {"RANK": str(n)}})
+                                                  for n in (0, 1)), None]),
+        "spawn-under-torchrun": ((replace(_rank(0, kind="socket", op="select"), stack=(
+            Frame("join", "/venv/site-packages/torch/multiprocessing/spawn.py", 160),)),), None),
     }
 
 

@@ -17,6 +17,7 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.engine.check import CheckReport
 from ddplab.engine.ledger import Collective, Divergence
+from ddplab.engine.reasons import ChainedError
 from ddplab.engine.stacks import Frame, Where, short_paths
 
 
@@ -36,6 +37,10 @@ class RankError:
     module: str = ""
     cause: str | None = None      # "raise ... from e": the cause's "Type: message"
     env: dict | None = None       # MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the rank had them when it failed
+    # ddplab.engine.reasons: the exceptions chained to it, the values on the user's failing line, a framework's exit
+    chain: tuple["ChainedError", ...] = ()
+    values: dict | None = None    # {name: short repr} on the innermost line of the user's own code
+    exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
 
     @property
     def frame(self) -> Frame | None:
@@ -45,7 +50,8 @@ class RankError:
 
     def to_dict(self) -> dict:
         return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
-                "time": self.time, "module": self.module, "cause": self.cause, "env": self.env}
+                "time": self.time, "module": self.module, "cause": self.cause, "env": self.env,
+                "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RankError | None":
@@ -53,7 +59,9 @@ class RankError:
             return None
         return cls(type=d["type"], message=d.get("message", ""),
                    frames=tuple(Frame.from_dict(f) for f in d.get("frames", ())), time=float(d.get("time", 0)),
-                   module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"))
+                   module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"),
+                   chain=tuple(ChainedError.from_dict(c) for c in d.get("chain") or ()),
+                   values=d.get("values") or None, exited=d.get("exited"))
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class RankResult:
     connections: tuple[dict, ...] = ()   # TCP sockets at the verdict: laddr, raddr, status
     dialling: dict | None = None   # {"host", "port"} of the store it was connecting to, if stuck there
     given: dict | None = None      # {"host", "port"} torchrun gave it (MASTER_ADDR/PORT)
+    peer: dict | None = None       # {"op", "peer", "tag"}: the rank a blocked send/recv waits for (group rank)
+    asked: dict | None = None      # {"rank", "world_size", "env"}: what it asked init_process_group for
     records: tuple[dict, ...] = ()
     log_tail: str = ""
     consequence: bool = False      # its error only says that a peer went away (not a cause)

@@ -16,6 +16,7 @@ Used by the rank hook (``_rankhook/sitecustomize.py``, inside every rank: this m
     RUN/ranks/rankN.error.json    its uncaught exception (or sys.exit(n)) as data
     RUN/ranks/rankN.exit.json     a normal exit: time and the flight recorder's final ledger
     RUN/ranks/rankN.stack.txt     faulthandler's dumps (fatal signals, SIGUSR1)
+    RUN/ranks/rankN.term.txt      faulthandler's dump at SIGTERM: where the rank was when it was ended
     RUN/ranks/rankN.records.jsonl ddplab.rank.lab.record's events
     RUN/ranks/rankN.live.json     ``attach --save``: what was read from the live rank (stack, ledger)
     RUN/ranks/rankN.log           ``attach --save``: the rank's last output lines
@@ -41,11 +42,12 @@ INFO = "json"
 ERROR = "error.json"
 EXIT = "exit.json"
 STACK = "stack.txt"
+TERM = "term.txt"        # faulthandler's dump when the rank is sent SIGTERM (torchrun ending it)
 RECORDS = "records.jsonl"
 LIVE = "live.json"
 LOG = "log"
 CHECK = "check.json"      # ddplab run --check: what the rank saw of its replicas, gradients and data
-KINDS = (INFO, ERROR, EXIT, STACK, RECORDS, LIVE, LOG, CHECK)
+KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK)
 
 
 def rank_name(rank, kind):

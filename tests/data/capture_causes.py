@@ -126,6 +126,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 DDP(nn.LazyLinear(4))                                     # shapes not known before a first forward
 """),
+    "accelerator_index_cpu": (2, """
+import os, torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo")
+gpu_id = int(os.environ["LOCAL_RANK"])
+model = nn.Linear(4, 1).to(gpu_id)                        # pytorch/examples' Trainer: an int device on a CPU machine
+"""),
+    "accelerator_none": (2, """
+import os, torch, torch.distributed as dist
+rank = int(os.environ["LOCAL_RANK"])
+device = torch.device(f"{torch.accelerator.current_accelerator().type}:{rank}")   # None on a CPU machine
+"""),
+    "device_count_zero": (2, """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+device_id = dist.get_rank() % torch.cuda.device_count()   # 0 GPUs here
+"""),
 }
 ENV = {"gloo_ifname_exclusion": {"GLOO_SOCKET_IFNAME": "^lo"}}
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
+
+from ddplab.engine.reasons import line_calls
 
 # An exception line as Python, torchrun ("[rank0]: ...") and ddplab's records print it.
 _TYPE_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?(?P<type>\w*(?:Error|Exception)|SystemExit): ", re.M)
@@ -31,6 +34,9 @@ class Cause:
     explanation: str              # two lines: the cause in the learner's terms, then the fix
     lab: str = ""                 # the lab that teaches it, if one does
     sources: tuple[str, ...] = ()  # where learners reported it
+    # what the evidence must hold for this reading (a predicate over reasons.FailureFacts, None when
+    # only text is at hand); the entry is not named where it does not hold
+    premise: Callable | None = None
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -50,8 +56,14 @@ class Cause:
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "types": list(self.types), "patterns": list(self.phrases),
-                "explanation": self.explanation, "lab": self.lab, "sources": list(self.sources)}
+                "explanation": self.explanation, "lab": self.lab, "sources": list(self.sources),
+                "premise": self.premise is not None}
 
+
+# DDP's reducer: a step began before the previous one's gradients were all reduced (unused-parameters
+# in ddplab.engine.signatures is the reading for parameters that never took part).
+UNUSED_PATTERNS = (r"Expected to have finished reduction in the prior iteration before starting a new one",
+                   r"did not receive grad for rank")
 
 CAUSES: tuple[Cause, ...] = (
     Cause(
@@ -63,6 +75,35 @@ CAUSES: tuple[Cause, ...] = (
         "or pick the device with torch.cuda.is_available().",
         sources=("https://github.com/hpzhao/SummaRuNNer/issues/32", "https://github.com/karpathy/nanoGPT/issues/281",
                  "https://github.com/facebookresearch/detectron2/issues/460")),
+    Cause(
+        "accelerator-index-on-cpu", "A device index (.to(rank), device=rank) on a machine with no accelerator",
+        ("RuntimeError",),
+        (r"Cannot access accelerator device when none is available",),
+        "An integer device (model.to(gpu_id), torch.zeros(n, device=local_rank), set_device_index(rank)) means "
+        "'accelerator number N', and this machine has none (a CPU torch, or no GPU).\n"
+        "Make the device once and pass it: device = torch.device(f'cuda:{local_rank}') if torch.cuda.is_available() "
+        "else torch.device('cpu'); then model.to(device), tensor.to(device).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed/ddp-tutorial-series",)),
+    Cause(
+        "no-accelerator-none", "torch.accelerator.current_accelerator() is None here",
+        ("AttributeError", "TypeError"),
+        (r"NoneType",),
+        "torch.accelerator.current_accelerator() returns None on a machine with no accelerator (a CPU torch, or no GPU), "
+        "and the script used it as a device (.type, a device string).\n"
+        "Check first: acc = torch.accelerator.current_accelerator(); device = torch.device(acc.type, local_rank) if acc "
+        "else torch.device('cpu'); the backend for it: dist.get_default_backend_for_device(device) (gloo on CPU).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed",),
+        premise=line_calls("current_accelerator")),
+    Cause(
+        "no-gpu-device-count-zero", "Dividing by torch.cuda.device_count(), which is 0 here",
+        ("ZeroDivisionError",),
+        (r"modulo by zero|division by zero",),
+        "torch.cuda.device_count() is 0 on a machine without a GPU (or a CPU torch), and the script divides by it "
+        "(rank % torch.cuda.device_count() to pick a GPU).\n"
+        "Pick a GPU only when there is one: device = torch.device('cuda', local_rank) if torch.cuda.is_available() "
+        "else torch.device('cpu') (torchrun gives LOCAL_RANK: no modulo needed).",
+        sources=("https://github.com/pytorch/examples/tree/main/distributed",),
+        premise=line_calls("device_count")),
     Cause(
         "ddp-device-ids-cpu", "DDP given device_ids for a model on the CPU",
         ("ValueError", "AssertionError", "RuntimeError"),

@@ -41,6 +41,13 @@ FIXES = {
                           "on every rank",
 }
 KINDS = tuple(FIXES)
+# A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
+# would repeat what the script already does).
+CAUSE_FIXES = {
+    "split-differs": "make the split the same on every rank: random_split(dataset, lengths, "
+                     "generator=torch.Generator().manual_seed(seed)), or split once and load the indices; the "
+                     "DistributedSampler is right, but each rank shared out a split of its own",
+}
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,12 @@ class Finding:
     count: int | None = None      # how many (steps, samples, tensors)
     of: int | None = None         # out of how many
     since_equal: int | None = None  # replicas: the last step at which they were still equal
+    cause: str | None = None      # a reason the evidence shows (CAUSE_FIXES): "split-differs"
+    held_out: int | None = None   # samples a split leaves out of the loader's data by design (not counted)
 
     @property
     def fix(self) -> str:
-        return FIXES[self.kind]
+        return CAUSE_FIXES.get(self.cause or "", FIXES[self.kind])
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ranks": list(self.ranks), "fix": self.fix}
@@ -300,12 +309,18 @@ def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[lis
                 drop = size % world if rec0["distributed"] and rec0["drop_last"] else 0
                 if rec0.get("loader_drop_last") and rec0.get("batch_size"):
                     drop += world * (rec0["batch_size"] - 1)     # each rank's last incomplete batch
+                # Subsets that differ by rank under a DistributedSampler: each rank split the data its own
+                # way (random_split without a shared generator); the samples a split holds out are by design
+                split_differs = not same_split and rec0.get("subset") and rec0["distributed"]
+                cause = "split-differs" if split_differs else None
+                held = max(size - (rec0.get("length") or size), 0) if split_differs else 0
                 if twice > pad and over_found is None:
                     shared = tuple(r for r in ranks if any(seen[i] > 1 for i in sets[r]))
-                    over_found = Finding("samples-overlap", shared, what, epoch=e, count=twice, of=size)
-                never = size - len(seen)      # seen lies inside the shared Subset, or the whole dataset
+                    over_found = Finding("samples-overlap", shared, what, epoch=e, count=twice, of=size, cause=cause)
+                never = size - len(seen) - held   # seen lies inside the shared Subset, or the whole dataset
                 if all(ep["complete"] for ep in eps.values()) and never > drop and drop_found is None and size:
-                    drop_found = Finding("samples-dropped", ranks, what, epoch=e, count=never, of=size)
+                    drop_found = Finding("samples-dropped", ranks, what, epoch=e, count=never, of=size, cause=cause,
+                                         held_out=held or None)
             out += [f for f in (over_found, drop_found) if f is not None]
     return out, compared
 

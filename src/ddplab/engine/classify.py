@@ -15,6 +15,8 @@ from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import signatures, stacks
 from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence
+from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
+from ddplab.engine.reasons import rendezvous_asks, spawns
 from ddplab.result import RankResult, Stall
 
 # the ranks still alive stood blocked: the stall rule fired, or torch dumped them (its watchdog's timeout)
@@ -71,7 +73,7 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
             out.append(RankResult(
                 state=RankState.HUNG if ended_by in BLOCKED else RankState.RUNNING, exit_code=None, signal="SIGTERM",
                 where=locate(lv), ledger=lv.ledger or tuple(ledgers.get(rank, ())), stack=tuple(lv.frames),
-                stack_source=lv.source, connections=lv.connections, dialling=lv.dialling, **common))
+                stack_source=lv.source, connections=lv.connections, **_probe_facts(lv.dialling), **common))
             continue
         frames, source = (), None
         if rank in ev.fatal:
@@ -94,9 +96,27 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
         else:
             # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
             state, exit_code, sig = "exited", None, "SIGTERM"
+        where = None
+        if rank in ev.fatal and frames:
+            # died on a fatal signal (gloo's SIGABRT): where, from faulthandler's dump
+            where = locate(LiveRank(rank, info.get("pid") or 0, frames=list(frames),
+                                    ledger=tuple(ledgers.get(rank, ()))))
+        if not frames and sig == "SIGTERM" and rank in ev.terminated:
+            # ended by torchrun after another rank failed: where it was then (the hook's SIGTERM dump)
+            frames, source = tuple(ev.terminated[rank]), "faulthandler (SIGTERM)"
+            where = locate(LiveRank(rank, info.get("pid") or 0, frames=list(frames),
+                                    ledger=tuple(ledgers.get(rank, ()))))
         out.append(RankResult(state=state, exit_code=exit_code, signal=sig, ledger=tuple(ledgers.get(rank, ())),
-                              stack=frames, stack_source=source, **common))
+                              stack=frames, stack_source=source, where=where, **common))
     return tuple(out)
+
+
+def _probe_facts(found: dict | None) -> dict:
+    """The rank hook's answer about a blocked main thread, split into RankResult's fields: the store it
+    dials, the peer of a blocked send/recv, what it asked init_process_group for."""
+    found = dict(found or {})
+    peer, asked = found.pop("p2p", None), found.pop("asked", None)
+    return {"dialling": found or None, "peer": peer, "asked": asked}
 
 
 def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
@@ -158,11 +178,27 @@ def _is_consequence(ev: RunEvidence, rank: int) -> bool:
     return m is not None and m[0].id in CONSEQUENCES
 
 
-def failed_signature(ev: RunEvidence, first: int | None) -> tuple[str | None, str | None]:
+def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = ()) -> FailureFacts | None:
+    """What the catalog's premises are checked against: the first failing rank's frames (its
+    exception's, else its stack: a fatal signal's dump, else its log's traceback) and its ledger."""
+    if first is None:
+        return None
+    led = ev.final_ledgers.get(first) or tuple(ledger) or None
+    e = ev.errors.get(first)
+    if e is not None:
+        return FailureFacts(e.frames, led)
+    if first in ev.fatal or stack:
+        return FailureFacts(tuple(ev.fatal.get(first) or stack), led)
+    return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
+
+
+def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
+                     stack: tuple = ()) -> tuple[str | None, str | None]:
     """The catalog entry for a failed run: the first failing rank's own exception first (the
     record's type and message), then its log, then any rank's log or torchrun's output when the
-    first rank's words are generic."""
-    m = signatures.match_text(_rank_text(ev, first)) if first is not None else None
+    first rank's words are generic. An entry is named only where the evidence holds its premise."""
+    facts = failure_facts(ev, first, ledger, stack)
+    m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
     if m is None or m[0].id in signatures.GENERIC:
         every = "\n".join(_rank_text(ev, r) for r in sorted(set(ev.logs) | set(ev.errors)) if r != first)
         m_all = signatures.match_text(every + "\n" + ev.console)
@@ -182,17 +218,40 @@ class HangFacts:
     any_ledger: bool                       # a live rank has a collective ledger
     blocked: tuple                         # (rank, address) of connections getting no answer
     divergence_kind: str | None
+    in_p2p: tuple[RankResult, ...] = ()    # live ranks blocked in a point-to-point send/recv
+    p2p_deadlock: bool = False             # every live rank in a blocking send (or every one in a recv)
+                                           # to a peer that is itself in the same direction: an ordering deadlock
+    spawned: tuple[RankResult, ...] = ()   # live ranks waiting for processes they started with mp.spawn
+    asks: Asks | None = None               # what the processes in init_process_group asked it for
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
     alive = tuple(r for r in ranks if r.state in ALIVE)
     in_coll = tuple(r for r in alive if r.where is not None and r.where.kind == "collective")
+    in_p2p = tuple(r for r in alive if r.where is not None and r.where.kind == "p2p")
     return HangFacts(
         alive=alive, gone=tuple(r for r in ranks if r.state == RankState.EXITED), in_coll=in_coll,
         ops=frozenset((r.where.op, r.where.seq) for r in in_coll),
         at_rendezvous=any(r.where is not None and r.where.kind in ("rendezvous", "store") for r in alive),
         any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
-        divergence_kind=divergence.kind if divergence is not None else None)
+        divergence_kind=divergence.kind if divergence is not None else None,
+        in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
+        asks=rendezvous_asks(ranks))
+
+
+BLOCKING_SEND, BLOCKING_RECV = {"send", "send_object_list"}, {"recv", "recv_object_list"}
+
+
+def p2p_deadlock(alive: tuple[RankResult, ...]) -> bool:
+    """Every live rank is blocked in a send (or every one in a receive), each to a peer that is itself
+    blocked the same way: no receive can meet a send. Needs each rank's peer (the rank hook's answer)."""
+    if len(alive) < 2 or any(r.where is None or r.where.kind != "p2p" or not r.peer for r in alive):
+        return False
+    ops = {r.where.op for r in alive}
+    if not (ops <= BLOCKING_SEND or ops <= BLOCKING_RECV):
+        return False
+    live = {r.rank for r in alive}
+    return all(r.peer.get("peer") in live for r in alive)
 
 
 def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> str:
@@ -250,7 +309,8 @@ def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ra
     signature = excerpt = first = None
     if status == Status.FAILED:
         first = first_failure(ev, ranks)
-        signature, excerpt = failed_signature(ev, first)
+        own = next((r for r in ranks if r.rank == first), None)
+        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else ())
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
             signature = "rank-killed"
         elif signature in CONSEQUENCES and left_early(ranks, div, ev):

@@ -219,6 +219,7 @@ class RunEvidence:
     console: str                           # torchrun's own output
     clean_exit: dict[int, float] = field(default_factory=dict)   # rank -> time of a normal interpreter exit
     final_ledgers: dict[int, tuple] = field(default_factory=dict)  # rank -> its ledger as it exited
+    terminated: dict[int, list] = field(default_factory=dict)   # rank -> main-thread frames when SIGTERM came
 
 
 def read(path: Path) -> str:
@@ -251,6 +252,11 @@ def read_run(run_dir: Path) -> RunEvidence:
         text = read(Path(runfiles.rank_path(run_dir, rank, runfiles.STACK)))
         if "Fatal Python error" in text:
             fatal[rank] = stacks.parse_faulthandler(text[text.rfind("Fatal Python error"):])
+    terminated = {}
+    for rank in infos:
+        frames = stacks.parse_faulthandler_last_main(read(Path(runfiles.rank_path(run_dir, rank, runfiles.TERM))))
+        if frames:
+            terminated[rank] = frames
     clean_exit, final_ledgers = {}, {}
     for _, p in _rank_files(run_dir, runfiles.EXIT):
         try:
@@ -263,7 +269,8 @@ def read_run(run_dir: Path) -> RunEvidence:
         if d.get("ledger"):
             final_ledgers[rank] = ledger_mod.parse(d["ledger"])
     return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
-                       final_ledgers)
+                       final_ledgers, terminated)
+
 
 
 def records(run_dir: Path, rank: int) -> tuple[dict, ...]:

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.causes import CAUSES
+from ddplab.engine.causes import CAUSES, UNUSED_PATTERNS
+from ddplab.engine.reasons import facts_from_text
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Signature:
     lab: str                    # the lab that teaches it ("01"); "" when none does
     hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
     precedence: int = 0                 # hang rules are tried lowest first
+    premise: Callable | None = None     # text signatures: what the evidence must hold (reasons.FailureFacts)
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -81,6 +83,14 @@ CATALOG: tuple = CAUSES + (
         "Make every rank call the same collectives in the same order with the same shapes; the message names both calls.",
         "03"),
     Signature(
+        "p2p-size-mismatch", "A point-to-point receive got a message of another size",
+        (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
+        "A dist.recv (or irecv) got a message whose size differs from its tensor's: the sender's tensor has another shape "
+        "or dtype, or the pair's sends and receives are out of order.\n"
+        "Make the receive buffer the sender's shape and dtype (send the shape first, or use send_object_list / "
+        "recv_object_list), and pair each send with the recv meant for it (a tag per kind of message).",
+        "", premise=lambda f: in_p2p_call(f.frames)),
+    Signature(
         "gloo-size-mismatch", "Collective mismatch seen by gloo (received data size differs)",
         (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
         "Two ranks were in different collectives, or in the same one with tensors of different shapes or dtypes: gloo saw the bytes disagree.\n"
@@ -94,12 +104,19 @@ CATALOG: tuple = CAUSES + (
         "Build the model identically on every rank (no rank-dependent layer sizes); seed before building.",
         "03"),
     Signature(
+        "unused-parameters-changed", "DDP: parameters that had gradients in earlier steps got none",
+        UNUSED_PATTERNS,
+        "This rank had already completed gradient all-reduces before the failing step: the parameters took part "
+        "then, and the forward stopped using some of them (a branch on the step or the data, a layer skipped or frozen).\n"
+        "Find the step where the forward path changes; if the change is meant, keep every parameter in the loss "
+        "(add 0 * the skipped layer's output) or pass find_unused_parameters=True.",
+        "", premise=lambda f: f.reduced_before > 0),
+    Signature(
         "unused-parameters", "DDP: parameters that received no gradient",
-        (r"Expected to have finished reduction in the prior iteration before starting a new one",
-         r"did not receive grad for rank"),
+        UNUSED_PATTERNS,
         "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
         "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
-        "03"),
+        "03", premise=lambda f: f.reduced_before == 0),
     Signature(
         "device-mismatch", "Tensors on different devices in one operation",
         (r"Expected all tensors to be on the same device", r"is not on the expected device"),
@@ -156,6 +173,9 @@ CATALOG: tuple = CAUSES + (
 )
 
 GENERIC = {"peer-lost", "python-exception"}
+# Entries that name no cause: the explanation says "cause not identified" and shows the evidence, with
+# no fix and no lab.
+UNIDENTIFIED = {"python-exception", "stalled-outside-collectives"}
 
 # Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
 # progress (ddplab.engine.classify.hang_signature).
@@ -201,6 +221,29 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "01",
         hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50),
     Signature(
+        "hang-p2p-ordering", "Every rank blocked in a send (or every one in a receive) to a peer doing the same",
+        (),
+        "Blocking point-to-point calls pair a send with the peer's receive; here every rank sends first (or every rank "
+        "receives first), so no send meets a receive and none completes: an ordering deadlock, not the network.\n"
+        "Order each pair (even ranks send then receive, odd ranks receive then send), or post both at once with "
+        "dist.isend / dist.irecv (or batch_isend_irecv) and wait on both.",
+        "", hang_rule=lambda f: f.p2p_deadlock, precedence=35),
+    Signature(
+        "hang-p2p", "A rank waits in a point-to-point send or receive",
+        (),
+        "A rank is blocked in dist.send / dist.recv: it waits for one peer to post the matching call (same peer, same tag), "
+        "and that peer is elsewhere.\n"
+        "Look at what its peer is doing (shown below): the matching recv/send is missing, comes later, or uses another tag.",
+        "", hang_rule=lambda f: bool(f.in_p2p), precedence=55),
+    Signature(
+        "spawn-under-torchrun", "mp.spawn inside a script that torchrun already started",
+        (),
+        "Each process torchrun started calls mp.spawn and starts its own ranks: nproc x nprocs processes, each set with "
+        "its own rank 0 and world size, all waiting for a rendezvous that cannot complete.\n"
+        "Start a script that spawns with plain `python script.py`; to use torchrun, drop mp.spawn and read RANK, LOCAL_RANK "
+        "and WORLD_SIZE from the environment (init_process_group() with no rank or world_size).",
+        "", hang_rule=lambda f: bool(f.spawned), precedence=15),
+    Signature(
         "hang-same-collective", "All ranks wait in the same collective",
         (),
         "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
@@ -215,6 +258,14 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "09",
         hang_rule=lambda f: bool(f.blocked), precedence=20),
     Signature(
+        "rendezvous-ranks-conflict", "The processes asked init_process_group for ranks that do not fit together",
+        (),
+        "Two processes asked for the same rank, or every process asked for a world of another size than the "
+        "processes started: the rendezvous waits for a rank that no process will be.\n"
+        "Under torchrun leave rank and world_size out of init_process_group (it reads RANK and WORLD_SIZE); if you pass "
+        "them, take them from os.environ['RANK'] and os.environ['WORLD_SIZE'].",
+        "", hang_rule=lambda f: f.asks is not None and f.asks.conflict, precedence=25),
+    Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),
         "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
@@ -226,7 +277,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "Every rank stopped outside torch.distributed: sleeping, waiting on a socket, a lock, a pipe or a subprocess.\n"
         "Read each rank's line: the wait is in the script's own code, not in a collective.",
-        "05",
+        "",     # a symptom: no lab's premise (lab 05's retry loop) is shown to hold
         hang_rule=lambda f: True, precedence=90),
     Signature(
         "no-rank-started", "No rank started",
@@ -258,9 +309,32 @@ def get(sig_id: str) -> Signature:
     return BY_ID[sig_id]
 
 
-def match_text(text: str) -> tuple[Signature, str] | None:
-    """The first catalog entry whose pattern occurs in ``text``, with the line that matched."""
+def in_p2p_call(frames) -> bool:
+    """The failing rank raised inside a point-to-point call of torch.distributed (send, recv, ...)."""
+    from ddplab.engine.stacks import P2P
+    return any(f.func.rsplit(".", 1)[-1] in P2P and "torch/distributed" in f.file.replace("\\", "/") for f in frames)
+
+
+def holds(sig, facts) -> bool:
+    """Whether the evidence holds the entry's premise (an entry without one needs only its text)."""
+    premise = getattr(sig, "premise", None)
+    return premise is None or bool(premise(facts))
+
+
+def premised() -> set[str]:
+    """The entries named only where the evidence holds a premise beyond the message's words, and the
+    hang entries no lab teaches (their rule is their premise)."""
+    return ({s.id for s in CATALOG if getattr(s, "premise", None) is not None}
+            | {s.id for s in STACK_CATALOG if s.hang_rule is not None and not s.lab})
+
+
+def match_text(text: str, facts=None) -> tuple[Signature, str] | None:
+    """The first catalog entry whose pattern occurs in ``text`` and whose premise the evidence holds
+    (``facts``: a reasons.FailureFacts, None when only the text is at hand), with the line that matched."""
+    facts = facts if facts is not None else facts_from_text(text)
     for sig in CATALOG:
+        if not holds(sig, facts):
+            continue
         m = sig.search(text)
         if m:
             start = text.rfind("\n", 0, m.start()) + 1

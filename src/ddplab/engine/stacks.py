@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]   # src/ddplab: frames there are ddplab's own
@@ -27,25 +27,30 @@ class Frame:
     func: str
     file: str
     line: int
+    text: str | None = field(default=None, compare=False)   # the source line, where the record has it
 
     def short(self) -> str:
         return f"{short_path(self.file)}:{self.line} in {self.func}"
 
     def to_dict(self) -> dict:
-        return {"func": self.func, "file": self.file, "line": self.line}
+        d = {"func": self.func, "file": self.file, "line": self.line}
+        if self.text:
+            d["text"] = self.text
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Frame":
-        return cls(d["func"], d["file"], int(d["line"]))
+        return cls(d["func"], d["file"], int(d["line"] or 0), d.get("text") or None)
 
 
 @dataclass(frozen=True)
 class Where:
     """Where one rank stands, as data: what it is blocked in and the line of its own code.
 
-    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "sleep", "accept",
+    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "send", "sleep", "accept",
     "store.wait"); ``via`` says who issued a collective the user never called by name
-    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group");
+    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group", or the
+    object collective that called it: "all_gather_object");
     ``seq`` is the collective's number in the ledger when the ledger knows it."""
     kind: str
     op: str | None = None
@@ -72,16 +77,21 @@ class Where:
                    call=Frame.from_dict(d["call"]) if d.get("call") else None)
 
 
-KINDS = ("collective", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
 
 # torch.distributed functions that block until every rank joins. Names as they appear in stacks.
 COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
     "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
     "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
-    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce_coalesced",
-    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+    "scatter_object_list", "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
 }
+# Point-to-point calls: they wait for one peer, not for every rank (kind "p2p"). The object variants
+# pickle and call send/recv themselves.
+P2P = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+# Collectives of pickled Python objects: they call a tensor collective (all_gather, broadcast) inside.
+OBJECT_CALLS = {"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+                "send_object_list", "recv_object_list"}
 # Collectives DDP and Join issue themselves, which a learner never calls by name: (op, via).
 DDP_CALLS = {
     "_verify_param_shape_across_processes": ("all_gather", "ddp-construct"),
@@ -126,6 +136,9 @@ def short_path(file: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in file:
             return file.split(marker, 1)[1]
+    for d in _LIBRARY_DIRS:        # the standard library: json/decoder.py
+        if file.startswith(d.rstrip("/") + "/"):
+            return file[len(d.rstrip("/")) + 1:]
     if not file.startswith("/"):
         return file
     rel = os.path.relpath(file, Path.cwd())
@@ -171,8 +184,12 @@ def where(frames: list[Frame], wchan: str | None = None) -> Where:
         if name in DDP_CALLS and ("torch/distributed" in path or "torch/nn/parallel" in path):
             op, via = DDP_CALLS[name]
             return Where("collective", op, via, user, f)
-        if name in COLLECTIVES and "torch/distributed" in path:
-            return Where("collective", name, None, user, f)
+        if (name in COLLECTIVES or name in P2P) and "torch/distributed" in path:
+            kind = "p2p" if name in P2P else "collective"
+            outer = next((g for g in frames[frames.index(f) + 1:] if _base_name(g.func) in OBJECT_CALLS
+                          and "torch/distributed" in g.file.replace("\\", "/")), None)
+            # all_gather_object's all_gather: the user called the object collective
+            return Where(kind, name, _base_name(outer.func) if outer is not None else None, user, outer or f)
         if name in RENDEZVOUS_CALLS and "torch/distributed" in path:
             return Where("rendezvous", name, "init_process_group", user, f)
     for f in frames:
@@ -259,6 +276,26 @@ def parse_faulthandler_main(text: str) -> list[Frame]:
     thread, with no Python frame). The main thread is the one whose outermost frame is ``<module>``."""
     threads = [frames for _, frames in _fh_threads(text)]
     return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
+
+
+def fr_frames(dump: dict | None) -> list[Frame]:
+    """The Python frames (innermost first) that issued a rank's last collective, from torch's
+    flight-recorder dump (each entry records its ``frames``: name, filename, line)."""
+    entries = (dump or {}).get("entries") or []
+    if not entries:
+        return []
+    pending = [e for e in entries if e.get("state") != "completed"]
+    e = (pending or entries)[-1]
+    return [Frame(str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line") or 0))
+            for f in e.get("frames") or () if isinstance(f, dict)]
+
+
+def parse_faulthandler_last_main(text: str) -> list[Frame]:
+    """The main thread's frames in the last dump of a faulthandler file written on a signal that
+    any thread may receive (SIGTERM: "Current thread" may be one of gloo's): the last thread block
+    whose outermost frame is ``<module>``."""
+    threads = [frames for _, frames in _fh_threads(text)]
+    return next((t for t in reversed(threads) if t and t[-1].func == "<module>"), [])
 
 
 _TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)

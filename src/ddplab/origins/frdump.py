@@ -3,7 +3,7 @@ pickled dump torch writes to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``, for a job that 
 ddplab. NCCL writes them itself when its watchdog sees a collective time out
 (``TORCH_NCCL_DUMP_ON_TIMEOUT``); gloo records the same ledger (``TORCH_FR_BUFFER_SIZE``) but writes
 no file by itself: a script takes it with ``torch._C._distributed_c10d._dump_fr_trace()`` (measured
-here on torch 2.13, gloo). The dumps hold ledgers only, read without running any code from them
+here on torch 2.13, gloo). The dumps hold ledgers (each entry with the frames that issued it), read without running any code from them
 (no pickle globals). Nobody watched the job: its ending is ``Ending.DUMPED`` and it has no stall facts.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from ddplab.engine import evidence
+from ddplab.engine import evidence, stacks
 from ddplab.engine import ledger as ledger_mod
 from ddplab.defaults import Ending
 from ddplab.engine.diagnose import Identity
@@ -62,17 +62,21 @@ def read_fr_dump(path: Path) -> dict:
 
 def _fr_evidence(folder: Path, dumps: dict[int, Path]) -> Evidence:
     """A job known only from torch's dumps: each rank as it stood when its dump was taken."""
-    ledgers = {r: ledger_mod.parse(read_fr_dump(p)) for r, p in sorted(dumps.items())}
+    raw = {r: read_fr_dump(p) for r, p in sorted(dumps.items())}
+    ledgers = {r: ledger_mod.parse(d) for r, d in raw.items()}
     div = ledger_mod.divergence(ledgers)
     if div is not None:
         # A dump is taken when a collective timed out: gloo retires the entry that failed (its state
         # stays "scheduled"), so a rank's last entry at or past the divergence is where it stood.
         ledgers = {r: lg[:-1] + (replace(lg[-1], completed=False),) if lg and lg[-1].seq >= div.seq else lg
                    for r, lg in ledgers.items()}
-    live = {r: LiveRank(r, 0, ledger=lg) for r, lg in ledgers.items()}
+    # each entry carries the Python frames that issued it: where the rank stood, in its own code
+    live = {r: LiveRank(r, 0, ledger=lg, frames=stacks.fr_frames(raw[r]), source="flight-recorder entry")
+            for r, lg in ledgers.items()}
     w = Watch(ended_by=Ending.DUMPED, returncode=None, world=max(ledgers) + 1, stall_s=None, wall_s=0.0, idle_s=0.0,
               since_s=0.0, stopped=False,
-              notes=(f"from torch's flight-recorder dumps in {folder}: ledgers only, no stacks",))
+              notes=(f"from torch's flight-recorder dumps in {folder}: ledgers, and the frames that issued each "
+                     "rank's last collective (no live stacks, no duration)",))
     return Evidence(w, evidence.empty_run({}), live, dict(ledgers), {})
 
 

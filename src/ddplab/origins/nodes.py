@@ -70,6 +70,10 @@ def save(folder: Path, envs: dict[int, dict], world_size: int | None, ev: Eviden
             "job": job_identity(list(envs.values())), "world_size": world_size,
             "ranks": sorted(envs), "watch": watch_to_dict(ev.watch), "saved_at": time.time(),
             "from_ddplab_run": str(source) if source else None}
+    # an output file several ranks write to (one stdout for the whole job) says nothing of which rank
+    # printed a line: it is nobody's own
+    files = [f for rank in envs for f in set(_output_files(ev.watch.pids.get(rank)))]
+    shared = {f for f in files if files.count(f) > 1}
     for rank in envs:
         _write_json(folder, rank, runfiles.INFO, {**ev.run.infos.get(rank, {}), "rank": rank,
                                                    **{k.lower(): envs[rank].get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}})
@@ -77,11 +81,11 @@ def save(folder: Path, envs: dict[int, dict], world_size: int | None, ev: Eviden
         if lv is not None:
             _write_json(folder, rank, runfiles.LIVE, live_to_dict(lv))
         if source is not None:
-            for kind in (runfiles.ERROR, runfiles.EXIT, runfiles.STACK, runfiles.RECORDS, runfiles.CHECK):
+            for kind in (runfiles.ERROR, runfiles.EXIT, runfiles.STACK, runfiles.TERM, runfiles.RECORDS, runfiles.CHECK):
                 src = Path(runfiles.rank_path(source, rank, kind))
                 if src.exists():
                     shutil.copyfile(src, runfiles.rank_path(folder, rank, kind))
-        lines = last_lines(ev.run.logs.get(rank) or _own_output(ev.watch.pids.get(rank)))
+        lines = last_lines(ev.run.logs.get(rank) or _own_output(ev.watch.pids.get(rank), shared))
         if lines:
             Path(runfiles.rank_path(folder, rank, runfiles.LOG)).write_text(lines)
     (folder / runfiles.NODE).write_text(json.dumps(meta, indent=2, default=str))
@@ -97,19 +101,22 @@ def last_lines(text: str, n: int = LOG_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def _own_output(pid: int | None) -> str:
-    """A rank's stdout and stderr when they are files (a job started with its output redirected)."""
+def _output_files(pid: int | None) -> list[Path]:
+    """The files a process's stdout and stderr are (a job started with its output redirected)."""
     out = []
-    if pid is None:
-        return ""
-    for fd in (1, 2):
-        path = Path(f"/proc/{pid}/fd/{fd}")
+    for fd in (1, 2) if pid is not None else ():
         try:
-            if path.resolve().is_file():
-                out.append(evidence.read(path.resolve())[-20000:])
+            path = Path(f"/proc/{pid}/fd/{fd}").resolve()
+            if path.is_file():
+                out.append(path)
         except OSError:
             continue
-    return "\n".join(out)
+    return out
+
+
+def _own_output(pid: int | None, shared: set = frozenset()) -> str:
+    """A rank's stdout and stderr when they are files of its own (not ``shared`` with another rank)."""
+    return "\n".join(evidence.read(p)[-20000:] for p in dict.fromkeys(_output_files(pid)) if p not in shared)
 
 
 def watch_to_dict(w: Watch) -> dict:

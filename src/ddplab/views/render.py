@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ddplab.engine import groups, waits
 from ddplab.defaults import ALIVE, RankState
 from ddplab.engine.ledger import numel
+from ddplab.engine.stacks import short_path
 from ddplab.views.render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,12 +41,21 @@ KIND_PHRASE = {
 }
 
 
+def _via(via: str | None) -> str | None:
+    """Who issued a collective, in words: DDP's own calls, or the object collective around it."""
+    if via in VIA and via != "init_process_group":
+        return VIA[via]
+    return f"inside {via}" if via and via.endswith(("_object", "_object_list")) else None
+
+
 def wait_phrase(w: "Where | None") -> str | None:
     """What a rank is blocked in, in a few words: "barrier", "all_reduce (DDP gradients, inside backward)"."""
     if w is None:
         return None
     if w.kind == "collective":
-        return f"{w.op} ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else w.op
+        return f"{w.op} ({_via(w.via)})" if _via(w.via) else w.op
+    if w.kind == "p2p":
+        return f"{w.op} (point-to-point" + (f", inside {w.via})" if w.via else ")")
     if w.kind == "rendezvous":
         return f"{w.op} (rendezvous)"
     if w.kind == "store":
@@ -81,8 +91,11 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
             seq = f" #{w.seq}" if w.seq is not None else ""
             pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
             size = f" of {pend.numel} elements" if pend is not None and pend.sizes else ""
-            via = f" ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else ""
+            via = f" ({_via(w.via)})" if _via(w.via) else ""
             return f"in {w.op}{seq}{size}{via}{at}"
+        if w.kind == "p2p":       # its peer is in p2p_sentence: a group's ranks have different peers
+            via = f" (inside {w.via})" if w.via else ""
+            return f"in {w.op}{via}, a point-to-point call{at}"
         if w.kind == "rendezvous" or w.kind == "store":
             to = ""
             if r.dialling and r.dialling.get("host"):
@@ -239,8 +252,72 @@ def diagnosis(result: "RunResult") -> str:
     elif s == "exited":
         return "The job ended while ddplab watched it."
     div = _divergence(result, paths)
-    head = " ".join(x for x in (lead, wait_sentence(result, paths), div) if x)
+    head = " ".join(x for x in (lead, wait_sentence(result, paths), div, p2p_sentence(result),
+                                spawn_sentence(result), asks_sentence(result)) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
+
+
+def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
+    """Which rank waits for which peer in blocked point-to-point calls, and what that peer is doing."""
+    blocked = [r for r in result.ranks if r.state in ALIVE and r.where is not None
+               and r.where.kind == "p2p" and r.peer and r.peer.get("peer") is not None]
+    if not blocked:
+        return ""
+    by = {r.rank: r for r in result.ranks}
+    parts = []
+    for r in blocked[:limit]:
+        p = by.get(r.peer["peer"])
+        if p is None:
+            doing = "which is not a rank of this job"
+        elif p.state in ALIVE and p.where is not None and p.where.kind == "p2p":
+            doing = f"which is itself in {p.where.op}" + (f" to rank {p.peer['peer']}" if p.peer and
+                                                          p.where.op in ("send", "isend", "send_object_list") else
+                                                          f" from rank {p.peer['peer']}" if p.peer else "")
+        else:
+            doing = f"which is {state_phrase(p)}"
+        verb = "sends to" if r.where.op in ("send", "isend", "send_object_list") else "waits to receive from"
+        parts.append(f"rank {r.rank} {verb} rank {p.rank if p else r.peer['peer']}, {doing}")
+    more = f" (and {len(blocked) - limit} more)" if len(blocked) > limit else ""
+    text = "Point-to-point: " + "; ".join(parts) + more + "."
+    if result.signature == "hang-p2p-ordering":
+        ops = {r.where.op for r in blocked}
+        first = "sends first" if ops <= {"send", "send_object_list"} else "receives first"
+        text += f" Every rank {first}: no send meets a receive."
+    return text
+
+
+def asks_sentence(result: "RunResult") -> str:
+    """What the processes waiting at the rendezvous asked init_process_group for: ranks asked twice,
+    ranks nobody asked for, world sizes."""
+    from ddplab.engine.reasons import rendezvous_asks
+    a = rendezvous_asks(result.ranks)
+    if a is None:
+        return ""
+    by: dict = {}
+    for p, (rank, _) in sorted(a.by_process.items()):
+        by.setdefault(rank, []).append(p)
+    parts = [f"rank {k if k is not None else '?'} by {'process' if len(v) == 1 else 'processes'} "
+             f"{groups.span(v)}" for k, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+    text = "At init_process_group the processes (numbered as torchrun started them) asked for " + "; ".join(parts)
+    sizes = sorted(a.world_sizes)
+    text += f", in a world of {' / '.join(map(str, sizes))}" if sizes else ""
+    if a.duplicates:
+        text += "; " + ", ".join(f"rank {k} was asked for {len(v)} times" for k, v in sorted(a.duplicates.items()))
+    if a.missing:
+        text += f"; no waiting process asked for {groups.label(list(a.missing))}"
+    if len(sizes) == 1 and sizes[0] != a.job:
+        text += f"; the job started {a.job} processes"
+    return text + "."
+
+
+def spawn_sentence(result: "RunResult") -> str:
+    """Ranks waiting for the processes they started themselves with mp.spawn."""
+    if result.signature != "spawn-under-torchrun":
+        return ""
+    from ddplab.engine.reasons import spawns
+    ranks = [r.rank for r in result.ranks if r.state in ALIVE and spawns(r)]
+    return (f"{groups.label(ranks).capitalize()} (started by torchrun) wait in torch.multiprocessing's spawn for "
+            f"processes of their own: {result.nproc} x nprocs processes in all." if ranks else "")
 
 
 def _failed(result: "RunResult", paths: "Paths") -> str:
@@ -283,13 +360,87 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
                    f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
     if any(o.state == RankState.EXITED and o.signal == "SIGTERM" for o in result.ranks):
         out.append("torchrun then ended the other ranks.")
-    return " ".join(x for x in out if x)
+        out.append(_ended_where(result, first, paths))
+    lines = [" ".join(x for x in out if x)]
+    if r.error is not None:
+        lines += error_details(r.error)
+    return "\n".join(lines)
+
+
+def _ended_where(result: "RunResult", first: int, paths: "Paths") -> str:
+    """Where the ranks torchrun ended were when it did (the rank hook's SIGTERM dump), a group per state."""
+    from dataclasses import replace
+    ended = [r for r in result.ranks if r.rank != first and r.state == RankState.EXITED and r.signal == "SIGTERM"
+             and r.where is not None]
+    by: dict[str, list[int]] = {}
+    for r in ended:
+        by.setdefault(state_phrase(replace(r, state="running"), paths), []).append(r.rank)
+    return ("When it did, " + "; ".join(f"{groups.label(ks)} {'was' if len(ks) == 1 else 'were'} {p}"
+                                        for p, ks in by.items()) + ".") if by else ""
+
+
+MESSAGE_LINES = 40     # lines of one exception's message shown (the record keeps them all)
+
+
+def _message_rest(message: str, indent: str = "  ") -> list[str]:
+    """The lines of a message after its first, as the exception gave them (never cut to one line)."""
+    rest = [l.rstrip().replace("\t", "  ") for l in (message or "").splitlines()[1:]]
+    while rest and not rest[-1].strip():
+        rest.pop()
+    if len(rest) > MESSAGE_LINES:
+        rest = rest[:MESSAGE_LINES] + [f"... ({len(rest) - MESSAGE_LINES} more lines in the rank's error record)"]
+    return [indent + l for l in rest]
+
+
+def _call_sentence(frames, values: dict | None, lead: str) -> str:
+    """Where the library raised it and the user's call that led there, with the values on that line."""
+    from ddplab.engine.reasons import user_call
+    c = user_call(tuple(frames), values)
+    if c is None:
+        inner = frames[0] if frames else None
+        return f"{lead} raised at {inner.short()} (no frame of your own code)." if inner is not None else ""
+    code = f": `{_code(c.frame.text)}`" if c.frame.text else ""
+    vals = ", ".join(f"{k} = {v}" for k, v in c.values.items())
+    vals = f", with {vals}" if vals else ""
+    if c.callee is None:
+        return f"{lead} raised on your own line{code}{vals}." if code or vals else ""
+    inside = f" (inside {c.raised.short()})" if c.raised is not None and c.raised != c.callee else ""
+    return (f"{lead} raised in {c.callee.func} ({short_path(c.callee.file)}){inside}, "
+            f"called from your code at {c.frame.short()}{code}{vals}.")
+
+
+def _code(text: str) -> str:
+    """A source line as shown: without its trailing comment (a `#` after two spaces)."""
+    return text.split("  #", 1)[0].strip()
+
+
+def error_details(e) -> list[str]:
+    """The whole exception of a rank beyond its first line: the rest of its message, the user's call
+    that led into the library, the exceptions chained to it, and a framework's exit after it."""
+    out = _message_rest(e.message)
+    where = _call_sentence(e.frames, e.values, "It was")
+    if where:
+        out.append(where)
+    for c in e.chain:
+        how = "It was raised from" if c.relation == "cause" else "It was raised while handling"
+        out.append(f"{how} {c.type}: {_first_line(c.message)}")
+        out += _message_rest(c.message, "    ")
+        own = _call_sentence(c.frames, None, "  that one was")
+        if own:
+            out.append(own)
+    if e.exited:
+        at = e.exited.get("frames") or []
+        by = f" in {short_path(at[0]['file'])}" if at else ""
+        out.append(f"Then sys.exit({e.exited.get('code')}) was called{by} while handling it.")
+    return out
 
 
 def headline(result: "RunResult") -> str:
     v = f" --variant {result.variant}" if result.variant else ""
     sig = f" [{result.signature}]" if result.signature else ""
-    return f"{result.target}{v}: {result.status}{sig} in {result.wall_s:.1f} s ({result.nproc} ranks)"
+    # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0)
+    took = f" in {result.wall_s:.1f} s" if result.wall_s > 0 else ""
+    return f"{result.target}{v}: {result.status}{sig}{took} ({result.nproc} ranks)"
 
 
 def _waits(r: "RankResult") -> str:
@@ -307,11 +458,22 @@ def _state(r: "RankResult") -> str:
     return f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?")
 
 
+def identified(result: "RunResult") -> bool:
+    """False where the run failed or hung and no catalog entry whose premise the evidence holds
+    explains it: the view then says "cause not identified" and shows the evidence, no fix, no lab."""
+    from ddplab.engine import signatures
+    if result.status not in ("failed", "hung"):
+        return True
+    return result.signature is not None and result.signature not in signatures.UNIDENTIFIED
+
+
 def explain(result: "RunResult") -> str:
     from ddplab.engine import signatures
 
     lines = [headline(result)]
-    if result.signature:
+    if not identified(result):
+        lines.append("  Cause not identified: no known failure fits the evidence; what the ranks did follows.")
+    elif result.signature:
         sig = signatures.get(result.signature)
         lines.append(f"  {sig.title}.")
         lines += [f"  {t}" for t in sig.explanation.splitlines()]
@@ -360,7 +522,9 @@ def html(result: "RunResult") -> str:
         f"<td><code>{e(paths.at(g.rep).removeprefix(' at '))}</code></td></tr>"
         for g in groups.group(result))
     sig = ""
-    if result.signature:
+    if not identified(result):
+        sig = "<p><b>Cause not identified</b>: no known failure fits the evidence; what the ranks did follows.</p>"
+    elif result.signature:
         s = signatures.get(result.signature)
         lab = f", lab {e(s.lab)}" if s.lab else ""
         sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>{lab})<br>"

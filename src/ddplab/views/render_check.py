@@ -30,10 +30,14 @@ def finding_sentence(f: "Finding") -> str:
     if k == "buffers-differ":
         return (f"buffers differ: {who} had buffers different from rank 0's at step {f.step} "
                 f"({f.count} of {f.of}; first: {f.object})")
+    split = ("; each rank's Subset holds other indices: the split was made on each rank"
+             if getattr(f, "cause", None) == "split-differs" else "")
     if k == "samples-overlap":
-        return f"samples seen twice: in epoch {f.epoch}, {f.count} of {f.of} samples went to more than one rank ({who}; {f.object})"
+        return (f"samples seen twice: in epoch {f.epoch}, {f.count} of {f.of} samples went to more than one rank "
+                f"({who}; {f.object}){split}")
     if k == "samples-dropped":
-        return f"samples never seen: in epoch {f.epoch}, {f.count} of {f.of} samples went to no rank ({f.object})"
+        held = f" besides the {f.held_out} the split holds out" if getattr(f, "held_out", None) else ""
+        return f"samples never seen: in epoch {f.epoch}, {f.count} of {f.of} samples went to no rank{held} ({f.object}){split}"
     if k == "same-order":
         return (f"the same order every epoch: {f.count} of {f.of} epochs repeated epoch 0's sample order exactly "
                 f"on {who} ({f.object})")

@@ -10,6 +10,8 @@ from its file: the package itself is not imported here):
   rankN.exit.json   at a normal exit (not a kill): the time and the flight recorder's ledger
   rankN.stack.txt   faulthandler's dump of every thread on a fatal signal (SIGSEGV, SIGABRT from
                     gloo) and on SIGUSR1 (the fallback route to a stack before torch is imported)
+  rankN.term.txt    faulthandler's dump of every thread on SIGTERM (torchrun ending the rank after
+                    another failed), then SIGTERM's default action
 and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
 server (``torch._C._distributed_c10d._WorkerServer``) on the Unix socket named in rankN.json. Its
 handlers run on a C++ thread, so the launcher can ask for the flight recorder's collective ledger
@@ -47,6 +49,12 @@ def _install():
     faulthandler.enable(file=stack_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    term_file = None
+    if hasattr(signal, "SIGTERM") and hasattr(faulthandler, "register"):
+        # torchrun SIGTERMs the other workers when one fails: where each one was, written in C (works
+        # while the main thread is blocked in a gloo collective), then the default action (chain=True)
+        term_file = open(os.path.join(folder, names.rank_name(rank, names.TERM)), "a", buffering=1)
+        faulthandler.register(signal.SIGTERM, file=term_file, all_threads=True, chain=True)
     sock_dir = os.environ.get("DDPLAB_SOCKET_DIR")
     sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
     info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
@@ -72,27 +80,32 @@ def _install():
             json.dump(rec, f)
         os.replace(path + ".tmp", path)
 
-    def record_error(type_name, module, message, frames, cause=None):
+    def record_error(type_name, module, message, frames, cause=None, **more):
         try:
             env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
             write(names.ERROR, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
-                            "module": module, "message": message, "frames": frames, "cause": cause, "env": env})
+                            "module": module, "message": message, "frames": frames, "cause": cause, "env": env,
+                            **more})
         except Exception:  # never let evidence-keeping change how the rank fails
             pass
 
-    def record_exception(etype, value, tb):
+    def record_exception(etype, value, tb, exited=None):
         try:
-            import traceback
-            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
-                      for fs in traceback.extract_tb(tb)][::-1]          # innermost first
+            rec = _describe(value, tb)
             cause = getattr(value, "__cause__", None)
-            record_error(etype.__name__, getattr(etype, "__module__", ""), str(value), frames,
-                         type(cause).__name__ + ": " + str(cause) if cause is not None else None)
+            more = {k: rec[k] for k in ("chain", "values") if rec.get(k)}
+            if exited is not None:
+                more["exited"] = exited
+            record_error(rec["type"], rec["module"], rec["message"], rec["frames"],
+                         type(cause).__name__ + ": " + str(cause) if cause is not None else None, **more)
         except Exception:
             pass
+
+    def excepthook(etype, value, tb):
+        record_exception(etype, value, tb)
         previous_hook(etype, value, tb)
 
-    sys.excepthook = record_exception
+    sys.excepthook = excepthook
 
     # sys.exit(2) (argparse's usage error, a script's own exit code) never reaches the excepthook.
     real_exit = sys.exit
@@ -100,9 +113,16 @@ def _install():
     def exit_with_record(code=None):
         if code not in (None, 0):
             import traceback
-            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
+            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name, "text": fs.line}
                       for fs in traceback.extract_stack()[:-1]][::-1]
-            record_error("SystemExit", "builtins", str(code), frames)
+            handling = sys.exc_info()[1]
+            if handling is not None and not isinstance(handling, SystemExit):
+                # a framework (hydra, click) that caught the script's exception, printed it and exits:
+                # the exception it was handling is the rank's error, the exit only how it ended
+                record_exception(type(handling), handling, handling.__traceback__,
+                                 exited={"code": str(code), "frames": frames[:3]})
+            else:
+                record_error("SystemExit", "builtins", str(code), frames)
         real_exit(code)
 
     sys.exit = exit_with_record
@@ -129,7 +149,116 @@ def _install():
     if os.environ.get("DDPLAB_CHECK"):
         # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
         _after_import("torch", lambda: _install_check(write))
-    return stack_file  # kept referenced for the life of the process
+    return stack_file, term_file  # kept referenced for the life of the process
+
+
+_CHAIN_LIMIT = 8       # chained exceptions recorded (a loop of re-raises stops here)
+_VALUE_CHARS = 120     # one value's repr, shortened
+
+
+def _describe(value, tb):
+    """An exception as data: type, module, its whole message, its frames (innermost first, each with
+    its source line), the exceptions chained to it (``raise ... from``, or raised while handling),
+    and the values of the names on the line of the user's own code that led into the library."""
+    import traceback
+
+    def frames_of(t):
+        return [{"file": fs.filename, "line": fs.lineno, "func": fs.name, "text": fs.line}
+                for fs in traceback.extract_tb(t)][::-1]
+
+    etype = type(value)
+    rec = {"type": etype.__name__, "module": getattr(etype, "__module__", ""), "message": str(value),
+           "frames": frames_of(tb)}
+    chain, seen, e = [], {id(value)}, value
+    while len(chain) < _CHAIN_LIMIT:
+        if e.__cause__ is not None:
+            nxt, relation = e.__cause__, "cause"
+        elif e.__context__ is not None and not e.__suppress_context__:
+            nxt, relation = e.__context__, "context"
+        else:
+            break
+        if id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        chain.append({"type": type(nxt).__name__, "module": getattr(type(nxt), "__module__", ""),
+                      "message": str(nxt), "frames": frames_of(nxt.__traceback__), "relation": relation})
+        e = nxt
+    rec["chain"] = chain
+    rec["values"] = _user_values(tb)
+    return rec
+
+
+def _is_library(file):
+    """The standard library, an installed package or ddplab itself: not the user's code."""
+    import sysconfig
+    if not file or file.startswith("<") or "site-packages" in file or "dist-packages" in file:
+        return True
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the ddplab package
+    paths = sysconfig.get_paths()
+    dirs = [here] + [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+    real = os.path.realpath(file)
+    return any(real.startswith(os.path.realpath(d) + os.sep) for d in dirs)
+
+
+def _user_values(tb):
+    """{name: short repr} of the local names on the innermost line of the user's own code in the
+    traceback: the arguments it passed into the library (or its own expression) that failed."""
+    import linecache
+    import re
+
+    frame, lineno = None, None
+    while tb is not None:
+        if not _is_library(tb.tb_frame.f_code.co_filename):
+            frame, lineno = tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+    if frame is None:
+        return {}
+    text = linecache.getline(frame.f_code.co_filename, lineno)
+    text = re.sub(r"#.*", "", text)
+    text = re.sub(r"(\"[^\"]*\"|'[^']*')", "", text)
+    out = {}
+    for chain in dict.fromkeys(re.findall(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", text)):
+        parts = chain.split(".")
+        if parts[0] not in frame.f_locals or len(out) >= 8:
+            continue
+        # the longest attribute chain that resolves to a value worth showing (self.gpu_id, model)
+        for n in range(len(parts), 0, -1):
+            try:
+                v = frame.f_locals[parts[0]]
+                for a in parts[1:n]:
+                    v = getattr(v, a)
+            except Exception:
+                continue
+            short = _short(v)
+            if short is not None:
+                out[".".join(parts[:n])] = short
+                break
+    return out
+
+
+def _short(v):
+    """A value in a few words: a tensor by shape, dtype and device, a container by its size."""
+    try:
+        t = type(v)
+        if t.__name__ in ("Tensor", "Parameter") and hasattr(v, "shape"):
+            return f"tensor(shape={list(v.shape)}, dtype={str(v.dtype).replace('torch.', '')}, device={v.device})"
+        r = repr(v) if not isinstance(v, (dict, list, tuple, set)) or len(v) <= 8 else ""
+        if isinstance(v, dict) and (not r or len(r) > _VALUE_CHARS or "\n" in r):
+            keys = ", ".join(repr(k) for k in list(v)[:4])
+            return f"{t.__name__} of {len(v)} items ({keys}{', ...' if len(v) > 4 else ''})"
+        if isinstance(v, (list, tuple, set)) and (not r or len(r) > _VALUE_CHARS or "\n" in r):
+            return f"{t.__name__} of {len(v)} items"
+        import inspect
+        if inspect.ismodule(v) or inspect.isroutine(v) or inspect.isclass(v):
+            return None
+        if hasattr(v, "state_dict") and hasattr(v, "parameters"):
+            return f"{t.__name__} (a module)"
+        r = " ".join((r or repr(v)).split())
+        if r.startswith("<") and " object at 0x" in r:    # a default repr says nothing
+            return None
+        return r if len(r) <= _VALUE_CHARS else r[:_VALUE_CHARS - 3] + "..."
+    except Exception:
+        return None
 
 
 def _runfiles():
@@ -238,6 +367,17 @@ def _rendezvous_handler(req, resp):
         code = frame.f_code
         if "torch/distributed" in code.co_filename.replace("\\", "/"):
             loc = frame.f_locals
+            if code.co_name in _P2P and "p2p" not in found:
+                # a blocked point-to-point call: which peer it waits for (dst or src, in group ranks)
+                peer = loc.get("dst", loc.get("src", loc.get("group_dst", loc.get("group_src"))))
+                if isinstance(peer, int) and not isinstance(peer, bool):
+                    found["p2p"] = {"op": code.co_name, "peer": peer, "tag": loc.get("tag")
+                                    if isinstance(loc.get("tag"), int) else None}
+            if code.co_name == "init_process_group" and "asked" not in found:
+                # what this process asked the rendezvous for: its arguments and its environment
+                found["asked"] = {"rank": _int(loc.get("rank")), "world_size": _int(loc.get("world_size")),
+                                  "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                         "MASTER_ADDR", "MASTER_PORT")}}
             host = loc.get("hostname", loc.get("host_name", loc.get("master_addr")))
             port = loc.get("port", loc.get("master_port"))
             if "host" not in found and isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool):
@@ -248,6 +388,13 @@ def _rendezvous_handler(req, resp):
         frame = frame.f_back
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
+
+
+_P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list")
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _after_import(name, callback):

@@ -1,0 +1,167 @@
+"""The parts of a failure's explanation beyond its catalog entry, as data: the exceptions chained to a
+rank's error, the call from the user's own code into the library that raised it, and the facts a
+catalog entry's premise is checked against (``Premise``). Pure: no I/O; ``ddplab.views.render`` makes the
+sentences.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ddplab.defaults import ALIVE
+from ddplab.engine.stacks import Frame, is_user_file
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddplab.result import RankError, RankResult
+
+
+@dataclass(frozen=True)
+class ChainedError:
+    """An exception chained to a rank's error: ``relation`` "cause" (``raise ... from e``) or "context"
+    (raised while handling it), as Python's traceback prints them."""
+    type: str
+    message: str
+    frames: tuple[Frame, ...]     # innermost first
+    relation: str                 # "cause" | "context"
+    module: str = ""
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
+                "relation": self.relation, "module": self.module}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChainedError":
+        return cls(d["type"], d.get("message", ""), tuple(Frame.from_dict(f) for f in d.get("frames", ())),
+                   d.get("relation", "context"), d.get("module", ""))
+
+
+@dataclass(frozen=True)
+class UserCall:
+    """Where an exception raised inside a library came from in the user's code: the user's frame
+    (with its source line), the library function it called, where the library raised it, and the
+    values of the names on the user's line."""
+    frame: Frame                  # innermost frame of the user's own code
+    callee: Frame | None          # the library frame it called (None: raised on the user's own line)
+    raised: Frame | None          # the innermost frame, where the exception was raised
+    values: dict                  # {name: short repr}
+
+
+def user_call(frames: tuple[Frame, ...], values: dict | None = None) -> UserCall | None:
+    """The user's call into the library that raised, from frames innermost first; None when no
+    frame is the user's."""
+    for i, f in enumerate(frames):
+        if is_user_file(f.file):
+            return UserCall(f, frames[i - 1] if i else None, frames[0] if i else None, dict(values or {}))
+    return None
+
+
+def error_chain(e: "RankError") -> tuple:
+    """The rank's own error first, then the exceptions chained to it, as Python links them."""
+    return (e,) + tuple(e.chain)
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    """What a catalog entry's premise is checked against (``Cause.premise``, ``Signature.premise``):
+    the first failing rank's frames (innermost first, with their source lines where recorded) and its
+    collective ledger (None: no ledger was recorded, or only a message's text is at hand)."""
+    frames: tuple[Frame, ...] = ()
+    ledger: tuple | None = None
+
+    @property
+    def line(self) -> str:
+        """The source line of the user's own code where the error was raised or called into a library."""
+        f = next((f for f in self.frames if is_user_file(f.file) and f.text), None)
+        return f.text if f is not None else ""
+
+    @property
+    def reduced_before(self) -> int:
+        """Gradient-sized all-reduces (more than one element: DDP's buckets; a metric is one number)
+        this rank completed before it failed."""
+        return sum(1 for c in self.ledger or () if c.op == "all_reduce" and c.completed and c.numel > 1)
+
+
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)\n(?:\[rank\d+\]: )?[ \t]+(\S.*)$', re.M)
+
+
+def facts_from_text(text: str) -> FailureFacts:
+    """The facts a message's text holds: the frames, with their source lines, of its first traceback
+    that passes through the user's own code (torchrun's own traceback follows a rank's in a log); no ledger."""
+    marks = [m.start() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
+    for i, start in enumerate(marks):
+        end = marks[i + 1] if i + 1 < len(marks) else len(text)
+        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), m.group(4).strip())
+                  for m in _TB_FRAME.finditer(text, start, end)]
+        if any(is_user_file(f.file) for f in frames):
+            return FailureFacts(tuple(frames[::-1]))
+    return FailureFacts()
+
+
+def line_calls(*names: str):
+    """A premise: the user's failing line calls one of ``names`` (``current_accelerator(``)."""
+    return lambda f: any(n + "(" in f.line for n in names)
+
+
+@dataclass(frozen=True)
+class Asks:
+    """What each process asked init_process_group for, at a rendezvous hang: torchrun's rank of the
+    process -> (the rank it asked for, the world size it asked for), from its arguments or, where it
+    passed none, the RANK and WORLD_SIZE it was given; ``job`` the number of processes started."""
+    by_process: dict
+    job: int
+
+    @property
+    def duplicates(self) -> dict:
+        """{asked rank: processes that asked for it}, for ranks more than one process asked for."""
+        seen: dict = {}
+        for p, (rank, _) in sorted(self.by_process.items()):
+            if rank is not None:
+                seen.setdefault(rank, []).append(p)
+        return {k: tuple(v) for k, v in seen.items() if len(v) > 1}
+
+    @property
+    def world_sizes(self) -> frozenset:
+        return frozenset(ws for _, ws in self.by_process.values() if ws is not None)
+
+    @property
+    def missing(self) -> tuple:
+        """Ranks of the asked world that no waiting process asked for."""
+        ws = max(self.world_sizes, default=0)
+        asked = {rank for rank, _ in self.by_process.values()}
+        return tuple(r for r in range(ws) if r not in asked)
+
+    @property
+    def conflict(self) -> bool:
+        """The asks cannot fit together whatever else happens: a rank asked for twice, or every process
+        of the job asking for one world other than the processes it started. (World sizes that differ
+        between processes are shown, and stay under hang-rendezvous's general reading: nodes launched
+        unlike each other, lab 09's nodes-disagree.)"""
+        return bool(self.duplicates) or (
+            len(self.world_sizes) == 1 and len(self.by_process) == self.job and self.world_sizes != {self.job})
+
+
+def asks(asked: dict, job: int) -> Asks:
+    """``asked``: {torchrun rank: the rank hook's answer (rank, world_size, env)} of the processes
+    waiting in init_process_group."""
+    def num(v, env_key, a):
+        if isinstance(v, int) and v >= 0:
+            return v
+        try:
+            return int((a.get("env") or {}).get(env_key))
+        except (TypeError, ValueError):
+            return None
+    return Asks({p: (num(a.get("rank"), "RANK", a), num(a.get("world_size"), "WORLD_SIZE", a))
+                 for p, a in asked.items() if a}, job)
+
+
+def rendezvous_asks(ranks: tuple[RankResult, ...]) -> Asks | None:
+    """What the live ranks waiting at the rendezvous asked init_process_group for (None: none said)."""
+    asked = {r.rank: r.asked for r in ranks if r.state in ALIVE and r.asked
+             and r.where is not None and r.where.kind in ("rendezvous", "store")}
+    return asks(asked, len(ranks)) if asked else None
+
+
+def spawns(r: RankResult) -> bool:
+    """A rank waiting for the processes it started with torch.multiprocessing's spawn (mp.spawn)."""
+    return any("torch/multiprocessing/spawn" in f.file.replace("\\", "/") for f in r.stack)
