@@ -1,0 +1,72 @@
+"""A sample of the fault-injection suite (benchmarks/faults): a few mutants per family (init, crash, hang,
+silent), each run for real at 2 ranks through ddplab.run and scored by the suite's own rules
+(benchmarks/faults/run.py: score). The engine must give the labelled status, point at the culprit rank
+and the line to fix, and name no cause of another class; a regression in any of these fails here.
+
+The mutants are built from the operators' data (labelled by construction, see operators.py); the full
+suite and its table are `python benchmarks/faults/run.py`.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from conftest import assert_nothing_left
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "faults"))
+import mutate  # noqa: E402
+import run as suite  # noqa: E402
+
+# One to two per family; chosen to cover a text-signature failure, a failure the catalog has no entry
+# for (no cause must be named then, and place still counts), a hang on one rank, and a silent mistake.
+SAMPLE = ("init-twice", "device-count-modulo", "save-wrapper-state-dict", "barrier-in-save-branch",
+          "no-set-epoch")
+BY_ID = {op["id"]: op for op in mutate.operators()}
+
+
+@pytest.mark.parametrize("op_id", SAMPLE)
+def test_engine_status_place_and_no_wrong_cause(op_id, tmp_path):
+    m = mutate.build(BY_ID[op_id], tmp_path / "mutants")
+    result = ddplab.run(m.path, nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
+                        deadline_s=suite.DEADLINE_S, progress=None, run_root=tmp_path / "runs")
+    assert_nothing_left(str(tmp_path / "runs"))
+    s = suite.score(m, 2, result, mutate.load_causes())
+    assert s["status_ok"], f"{op_id}: status {s['status']}, labelled {m.status}"
+    if s["place_ok"] is not None:
+        assert s["place_ok"], (f"{op_id}: culprits {m.culprits(2)}, fix lines {m.fix_lines}; engine: first failure "
+                               f"{s['first_failure']}, frames {s['frames']}")
+    assert not s["wrong_causes"], f"{op_id}: named {s['wrong_causes']}, not of class {m.cause}"
+
+
+def test_scoring_catches_a_wrong_place_and_a_wrong_cause(tmp_path):
+    """The scorer is not a rubber stamp: the same run, scored against a label that moves the fix line and
+    the class, fails on both counts (so the sample above can fail)."""
+    op = dict(BY_ID["init-twice"])
+    m = mutate.build(op, tmp_path / "mutants")
+    result = ddplab.run(m.path, nproc=2, args=list(m.args), stall_s=suite.STALL_S, deadline_s=suite.DEADLINE_S,
+                        progress=None, run_root=tmp_path / "runs")
+    assert_nothing_left(str(tmp_path / "runs"))
+    moved = mutate.Mutant(**{**m.to_dict(), "fix_lines": (1,), "cause": "duplicate-rank"})
+    s = suite.score(moved, 2, result, mutate.load_causes())
+    assert s["status_ok"] and s["place_ok"] is False
+    if result.signature not in mutate.load_causes()["not_a_cause"]:
+        assert s["wrong_causes"] == [result.signature]
+
+
+def test_every_operator_builds_a_labelled_mutant_with_a_source(tmp_path):
+    """Every operator applies to its base (one site each), compiles, has a line to fix and a reported source,
+    and its class is in causes.json (the one map to the engine's ids)."""
+    classes = mutate.load_causes()["classes"]
+    for op in mutate.operators():
+        m = mutate.build(op, tmp_path)
+        text = Path(m.path).read_text()
+        compile(text, m.path, "exec")
+        assert not any(mutate.MARK.search(line) for line in text.splitlines()), op["id"]
+        assert m.fix_lines and all(1 <= n <= len(text.splitlines()) for n in m.fix_lines), op["id"]
+        assert op["source"].startswith("https://github.com/"), op["id"]
+        assert op["cause"] in classes, op["id"]
+        assert op["status"] in ("failed", "hung", "ok") and op["culprit"] in ("0", "last", "nonzero", "all")
+    assert len(mutate.operators()) >= 40
