@@ -30,7 +30,7 @@ BY_ID = {op["id"]: op for op in mutate.operators()}
 @pytest.mark.parametrize("op_id", SAMPLE)
 def test_engine_status_place_and_no_wrong_cause(op_id, tmp_path):
     m = mutate.build(BY_ID[op_id], tmp_path / "mutants")
-    result = ddplab.run(m.path, nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
+    result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
                         deadline_s=suite.DEADLINE_S, progress=None, run_root=tmp_path / "runs")
     assert_nothing_left(str(tmp_path / "runs"))
     s = suite.score(m, 2, result, mutate.load_causes())
@@ -46,7 +46,7 @@ def test_scoring_catches_a_wrong_place_and_a_wrong_cause(tmp_path):
     the class, fails on both counts (so the sample above can fail)."""
     op = dict(BY_ID["init-twice"])
     m = mutate.build(op, tmp_path / "mutants")
-    result = ddplab.run(m.path, nproc=2, args=list(m.args), stall_s=suite.STALL_S, deadline_s=suite.DEADLINE_S,
+    result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, deadline_s=suite.DEADLINE_S,
                         progress=None, run_root=tmp_path / "runs")
     assert_nothing_left(str(tmp_path / "runs"))
     moved = mutate.Mutant(**{**m.to_dict(), "fix_lines": (1,), "cause": "duplicate-rank"})

@@ -121,7 +121,7 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
 
 def run_one(m: mutate.Mutant, nproc: int, causes: dict, stall_s: float = STALL_S) -> dict:
     import ddplab
-    result = ddplab.run(m.path, nproc=nproc, args=list(m.args), stall_s=stall_s, check=m.check,
+    result = ddplab.run(Path(m.path), nproc=nproc, args=list(m.args), stall_s=stall_s, check=m.check,
                         deadline_s=DEADLINE_S, progress=None)
     return score(m, nproc, result, causes)
 
@@ -158,10 +158,10 @@ def summarize(rows: list[dict], key: str) -> list[dict]:
 
 
 def table(summary: list[dict], key: str) -> str:
-    head = f"{key:<28} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6}"
+    head = f"{key:<34} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6}"
     lines = [head, "-" * len(head)]
     for s in summary:
-        lines.append(f"{str(s[key]):<28} {s['n']:>3} {s['suite_errors']:>3} {s['status_ok']:>3}/{s['n']:<3} "
+        lines.append(f"{str(s[key]):<34} {s['n']:>3} {s['suite_errors']:>3} {s['status_ok']:>3}/{s['n']:<3} "
                      f"{s['place_ok']:>3}/{s['place_n']:<3} {s['cause_named']:>6} {s['wrong_cause']:>5} "
                      f"{'' if s['idle_s_median'] is None else s['idle_s_median']:>6}")
     return "\n".join(lines)

@@ -85,7 +85,8 @@ def evaluate(snapshot_path):
 
 
 def prepare_dataloader(dataset, batch_size):
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(dataset))  # @site:sampler
+    sampler = DistributedSampler(dataset)  # @site:sampler
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler)
 
 
 def main(save_every=1, total_epochs=2, batch_size=8):
