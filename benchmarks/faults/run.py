@@ -37,7 +37,8 @@ import mutate  # noqa: E402
 
 ROOT = mutate.ROOT
 OUT = ROOT / "build" / "faults"
-PROBE_S = 25.0        # bare torchrun: a "hung" mutant must still be running, with no rank exited, after this
+PROBE_S = float(os.environ.get("FAULTS_PROBE_S", 25.0))  # bare torchrun: a "hung" mutant must still be
+                                                        # running, with no rank exited, after this
 LIMIT_S = 240.0       # bare torchrun: a "failed" or "ok" mutant must have ended by this
 STALL_S = 5.0         # ddplab's stall window for the suite (a loaded 2-core machine)
 DEADLINE_S = 300.0
@@ -128,8 +129,8 @@ def run_one(m: mutate.Mutant, nproc: int, causes: dict, stall_s: float = STALL_S
 
 def select(ops: list[dict], only: str | None, sample: int | None) -> list[dict]:
     if only:
-        ops = [o for o in ops if fnmatch.fnmatch(o["id"], only) or fnmatch.fnmatch(o["cause"], only)
-               or only in o["id"]]
+        pats = only.split(",")
+        ops = [o for o in ops if any(fnmatch.fnmatch(o["id"], p) or fnmatch.fnmatch(o["cause"], p) for p in pats)]
     if sample:
         per: dict[str, int] = {}
         keep = []
@@ -170,7 +171,7 @@ def table(summary: list[dict], key: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4,8", help="world sizes, comma-separated (default 2,4,8)")
-    p.add_argument("--only", default=None, help="run the operators whose id or cause class matches (fnmatch)")
+    p.add_argument("--only", default=None, help="run the operators whose id or cause class matches one of these comma-separated fnmatch patterns")
     p.add_argument("--sample", type=int, default=None, help="at most N operators per cause class")
     p.add_argument("--no-verify", action="store_true", help="skip the bare-torchrun check of each label")
     p.add_argument("--stall-s", type=float, default=STALL_S)
@@ -194,11 +195,13 @@ def main(argv=None) -> int:
                     row.update(suite_error=True, status_ok=False, place_ok=None, cause_named=False,
                                wrong_causes=[], idle_s=None)
                     rows.append(row)
+                    (OUT / "partial.json").write_text(json.dumps(rows, indent=1, default=str))
                     print(f"SUITE ERROR {m.id} @{n}: bare torchrun {v['status']} (rc {v['rc']}), labelled {m.status}",
                           flush=True)
                     continue
             row.update(run_one(m, n, causes, a.stall_s))
             rows.append(row)
+            (OUT / "partial.json").write_text(json.dumps(rows, indent=1, default=str))
             print(f"{m.id:<28} @{n} expected {m.status:<6} got {row['status']:<6} place {row['place_ok']!s:<5} "
                   f"named {row['named']} wrong {row['wrong_causes']}", flush=True)
     report = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": counts,
