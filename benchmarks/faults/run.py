@@ -171,7 +171,8 @@ def table(summary: list[dict], key: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4,8", help="world sizes, comma-separated (default 2,4,8)")
-    p.add_argument("--only", default=None, help="run the operators whose id or cause class matches one of these comma-separated fnmatch patterns")
+    p.add_argument("--only", default=None,
+                   help="run the operators whose id or cause class matches one of these comma-separated patterns")
     p.add_argument("--sample", type=int, default=None, help="at most N operators per cause class")
     p.add_argument("--no-verify", action="store_true", help="skip the bare-torchrun check of each label")
     p.add_argument("--stall-s", type=float, default=STALL_S)
