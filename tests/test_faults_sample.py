@@ -27,12 +27,26 @@ SAMPLE = ("init-twice", "device-count-modulo", "save-wrapper-state-dict", "barri
 BY_ID = {op["id"]: op for op in mutate.operators()}
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each sampled mutant run once, at 2 ranks, for real: {id: (Mutant, RunResult)}, filled on first use."""
+    root = tmp_path_factory.mktemp("faults")
+    done = {}
+
+    def get(op_id):
+        if op_id not in done:
+            m = mutate.build(BY_ID[op_id], root / "mutants")
+            result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
+                                deadline_s=suite.DEADLINE_S, progress=None, run_root=root / "runs")
+            assert_nothing_left(str(root / "runs"))
+            done[op_id] = (m, result)
+        return done[op_id]
+    return get
+
+
 @pytest.mark.parametrize("op_id", SAMPLE)
-def test_engine_status_place_and_no_wrong_cause(op_id, tmp_path):
-    m = mutate.build(BY_ID[op_id], tmp_path / "mutants")
-    result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
-                        deadline_s=suite.DEADLINE_S, progress=None, run_root=tmp_path / "runs")
-    assert_nothing_left(str(tmp_path / "runs"))
+def test_engine_status_place_and_no_wrong_cause(op_id, runs):
+    m, result = runs(op_id)
     s = suite.score(m, 2, result, mutate.load_causes())
     assert s["status_ok"], f"{op_id}: status {s['status']}, labelled {m.status}"
     if s["place_ok"] is not None:
@@ -41,19 +55,16 @@ def test_engine_status_place_and_no_wrong_cause(op_id, tmp_path):
     assert not s["wrong_causes"], f"{op_id}: named {s['wrong_causes']}, not of class {m.cause}"
 
 
-def test_scoring_catches_a_wrong_place_and_a_wrong_cause(tmp_path):
+def test_scoring_catches_a_wrong_place_and_a_wrong_cause(runs):
     """The scorer is not a rubber stamp: the same run, scored against a label that moves the fix line and
     the class, fails on both counts (so the sample above can fail)."""
-    op = dict(BY_ID["init-twice"])
-    m = mutate.build(op, tmp_path / "mutants")
-    result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, deadline_s=suite.DEADLINE_S,
-                        progress=None, run_root=tmp_path / "runs")
-    assert_nothing_left(str(tmp_path / "runs"))
+    m, result = runs("init-twice")
     moved = mutate.Mutant(**{**m.to_dict(), "fix_lines": (1,), "cause": "duplicate-rank"})
     s = suite.score(moved, 2, result, mutate.load_causes())
     assert s["status_ok"] and s["place_ok"] is False
-    if result.signature not in mutate.load_causes()["not_a_cause"]:
-        assert s["wrong_causes"] == [result.signature]
+    assert result.signature == "process-group-initialized-twice" and s["wrong_causes"] == [result.signature]
+    hung = mutate.Mutant(**{**m.to_dict(), "status": "hung"})
+    assert suite.score(hung, 2, result, mutate.load_causes())["status_ok"] is False
 
 
 def test_every_operator_builds_a_labelled_mutant_with_a_source(tmp_path):
