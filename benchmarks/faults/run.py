@@ -176,7 +176,20 @@ def main(argv=None) -> int:
     p.add_argument("--sample", type=int, default=None, help="at most N operators per cause class")
     p.add_argument("--no-verify", action="store_true", help="skip the bare-torchrun check of each label")
     p.add_argument("--stall-s", type=float, default=STALL_S)
+    p.add_argument("--report", nargs="+", metavar="RESULTS_JSON",
+                   help="run nothing: print the tables of saved results files (a later row for the same mutant "
+                        "and world size replaces an earlier one)")
     a = p.parse_args(argv)
+    if a.report:
+        merged = {}
+        for f in a.report:
+            for r in json.loads(Path(f).read_text())["rows"]:
+                merged[(r["id"], r["nproc"])] = r
+        rows = list(merged.values())
+        print(table(summarize(rows, "cause"), "cause"))
+        print()
+        print(table(summarize(rows, "nproc"), "nproc"))
+        return 0
     counts = [int(x) for x in a.ranks.split(",")]
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     causes = mutate.load_causes()
