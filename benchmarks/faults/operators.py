@@ -11,6 +11,11 @@ a line of a lab script). Each mutant is labelled by construction:
 
 ``ranks``: the world sizes the fault makes sense at (default 2, 4, 8). ``check``: run with ``check=True``
 (the silent mistakes). Data only: benchmarks/faults/mutate.py applies them, run.py runs them.
+
+Every label is checked under bare torchrun on each run of run.py (a mismatch is a suite error). While the
+suite was built, that check corrected two predictions (reduce-on-master-only: gloo aborts rank 0, so
+"failed", not "hung"; skip-backward-one-rank: the job ends with exit 0) and removed one operator (a second
+forward before backward with BatchNorm raised no in-place error on CPU).
 """
 
 BASES = {
