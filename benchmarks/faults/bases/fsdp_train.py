@@ -2,7 +2,6 @@
 CPU/gloo, in the shape of pytorch/examples distributed/FSDP (DistributedSampler, FSDP wrap with a
 CPU device, a full state dict gathered for rank 0's checkpoint). Works on torch 2.13 CPU.
 The `# @site:` comments mark where mutation operators apply (removed from the mutants)."""
-import os
 
 import torch
 import torch.distributed as dist

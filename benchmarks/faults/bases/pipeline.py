@@ -3,7 +3,6 @@ go forward with send/recv from stage to stage, the loss is taken on the last sta
 with send/recv in reverse order (GPipe-style, all forwards then all backwards), every stage steps its
 own optimizer. CPU/gloo, any number of ranks >= 2.
 The `# @site:` comments mark where mutation operators apply (removed from the mutants)."""
-import os
 
 import torch
 import torch.distributed as dist
