@@ -123,7 +123,9 @@ def test_attach_save_on_each_node_then_explain_names_node_and_rank(two_node_hang
         for r in node["ranks"]:
             live = json.loads(Path(runfiles.rank_path(folder, r, runfiles.LIVE)).read_text())
             assert live["ledger"] and live["frames"]
-            assert "three steps done" in Path(runfiles.rank_path(folder, r, runfiles.LOG)).read_text()
+            # the agent's ranks share one output file (as under a batch scheduler): no rank's saved last
+            # lines come from it, since nothing in it says which rank printed a line
+            assert not Path(runfiles.rank_path(folder, r, runfiles.LOG)).exists()
     # a folder that exists is refused before anything is watched: one line, exit 2
     p = _ddplab("attach", str(agents[0].pid), "--save", str(folders[0]), env=env)
     assert p.returncode == 2 and "already exists" in p.stderr and "--force" in p.stderr

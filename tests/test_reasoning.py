@@ -148,7 +148,7 @@ def test_torchs_flight_recorder_dumps_give_each_ranks_own_line(tmp_path):
     import subprocess
     import sys
 
-    from ddplab.origins import nodes
+    from ddplab.origins.explain import explain
     script = SCRIPTS.parent / "hang_last_rank.py"
     dumps = tmp_path / "dumps"
     dumps.mkdir()
@@ -159,7 +159,7 @@ def test_torchs_flight_recorder_dumps_give_each_ranks_own_line(tmp_path):
                         "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), "--dump-after", "3"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert sorted(f.name for f in dumps.iterdir()) == ["trace_0", "trace_1", "trace_2"], p.stderr[-2000:]
-    r = nodes.explain([dumps])
+    r = explain([dumps])
     assert [(k.where.op, k.frame is not None and k.frame.file == str(script)) for k in r.ranks] == \
         [("all_reduce", True), ("all_reduce", True), ("barrier", True)], r.explain()
     assert " in 0.0 s" not in r.explain() and "hang_last_rank.py:" in r.explain()
