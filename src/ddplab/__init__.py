@@ -30,3 +30,9 @@ def __getattr__(name: str):
         from . import render, result  # noqa: F401  (render registers the results' views)
         return getattr(result, name)
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext ddplab``: the ``%%ddplab`` cell magic (ddplab.magic)."""
+    from .magic import load_ipython_extension as _load
+    _load(ipython)
