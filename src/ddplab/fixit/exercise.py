@@ -177,3 +177,13 @@ def flat(params: list) -> list[float]:
     for p in params:
         out.extend(p if isinstance(p, list) else [p])
     return out
+
+
+def sets_env(tree: ast.AST, name: str) -> bool:
+    """``os.environ[name] = ...`` somewhere in the code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == name:
+                    return True
+    return False
