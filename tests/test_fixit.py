@@ -131,3 +131,32 @@ def test_the_lab_notebook_opens_the_broken_script_and_holds_no_reference(ex):
     for line in _fix_lines(ex):
         assert json.dumps(line)[1:-1] not in text, f"{nb.name} shows the reference fix: {line}"
     assert json.dumps(ex.hint)[1:-1] not in text
+
+
+@pytest.mark.multiprocess
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_the_unfixed_section_runs_under_papermill_and_says_not_yet(tmp_path, session_runs_dir):
+    """The stored notebook's fix-it cells, executed by papermill in a real kernel with the broken script
+    unfixed: no cell fails, the grading cell says "not yet" with ddplab's explanation, and no output holds
+    the hint or the reference fix (a first attempt gets neither)."""
+    import nbformat
+    import papermill
+    ex = fixit.get("03")
+    nb = nbformat.read(next(NOTEBOOKS.glob(f"{ex.lab}_*.ipynb")), as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if "".join(c.source).startswith("## Fix it yourself"))
+    nb.cells = nb.cells[start:]
+    src = tmp_path / "fixit.ipynb"
+    nbformat.write(nb, src)
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(src), str(out), kernel_name="python3", progress_bar=False,
+                               cwd=str(tmp_path))
+    done = nbformat.read(out, as_version=4)
+    grading = done.cells[-1]
+    shown = "".join(o.get("data", {}).get("text/plain", "") + o.get("text", "") for o in grading.outputs)
+    assert shown.startswith("Not yet") and "gloo" in shown, shown
+    text = out.read_text()
+    assert json.dumps(ex.hint)[1:-1] not in text
+    for line in _fix_lines(ex):
+        assert json.dumps(line)[1:-1] not in text
+    assert_nothing_left(str(session_runs_dir))
