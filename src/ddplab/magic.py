@@ -72,12 +72,14 @@ def parse(line: str) -> Options:
             try:
                 opts["nproc"] = int(value)
             except ValueError:
-                raise DdplabError(f"--nproc must be a whole number, not {value!r}", hint="for example --nproc 2") from None
+                raise DdplabError(f"--nproc must be a whole number, not {value!r}",
+                                  hint="for example --nproc 2") from None
         elif flag == "--stall":
             try:
                 opts["stall_s"] = float(value)
             except ValueError:
-                raise DdplabError(f"--stall must be a number of seconds, not {value!r}", hint="for example --stall 3") from None
+                raise DdplabError(f"--stall must be a number of seconds, not {value!r}",
+                                  hint="for example --stall 3") from None
         else:
             if not value.isidentifier() or keyword.iskeyword(value):
                 raise DdplabError(f"--name {value!r} is not a Python variable name", hint="for example --name attempt")

@@ -6,8 +6,8 @@ rank leaves the loop for the checkpoint barrier while the other waits in backwar
 """
 from __future__ import annotations
 
-from .exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, close, flat, has_keyword, \
-    imports_or_calls, in_loop, in_try
+from .exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, close, flat, has_keyword, imports_or_calls, \
+    in_loop, in_try
 
 THRESHOLD = 0.05
 LR = 0.05
@@ -163,8 +163,9 @@ EXERCISE = Exercise(
             "others: 'skip comm or redo comm ... leads to the hang')"),
         WrongFix(
             "join",
-            (Edit("from ddplab import lab\n", "from torch.distributed.algorithms.join import Join\n\nfrom ddplab import lab\n"),
-             Edit(_LOOP, "with Join([model]):                                      # let the rank that stops early wait\n"
+            (Edit("from ddplab import lab\n",
+                  "from torch.distributed.algorithms.join import Join\n\nfrom ddplab import lab\n"),
+             Edit(_LOOP, "with Join([model]):                                      # the rank that stops waits\n"
                   + "".join("    " + line + "\n" if line else "\n" for line in _LOOP.splitlines()))),
             lambda a: imports_or_calls(a.tree, "Join") and (not a.ok or a.mismatch is not None),
             "Join is for uneven *data*: the rank that has finished shadows the others' all-reduces with zero "
@@ -177,6 +178,3 @@ EXERCISE = Exercise(
     sources=("https://github.com/speechbrain/speechbrain/issues/1939",
              "https://github.com/Lightning-AI/pytorch-lightning/issues/555"),
 )
-
-# calls() is part of the predicates this module's wrong fixes may use
-__all__ = ["EXERCISE", "baseline", "judge", "calls"]

@@ -87,8 +87,8 @@ for attempt in range(3):                                  # retry if init fails
             "https://github.com/pytorch/pytorch/issues/52848 ('usually due to wrongly set world size / ranks')"),
         WrongFix(
             "world-size-one",
-            (Edit('world_size = int(os.environ["WORLD_SIZE"])\n', "world_size = 1                                            "
-                  "# each process on its own\n"),),
+            (Edit('world_size = int(os.environ["WORLD_SIZE"])\n',
+                  "world_size = 1                                            # each process on its own\n"),),
             lambda a: a.mismatch is not None and a.mismatch.what in ("world", "ranks", "total"),
             "With world_size=1 each process forms a group of its own: init returns at once, but the all_reduce "
             "only adds the process's own number, so nothing is shared. It runs, and it is no longer data-parallel.",

@@ -131,8 +131,8 @@ EXERCISE = Exercise(
             "loader-shuffle",
             (Edit("loader = DataLoader(data, batch_size=4, sampler=sampler)",
                   "loader = DataLoader(data, batch_size=4, sampler=sampler, shuffle=True)"),),
-            lambda a: has_keyword(a.tree, ("DataLoader",), "shuffle", value=True) and calls(a.tree, "DistributedSampler")
-            and not a.ok,
+            lambda a: has_keyword(a.tree, ("DataLoader",), "shuffle", value=True)
+            and bool(calls(a.tree, "DistributedSampler")) and not a.ok,
             "A DataLoader takes either a sampler or shuffle=True, not both (ValueError: sampler option is mutually "
             "exclusive with shuffle). The DistributedSampler already shuffles; it needs the epoch, not a second "
             "shuffle.",
