@@ -161,3 +161,17 @@ def test_the_unfixed_section_runs_under_papermill_and_says_not_yet(tmp_path, ses
     for line in _fix_lines(ex):
         assert json.dumps(line)[1:-1] not in text
     assert_nothing_left(str(session_runs_dir))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_wrong_fix_is_named_even_when_the_attempt_passes_everything_else(session_runs_dir):
+    """find_unused_parameters=True where nothing is unused: the reference with it ends ok with the right
+    result, and the grade says it is not yet fixed, with why (it costs a graph traversal every step)."""
+    ex = fixit.get("10")
+    w = ex.wrong_fix("find-unused-parameters")
+    g = fixit.grade("10", w.write(ex.reference), progress=None, count=False)
+    assert g.result.status == "ok" and g.mismatch is None
+    assert g.outcome is Outcome.WRONG_FIX and g.wrong_fix == w.key and not g.passed
+    assert w.why in str(g)
+    assert_nothing_left(str(session_runs_dir))
