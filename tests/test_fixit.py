@@ -16,6 +16,8 @@ from ddplab.fixit import Level, Outcome
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CASES = [(ex.id, "broken") for ex in fixit.exercises()] + [(ex.id, "reference") for ex in fixit.exercises()] + \
         [(ex.id, w.key) for ex in fixit.exercises() for w in ex.wrong_fixes]
+# Exercises whose broken script ends ok with --check clean: only the result check sees them.
+ENDS_OK_WRONG = {"08"}
 _GRADED: dict[tuple[str, str], fixit.Grade] = {}
 
 
@@ -79,6 +81,8 @@ def test_grading(exercise_id, case, session_runs_dir):
         # the --check finding of a silent one; the feedback is ddplab's own explanation of the attempt
         if ex.silent:
             assert g.outcome is Outcome.CHECK and ex.failure in g.findings
+        elif exercise_id in ENDS_OK_WRONG:
+            assert g.outcome is Outcome.WRONG_RESULT and g.mismatch.what == ex.failure and r.status == "ok"
         else:
             assert g.outcome is Outcome.NOT_OK and r.signature == ex.failure
             assert r.explain() in shown
