@@ -19,7 +19,7 @@ from .exercise import Attempt, Edit, Exercise, Mismatch, WrongFix  # noqa: F401
 from .grader import Grade, Level, Outcome, grade, reset, settings  # noqa: F401
 
 # One module per exercise, in lab order.
-MODULES = ("ex01", "ex03", "ex06", "ex08", "ex10", "ex12")
+MODULES = ("ex01", "ex03", "ex04", "ex06", "ex08", "ex10", "ex12")
 
 
 def exercises() -> tuple[Exercise, ...]:
