@@ -29,6 +29,7 @@ import time
 STARTUP = """\
 import torch.distributed as dist
 dist.init_process_group("gloo")
+dist.barrier()                 # every rank in before any leaves (a rank leaving first ends its peer's init)
 dist.destroy_process_group()
 """
 
@@ -37,7 +38,8 @@ def startup(nproc: int) -> float:
     from ddplab.magic import run_source
     t0 = time.monotonic()
     r = run_source(STARTUP, "startup", nproc=nproc, check=True, progress=None)
-    assert r.status == "ok", r.status
+    if r.status != "ok":
+        raise SystemExit(f"the start-up script did not end ok ({r.status}): see {r.run_dir}")
     return time.monotonic() - t0
 
 
