@@ -179,3 +179,13 @@ def test_a_wrong_fix_is_named_even_when_the_attempt_passes_everything_else(sessi
     assert g.outcome is Outcome.WRONG_FIX and g.wrong_fix == w.key and not g.passed
     assert w.why in str(g)
     assert_nothing_left(str(session_runs_dir))
+
+
+def test_a_source_that_does_not_compile_is_not_yet_and_starts_nothing(session_runs_dir):
+    before = set(Path(session_runs_dir).rglob("*"))
+    broken = fixit.get("06").broken
+    line = next(i for i, text in enumerate(broken.splitlines(), 1) if text.startswith("world_size = int("))
+    g = fixit.grade("06", broken.replace("world_size = int(", "world_size = int(("), count=False)
+    assert g.outcome is Outcome.SYNTAX and g.result is None and f"line {line}:" in g.syntax
+    assert str(g).startswith("Not yet: SyntaxError")
+    assert set(Path(session_runs_dir).rglob("*")) == before

@@ -42,6 +42,7 @@ REFERENCE_AFTER = 3     # the reference fix from the third (when settings.refere
 class Outcome(str, Enum):
     PASSED = "passed"
     NOT_RUN = "not-run"             # no attempt given (the cell was not run, or was refused)
+    SYNTAX = "syntax-error"         # the source does not compile: nothing was started
     NOT_OK = "not-ok"               # the run did not end ok
     CHECK = "check"                 # --check found something where the class is silent
     WRONG_RESULT = "wrong-result"   # the result differs from the grader's reference
@@ -66,6 +67,7 @@ class Grade:
     wrong_fix: str | None = None        # the key of the known wrong fix the evidence shows
     mismatch: Mismatch | None = None
     findings: tuple[str, ...] = ()      # --check finding kinds
+    syntax: str | None = None           # Python's own syntax error, with its line (Outcome.SYNTAX)
     result: object | None = None        # the RunResult judged
 
     @property
@@ -104,7 +106,7 @@ def grade(exercise_id: str, result_or_source=None, *, progress="auto", count: bo
     (a result already run that way is judged as it is). ``count``: whether a failure counts towards the
     hint and the reference."""
     from . import get
-    from ..magic import run_source, source_of
+    from ..magic import run_source, source_of, syntax_problem
     ex = get(exercise_id)
     if result_or_source is None:
         return Grade(ex.id, Outcome.NOT_RUN, _FAILED.get(ex.id, 0), Level.EXPLAIN)
@@ -118,6 +120,9 @@ def grade(exercise_id: str, result_or_source=None, *, progress="auto", count: bo
                               hint="grade the result of a %%ddplab cell, or pass the script's source")
         if result.check is None or result.nproc != ex.nproc:
             result = None       # run it again the grader's way
+    problem = syntax_problem(source)
+    if problem is not None:
+        return Grade(ex.id, Outcome.SYNTAX, _FAILED.get(ex.id, 0), Level.EXPLAIN, syntax=problem)
     if result is None:
         result = run_source(source, f"fixit{ex.id}", nproc=ex.nproc, stall_s=ex.stall_s, check=True,
                             progress=progress)
@@ -162,6 +167,7 @@ def _applies(w, attempt: Attempt) -> bool:
 _OUTCOME = {
     Outcome.PASSED: "Fixed: it ends ok{check}, and its result matches the reference computed in one process.",
     Outcome.NOT_RUN: "Not yet: run the %%ddplab cell above (with your repair), then this cell again.",
+    Outcome.SYNTAX: "Not yet: {syntax}",
     Outcome.NOT_OK: "Not yet: the run did not end ok ({status}).",
     Outcome.CHECK: "Not yet: it ends ok, but --check found what the ranks' records should not show ({findings}).",
     Outcome.WRONG_RESULT: "Not yet: it ends ok, but its result is not the reference's ({mismatch}).",
@@ -188,12 +194,12 @@ def parts(g: Grade) -> list[tuple[str, str]]:
     ex = get(g.exercise)
     r = g.result
     out = [("verdict", _OUTCOME[g.outcome].format(
-        status=getattr(r, "status", ""), findings=", ".join(g.findings),
+        status=getattr(r, "status", ""), syntax=g.syntax, findings=", ".join(g.findings),
         mismatch=_mismatch(g.mismatch), check=" with --check clean" if ex.silent else ""))]
     if g.wrong_fix is not None:
         w = ex.wrong_fix(g.wrong_fix)
         out.append(("wrong-fix", f"Your change looks like '{w.key}', which does not fix this: {w.why}"))
-    if g.outcome in (Outcome.PASSED, Outcome.NOT_RUN):
+    if g.outcome in (Outcome.PASSED, Outcome.NOT_RUN, Outcome.SYNTAX):
         return out
     if r is not None and g.outcome is Outcome.NOT_OK:
         out.append(("explanation", r.explain()))
