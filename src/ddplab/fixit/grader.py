@@ -67,8 +67,8 @@ class Grade:
     wrong_fix: str | None = None        # the key of the known wrong fix the evidence shows
     mismatch: Mismatch | None = None
     findings: tuple[str, ...] = ()      # --check finding kinds
-    syntax: str | None = None           # Python's own syntax error, with its line (Outcome.SYNTAX)
     result: object | None = None        # the RunResult judged
+    syntax: str | None = None           # Python's own syntax error, with its line (Outcome.SYNTAX)
 
     @property
     def passed(self) -> bool:
@@ -150,7 +150,7 @@ def judge(ex: Exercise, attempt: Attempt, count: bool = True) -> Grade:
     if outcome is not Outcome.PASSED and count:
         n = _FAILED[ex.id] = n + 1
     return Grade(ex.id, outcome, n, _level(n) if outcome is not Outcome.PASSED else Level.EXPLAIN,
-                 wrong, attempt.mismatch, findings, r)
+                 wrong_fix=wrong, mismatch=attempt.mismatch, findings=findings, result=r)
 
 
 def _applies(w, attempt: Attempt) -> bool:
