@@ -11,7 +11,7 @@ TEST_STAMP = $(VENV)/.installed-test
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
 # notebooks executed at once by make workbook (a run whose verdicts compare times still has the
-# machine alone: ddplab.turns); make notebooks stores outputs, and measures each notebook alone
+# machine alone: ddplab.origins.turns); make notebooks stores outputs, and measures each notebook alone
 JOBS ?= 3
 PYTEST_ARGS ?=
 # Where torch comes from when no local wheel is at hand. Linux: PyTorch's CPU wheel index (PyPI's
@@ -29,7 +29,7 @@ INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$
 # run by .ci/run. As root with apt-get it installs what is missing; elsewhere (or with
 # DDPLAB_SYSTEM_PACKAGES=0) it installs nothing and names each part that will be skipped, and the
 # part is skipped: the build and the tests still pass.
-SYSTEM = $(PYTHON) src/ddplab/system.py install
+SYSTEM = $(PYTHON) src/ddplab/tools/system.py install
 
 .PHONY: workbook notebooks test lab install clean benchmark classroom system
 
@@ -67,11 +67,11 @@ install: $(STAMP)
 # plus one run of any variant no notebook showed.
 workbook: $(STAMP)
 	@$(SYSTEM) labs
-	$(BIN)/python -m ddplab.workbook.build --out build --jobs $(JOBS) $(WORKBOOK_ARGS)
+	$(BIN)/python -m ddplab.course.build --out build --jobs $(JOBS) $(WORKBOOK_ARGS)
 
 notebooks: $(STAMP)
 	@$(SYSTEM) labs
-	$(BIN)/python -m ddplab.workbook.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
+	$(BIN)/python -m ddplab.course.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
 
 # Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
 # (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in

@@ -7,7 +7,7 @@ parameters, plain DDP on 2 gloo ranks), and the checksum interval N that keeps i
    forward): in one job, each step is timed and then the checksum alone, so both see the same load.
    Its share of a step at interval N is median(checksum) / N / median(step). Printed for several N.
    Measured here (2 shared cores, 4 rounds): the checksum 10-12 ms against a 245-312 ms step, 4.0 %
-   at N = 1, 0.40 % at ddplab.check.EVERY = 10; the per-step wrappers -2.1 % (1 round of 4 slower:
+   at N = 1, 0.40 % at ddplab.engine.check.EVERY = 10; the per-step wrappers -2.1 % (1 round of 4 slower:
    no measurable cost). Before the checksum summed float32 bits in int32 (widening to int64 first), it
    took 97-231 ms: 7.5 % at N = 10.
 2. Everything else --check adds per step (the wrapper on DDP's forward, the optimizer pre-hook): a
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 import ddplab
-from ddplab.check import ENV, EVERY
-from ddplab.notebook import sign_test_p
+from ddplab.engine.check import ENV, EVERY
+from ddplab.course.notebook import sign_test_p
 
 STEP = Path(__file__).resolve().parent / "check_step.py"
 NEVER = 10 ** 9      # a checksum interval no run reaches: only the per-step wrappers remain
@@ -55,7 +55,7 @@ def main() -> None:
               f"steps with its wrappers {hooks['step_ms']:.1f} ms, without {hooks['bare_ms']:.1f} ms", flush=True)
     share = statistics.median(shares)
     for n in (1, 2, 5, 10, 20, 50):
-        print(f"checksum every {n:2} forwards: {100 * share / n:.2f} % of a step" + ("   <- ddplab.check.EVERY" if n == EVERY else ""))
+        print(f"checksum every {n:2} forwards: {100 * share / n:.2f} % of a step" + ("   <- ddplab.engine.check.EVERY" if n == EVERY else ""))
     slower = sum(r > 1 for r in ratios)
     hooks = statistics.median(ratios) - 1
     print(f"per-step hooks: median {100 * hooks:+.1f} % (rounds slower: {slower}/{len(ratios)}, "

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddplab
-from ddplab import lab
+from ddplab.rank import lab
 
 spec = importlib.util.spec_from_file_location("lab07", Path(__file__).resolve().parents[1] / "labs" / "07_scaling.py")
 lab07 = importlib.util.module_from_spec(spec)

@@ -51,7 +51,7 @@ def _tree_rss(p: psutil.Process) -> int:
 
 
 def one_round(k: int, root: Path) -> dict:
-    from ddplab import catalog
+    from ddplab.origins import catalog
 
     procs = []
     for i in range(k):

@@ -35,7 +35,7 @@ dist.destroy_process_group()
 
 
 def startup(nproc: int) -> float:
-    from ddplab.magic import run_source
+    from ddplab.course.magic import run_source
     t0 = time.monotonic()
     r = run_source(STARTUP, "startup", nproc=nproc, check=True, progress=None)
     if r.status != "ok":
@@ -44,7 +44,7 @@ def startup(nproc: int) -> float:
 
 
 def timed(exercise_id: str, source: str):
-    from ddplab import fixit
+    from ddplab.course import fixit
     t0 = time.monotonic()
     g = fixit.grade(exercise_id, source, progress=None, count=False)
     return time.monotonic() - t0, g
@@ -55,7 +55,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="gradings of each attempt (default 2)")
     a = p.parse_args()
     os.environ.setdefault("DDPLAB_RUNS_DIR", tempfile.mkdtemp(prefix="ddplab-fixit-bench-"))
-    from ddplab import fixit
+    from ddplab.course import fixit
     rows = []
     for ex in fixit.exercises():
         if not ex.failure.startswith("hang"):

@@ -10,7 +10,7 @@ rank's baseline: peak RSS under an RLIMIT_DATA cap on CPU, the CUDA allocator's 
 import argparse
 import statistics
 
-from ddplab.workbook import lab02
+from ddplab.course import lab02
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from ddplab.workbook import lab05
+from ddplab.course import lab05
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ import argparse
 import sys
 import tempfile
 
-from ddplab.workbook import lab06
+from ddplab.course import lab06
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from ddplab.workbook import lab07 as L
+from ddplab.course import lab07 as L
 
 
 def show(table) -> None:

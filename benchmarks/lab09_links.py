@@ -1,5 +1,5 @@
 """Lab 09's full measurement: DDP step time against link rate (plain, fp16, bf16, PowerSGD at every
-rate) and against packet loss, each point a real two-node job (ddplab.cluster). Needs root.
+rate) and against packet loss, each point a real two-node job (ddplab.origins.cluster). Needs root.
 
     .venv/bin/python benchmarks/lab09_links.py [--steps 20] [--out build/lab09_links.json]
 
@@ -11,7 +11,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ddplab.workbook import lab09
+from ddplab.course import lab09
 
 
 def main() -> int:

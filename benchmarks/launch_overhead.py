@@ -7,7 +7,7 @@
    same machine. Target: ddplab <= 1.15x bare torchrun.
 2. Seconds from the ranks' last progress to a returned diagnosis for lab 01's hang (the stall
    window, then evidence read, job ended, result built). Target: <= stall window + 2 s.
-3. Warm agents (ddplab.warm): in one process, as a notebook runs them, the median wall time of
+3. Warm agents (ddplab.origins.warm): in one process, as a notebook runs them, the median wall time of
    `ddplab.run` on the trivial script with torchrun's agent forked warm against started cold
    (DDPLAB_WARM_AGENT=0), interleaved. Target: warm <= 0.85x
    cold wall.

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 def main(nproc: int, rounds: int) -> dict:
     import many_ranks
-    from ddplab import groups
+    from ddplab.engine import groups
 
     parts: dict[str, list[float]] = {"judge": [], "text": [], "html": [], "json": []}
     for i in range(rounds):

@@ -30,7 +30,7 @@ from torch.distributed.algorithms import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Anatomy of a hang: ranks with different numbers of batches",

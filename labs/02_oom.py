@@ -15,7 +15,7 @@ the allocation FAIL with a Python exception. The kernel's OOM killer does someth
 process, which leaves no Python message at all. `oom-killer` runs that for real: the last rank moves
 itself into a child memory cgroup (v2 memory.max + memory.swap.max=0, or v1 memory.limit_in_bytes) and
 the kernel kills it at the long step. That needs a cgroup the user may write to (root, usually).
-Notebook: notebooks/02_oom.ipynb; workbook module: ddplab.workbook.lab02.
+Notebook: notebooks/02_oom.ipynb; workbook module: ddplab.course.lab02.
 
 Variants:
   oom                     the allocation fails on the last rank; torchrun ends the others. Fails fast.
@@ -33,8 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
-from ddplab.lab_memory import Memory, check_gradient, enter_memory_cgroup, is_oom, largest_fitting
+from ddplab.rank import lab
+from ddplab.rank.lab_memory import Memory, check_gradient, enter_memory_cgroup, is_oom, largest_fitting
 
 LAB = {
     "title": "Out of memory, and the OOM that turns into a hang",
@@ -53,7 +53,7 @@ LAB = {
         "fixed-coordinated-skip": {"expect": "ok", "signature": None,
                                    "about": "all-reduce an 'I failed' flag first, so every rank skips the same batch"},
     },
-    # read by ddplab.workbook.lab02 to reject a cap too small for the model before any rank starts
+    # read by ddplab.course.lab02 to reject a cap too small for the model before any rank starts
     "model": {"features": 32, "hidden": 512, "batch": 16, "long_len": 384, "steps": 4, "long_step": 2},
 }
 M = LAB["model"]

@@ -32,8 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
-from ddplab.lab_gather import ShapeMismatchError, guard_cost, mismatch_message, pad_gather, shapes_of
+from ddplab.rank import lab
+from ddplab.rank.lab_gather import ShapeMismatchError, guard_cost, mismatch_message, pad_gather, shapes_of
 
 LAB = {
     "title": "Mismatched shapes across ranks: what hangs and what does not",

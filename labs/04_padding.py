@@ -19,7 +19,7 @@ Without 2 GPUs the DataParallel variants run an EMULATION of DataParallel's own 
 Tensor.chunk along dim 0; a replica per chunk; gather: torch.cat along dim 0), with the same model and
 the same broken/fixed line. DataParallel is one process: only rank 0 runs the dp-* variants.
 
-Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.workbook.lab04.
+Notebook: notebooks/04_padding.ipynb; workbook module: ddplab.course.lab04.
 
 Variants: LAB["variants"] below, each with the outcome it must show; `--variant NAME` runs one.
 """
@@ -29,8 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 
-from ddplab import lab
-from ddplab.lab_padding import run_article_example1, run_bucketing, run_dp, run_pinned
+from ddplab.rank import lab
+from ddplab.rank.lab_padding import run_article_example1, run_bucketing, run_dp, run_pinned
 
 LAB = {
     "title": "Padded variable-length sequences under DataParallel and DDP",

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddplab import lab, ports
+from ddplab.rank import lab
+from ddplab.origins import ports
 
 LAB = {
     "title": "Port conflicts, and two jobs that meet on one port",
@@ -181,7 +182,7 @@ def main(variant: str, *, port: int = ARTICLE_PORT, pg_timeout_s: float | None =
 if __name__ == "__main__":
     import argparse
 
-    from ddplab.lab_args import within
+    from ddplab.rank.lab_args import within
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddplab import lab, lab_store
+from ddplab.rank import lab, lab_store
 
 LAB = {
     "title": "Initialization that never finishes: missing ranks, late ranks, an unreachable master",
@@ -171,7 +171,7 @@ def main(a) -> None:
 if __name__ == "__main__":
     import argparse
 
-    from ddplab.lab_args import seconds_list as floats
+    from ddplab.rank.lab_args import seconds_list as floats
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,8 +29,8 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
-from ddplab.lab_measure import CommTimer, allreduce_bandwidth, busy, copy_bandwidth
+from ddplab.rank import lab
+from ddplab.rank.lab_measure import CommTimer, allreduce_bandwidth, busy, copy_bandwidth
 
 LAB = {
     "title": "Scaling overhead, measured: where a DDP step's time goes",
@@ -177,7 +177,7 @@ def main(variant: str, *, width=(2048,), depth: int = 4, batch=(8,), steps: int 
 if __name__ == "__main__":
     import argparse
 
-    from ddplab.lab_args import ints, one_of
+    from ddplab.rank.lab_args import ints, one_of
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

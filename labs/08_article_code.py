@@ -33,7 +33,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "Run the articles' own code: silent accumulation, frozen shuffles, missing env",

@@ -1,13 +1,13 @@
 """Lab 09 - the network, for real: a two-node DDP job on one machine (network namespaces).
 
-Each node is a network namespace with its own address on a bridge (``ddplab.cluster``); torchrun
+Each node is a network namespace with its own address on a bridge (``ddplab.origins.cluster``); torchrun
 runs one agent per node with c10d rendezvous at node 0's address. Run it on two real machines:
 
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint NODE0:29400 \
         labs/09_network.py --variant slow-link            # on each machine
     ddplab run 09 --variant firewall      # the same on one machine: 2 nodes made, judged, removed
 
-Notebook: notebooks/09_network.ipynb; workbook module: ddplab.workbook.lab09. The network of each
+Notebook: notebooks/09_network.ipynb; workbook module: ddplab.course.lab09. The network of each
 variant (link cap, firewall, hosts file) is LAB["network"]: ddplab builds it around the run; this
 script is only the training job, the same on every variant except its gradient hook.
 
@@ -35,7 +35,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddplab import lab
+from ddplab.rank import lab
 
 LAB = {
     "title": "The network, for real: two nodes on one machine",
@@ -63,7 +63,7 @@ LAB = {
         "fixed-world-size": {"expect": "ok", "signature": None,
                              "about": "the same uneven nodes, torchrun's default rank assignment: WORLD_SIZE 3 on all"},
     },
-    # The network ddplab builds around each variant (ddplab.cluster.Cluster.from_spec).
+    # The network ddplab builds around each variant (ddplab.origins.cluster.Cluster.from_spec).
     "network": {
         "slow-link": {"nodes": 2, "rate_mbit": 100},
         "fixed-compress": {"nodes": 2, "rate_mbit": 100},

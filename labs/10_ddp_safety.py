@@ -4,7 +4,7 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
 
     torchrun --nproc-per-node 2 labs/10_ddp_safety.py --variant unused-params
     ddplab run 10 --variant eval-rank0        # the same, judged by progress, with a diagnosis
-Notebook: notebooks/10_ddp_safety.ipynb; its runs and measurements: ddplab.workbook.lab10.
+Notebook: notebooks/10_ddp_safety.ipynb; its runs and measurements: ddplab.course.lab10.
 
 Article 001 ("How can I resolve PyTorch DistributedDataParallel issues?") says DDP issues show as
 "deadlocks, inconsistent model states across processes, slow training speed, or outright runtime
@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ddplab import lab, lab_dataparallel
-from ddplab.lab_ddp import (buffer_sync, ddp, record_bn, record_rank_init, record_replicas, sharded_loss, step_all,
+from ddplab.rank import lab, lab_dataparallel
+from ddplab.rank.lab_ddp import (buffer_sync, ddp, record_bn, record_rank_init, record_replicas, sharded_loss, step_all,
                             train, train_bn_runs, unused_cost, wrap_measured)
 
 LAB = {

@@ -6,7 +6,7 @@ Run it by itself (gloo on CPU, NCCL when each rank has a GPU):
     torchrun --nproc-per-node 2 labs/11_amp_input.py --variant amp
     ddplab run 11 --variant slow-loader      # the same, judged by progress: slow, not stuck
 
-Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.workbook.lab11.
+Notebook: notebooks/11_amp_input.ipynb; its runs and measurements: ddplab.course.lab11.
 
 Article 001's Example 3 uses apex (`amp.initialize`, `amp.scale_loss`), deprecated for years. Here it is ported
 to torch.amp: autocast in bfloat16 on the CPU (no loss scaling needed: bf16 has float32's exponent range) and
@@ -35,8 +35,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from ddplab import lab, lab_loader
-from ddplab.lab_measure import checksum, precision, saved_bytes
+from ddplab.rank import lab, lab_loader
+from ddplab.rank.lab_measure import checksum, precision, saved_bytes
 
 LAB = {
     "title": "Mixed precision and the input pipeline: torch.amp, GradScaler under DDP, a slow DataLoader",

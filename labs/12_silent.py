@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
-from ddplab import lab
-from ddplab.lab_ddp import buffer_sync   # DDP's buffer-sync switch, named as this torch names it
+from ddplab.rank import lab
+from ddplab.rank.lab_ddp import buffer_sync   # DDP's buffer-sync switch, named as this torch names it
 
 LAB = {
     "title": "Ok but wrong: replicas that drift, samples seen twice, gradients never averaged, buffers that differ",

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab.job import socket_dir
+from ddplab.origins.job import socket_dir
 
 
 # Gone with the deadline-judged engine (a hang is judged by progress now); kept defined, as None,

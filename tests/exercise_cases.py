@@ -4,8 +4,8 @@ shows): right, wrong, empty, wrong type, the neighbouring value, the other rank,
 parameters cell shows, and a list of all the options. Only the right answers may pass."""
 from __future__ import annotations
 
-from ddplab import answers
-from ddplab.answers import Exercise
+from ddplab.course import answers
+from ddplab.course.answers import Exercise
 
 NA = object()   # "does not apply to this exercise"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (only to find torch's own files' paths, as a real stack has them)
 
-from ddplab import classify
-from ddplab.evidence import Evidence, LiveRank, RunEvidence, Watch
-from ddplab.ledger import Collective
+from ddplab.engine import classify
+from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, Watch
+from ddplab.engine.ledger import Collective
 from ddplab.result import RunResult
-from ddplab.stacks import Frame
+from ddplab.engine.stacks import Frame
 
 C10D = str(__import__("pathlib").Path(torch.__file__).parent / "distributed" / "distributed_c10d.py")
 SCRIPT = "/work/job/train.py"

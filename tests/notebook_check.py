@@ -4,7 +4,7 @@ files so that pytest-xdist's --dist loadfile puts the executions on both workers
 import json
 from pathlib import Path
 
-from ddplab.workbook import build
+from ddplab.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -1,4 +1,4 @@
-"""ddplab.agreement: the ranks' launch records compared (pure), and the exchange through a real TCPStore.
+"""ddplab.rank.agreement: the ranks' launch records compared (pure), and the exchange through a real TCPStore.
 
 Only one torch build exists on this machine, so a torch or NCCL version disagreement is tested here on
 records, not on a run; lab 09's test runs the WORLD_SIZE disagreement for real on two nodes."""
@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from ddplab import agreement
-from ddplab.agreement import Launched, compare, exchange
+from ddplab.rank import agreement
+from ddplab.rank.agreement import Launched, compare, exchange
 
 
 def rec(rank, world, node, local=1, torch="2.13.0+cpu", python="3.11.7", nccl=None, pid=None, identical=False):

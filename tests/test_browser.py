@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddplab import system
+from ddplab.tools import system
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "00_start_here.ipynb"
@@ -186,7 +186,7 @@ def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
     assert re.search(r" s \| (rank 0: .*rank 1: |ranks 0-1: )", live), live
     assert sorted(ranks) == ["0", "1"], ranks        # one row per group of ranks; lab 01's broken ranks differ
     # the panel starts on lab 01's first variant: the learner sees the verdict the catalog expects of it
-    from ddplab import catalog
+    from ddplab.origins import catalog
     assert verdict == catalog.find_lab("01").variants[0].expect.upper(), verdict
     assert SHOT.stat().st_size > 10_000
     from conftest import assert_nothing_left

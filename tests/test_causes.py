@@ -1,11 +1,11 @@
-"""Known user mistakes named with their fix (ddplab.causes): matched on what an error means
+"""Known user mistakes named with their fix (ddplab.engine.causes): matched on what an error means
 (exception type and key phrases) in messages captured from real runs, in the wordings other
 torch versions used (as reported), and in real runs of a GPU script on this CPU-only torch."""
 from pathlib import Path
 
 import pytest
 
-from ddplab import causes, signatures
+from ddplab.engine import causes, signatures
 from test_signatures import EXPECTED
 
 SCRIPTS = Path(__file__).parent / "scripts"

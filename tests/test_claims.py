@@ -1,4 +1,4 @@
-"""The claims register (ddplab.claim_register) and its rules of judgement (ddplab.claims): each article
+"""The claims register (ddplab.course.claim_register) and its rules of judgement (ddplab.course.claims): each article
 sentence once, found word for word in its article (where the articles are beside the checkout), every
 sentence a notebook quotes registered, one verdict per sentence across the stored notebooks, and the
 rules tested on constructed parts."""
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import articles, claim_register, claims
-from ddplab.workbook import lab09
+from ddplab.course import articles, claim_register, claims
+from ddplab.course import lab09
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = sorted(p.stem[3:] for p in (ROOT / "src" / "ddplab" / "workbook").glob("lab[0-9][0-9].py"))
+LABS = sorted(p.stem[3:] for p in (ROOT / "src" / "ddplab" / "course").glob("lab[0-9][0-9].py"))
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if p.name[:2] != "00"}
 
 
@@ -82,7 +82,7 @@ def test_the_quotation_check_sees_a_quoted_sentence():
 
 @pytest.mark.parametrize("lab", LABS)
 def test_each_lab_supplies_the_register_its_parts(lab):
-    m = importlib.import_module(f"ddplab.workbook.lab{lab}")
+    m = importlib.import_module(f"ddplab.course.lab{lab}")
     assert callable(m.claim_inputs) and not hasattr(m, "CLAIMS") and not hasattr(m, "claim_check")
     assert claims.for_lab(lab), f"lab {lab} quotes no registered claim"
 

@@ -1,4 +1,4 @@
-"""Classification (ddplab.classify) on evidence captured from real runs: pure, no processes.
+"""Classification (ddplab.engine.classify) on evidence captured from real runs: pure, no processes.
 
 tests/data/run_<case>/ is a run directory as the ranks and torchrun left it (tests/data/capture_runs.py).
 For a hang, the live evidence at the verdict is rebuilt from what was captured then: each hung rank's
@@ -7,9 +7,9 @@ main-thread stack (kept in result.json) and its flight-recorder dump (ranks/rank
 import json
 from pathlib import Path
 
-from ddplab import classify, evidence, ledger, signatures
+from ddplab.engine import classify, evidence, ledger, signatures
 from ddplab.result import RankResult
-from ddplab.stacks import Frame, Where
+from ddplab.engine.stacks import Frame, Where
 
 DATA = Path(__file__).parent / "data"
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ddplab import classroom
+from ddplab.tools import classroom
 from ddplab.errors import DdplabError
 
 CLEAN = {"PATH": "/usr/bin", "DDPLAB_RUNS_DIR": "/tmp/learner-a"}

@@ -1,4 +1,4 @@
-"""ddplab.cluster for real: namespaces, links, caps, firewall rules made and removed, and nothing left
+"""ddplab.origins.cluster for real: namespaces, links, caps, firewall rules made and removed, and nothing left
 after an exception, SIGTERM or SIGKILL (the next Cluster removes a dead owner's objects by name)."""
 import os
 import shutil
@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from ddplab import cluster, system
-from ddplab.cluster import Cluster, Firewall
+from ddplab.origins import cluster
+from ddplab.tools import system
+from ddplab.origins.cluster import Cluster, Firewall
 
 needs = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
 
@@ -85,7 +86,7 @@ def test_an_exception_inside_tears_down():
     assert gone(c.run_id)
 
 
-CHILD = ("import sys,time\nfrom ddplab.cluster import Cluster, Firewall\n"
+CHILD = ("import sys,time\nfrom ddplab.origins.cluster import Cluster, Firewall\n"
          "with Cluster(nodes=2, rate_mbit=100, firewall={0: Firewall(block_ports=(1024, 65535))}) as c:\n"
          "    print(c.run_id, flush=True)\n    time.sleep(120)\n")
 

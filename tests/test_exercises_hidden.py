@@ -2,7 +2,7 @@
 that checker accepts.
 
 Each checker's output carries, in its metadata, the exercise's key and the answers it accepted in
-that execution (`ddplab.answers.Checked`); the answer's kind (`ddplab.answers`) says how such an
+that execution (`ddplab.course.answers.Checked`); the answer's kind (`ddplab.course.answers`) says how such an
 answer reads in an output (its needles). Nothing here parses the checkers' sentences."""
 import html
 import importlib
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import answers
+from ddplab.course import answers
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
@@ -56,7 +56,7 @@ def revealed(cells: list[dict], index: int, kind: answers.Kind, accepted: list) 
 
 
 def _module(nb: Path):
-    return importlib.import_module(f"ddplab.workbook.lab{nb.name[:2]}")
+    return importlib.import_module(f"ddplab.course.lab{nb.name[:2]}")
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import assert_nothing_left
 
-from ddplab import fixit
-from ddplab.fixit import Level, Outcome
+from ddplab.course import fixit
+from ddplab.course.fixit import Level, Outcome
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CASES = [(ex.id, "broken") for ex in fixit.exercises()] + [(ex.id, "reference") for ex in fixit.exercises()] + \

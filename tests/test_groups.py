@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import groups
-from ddplab.render import status_line
+from ddplab.engine import groups
+from ddplab.views.render import status_line
 from ddplab.result import RankError
-from ddplab.supervise import Snapshot
+from ddplab.engine.supervise import Snapshot
 
 sys.path.insert(0, str(Path(__file__).parent))
 import many_ranks  # noqa: E402
-from ddplab.stacks import short_path  # noqa: E402
+from ddplab.engine.stacks import short_path  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -2,8 +2,9 @@
 PyTorch's own timeout error."""
 import pytest
 
-from ddplab import catalog, claims
-from ddplab.workbook import lab01
+from ddplab.origins import catalog
+from ddplab.course import claims
+from ddplab.course import lab01
 
 import exercise_cases
 
@@ -85,7 +86,7 @@ def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
     """torch's in-job debug server, fetched over HTTP while the broken job hangs, shows each rank in
     the same collective at the same line as ddplab's diagnosis from outside; nothing outlives it."""
     from urllib.parse import urlsplit
-    from ddplab.ports import holder
+    from ddplab.origins.ports import holder
     from conftest import assert_nothing_left
 
     view = lab01.debug_server_view(run_root=tmp_path / "runs")
@@ -103,7 +104,7 @@ def test_debug_server_page_is_read_per_rank():
     """A /stacks page captured from a real hung run of lab 01 (torch 2.13, gloo): each rank's main
     thread is found behind the server's own "Current thread", and classified as ddplab does."""
     from pathlib import Path
-    from ddplab import stacks
+    from ddplab.engine import stacks
 
     page = (Path(__file__).parent / "data" / "debug_server_stacks.html").read_text()
     blocks = lab01.stacks_by_rank(page)

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 from conftest import job_processes
 
-from ddplab import DdplabError, claims, signatures
-from ddplab.workbook import lab02
+from ddplab import DdplabError
+from ddplab.course import claims
+from ddplab.engine import signatures
+from ddplab.course import lab02
 
 import exercise_cases
 

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import catalog, claims, signatures
+from ddplab.origins import catalog
+from ddplab.course import claims
+from ddplab.engine import signatures
 from ddplab.errors import DdplabError
-from ddplab.workbook import lab03
+from ddplab.course import lab03
 
 import exercise_cases
 

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_gpus
-from ddplab import catalog, claims, signatures
+from ddplab.origins import catalog
+from ddplab.course import claims
+from ddplab.engine import signatures
 from ddplab.errors import DdplabError
-from ddplab.workbook import lab04
+from ddplab.course import lab04
 
 import exercise_cases
 
@@ -183,7 +185,7 @@ def test_exercise_checkers_right_wrong_and_adversarial(runs):
 
 def test_padding_fraction_counts_the_first_prediction_only():
     """A sweep (0.1, 0.2, ... until one passes) is judged on its first answer."""
-    from ddplab import answers
+    from ddplab.course import answers
 
     judged = []
     ex = answers.Exercise("sweep", answers.Number(0, 1), lambda v, run: judged.append(v) or

@@ -5,8 +5,10 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import claims, ports, signatures
-from ddplab.workbook import lab05
+from ddplab.course import claims
+from ddplab.origins import ports
+from ddplab.engine import signatures
+from ddplab.course import lab05
 
 import exercise_cases
 from conftest import assert_nothing_left

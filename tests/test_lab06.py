@@ -16,8 +16,12 @@ import torch
 from conftest import assert_nothing_left
 
 import ddplab
-from ddplab import DdplabError, catalog, claims, preflight, signatures
-from ddplab.workbook import lab06
+from ddplab import DdplabError
+from ddplab.origins import catalog
+from ddplab.course import claims
+from ddplab.tools import preflight
+from ddplab.engine import signatures
+from ddplab.course import lab06
 
 import exercise_cases
 

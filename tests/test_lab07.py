@@ -5,8 +5,9 @@ import pytest
 
 from conftest import assert_nothing_left, requires_gpus
 import ddplab
-from ddplab import DdplabError, claims
-from ddplab.workbook import lab07 as L
+from ddplab import DdplabError
+from ddplab.course import claims
+from ddplab.course import lab07 as L
 
 import exercise_cases
 

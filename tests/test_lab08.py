@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 from conftest import assert_nothing_left, job_processes
 
-from ddplab import DdplabError, claims, signatures
-from ddplab.workbook import lab08
+from ddplab import DdplabError
+from ddplab.course import claims
+from ddplab.engine import signatures
+from ddplab.course import lab08
 
 import exercise_cases
 

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_nothing_left
-from ddplab import catalog, cluster, runfiles
+from ddplab.origins import catalog, cluster
+from ddplab import runfiles
 from ddplab.errors import DdplabError
-from ddplab.workbook import lab09
+from ddplab.course import lab09
 
 import exercise_cases
 
@@ -164,7 +165,7 @@ def test_the_same_uneven_nodes_without_the_fast_path_agree_and_train(disagree):
 
 
 def test_env_inconsistent_evidence_holds_from_these_runs(disagree):
-    from ddplab import claims
+    from ddplab.course import claims
     ev = lab09.env_evidence(disagree["job"], disagree["launch"], disagree["fixed"])
     assert {k: p.state for k, p in ev.parts.items()} == {"world_size_disagreement_stops_init": "holds",
                                                           "consistent_launch_forms_it": "holds"}

@@ -6,8 +6,9 @@ article 002's custom layer under DataParallel (an emulation without 2 GPUs)."""
 import pytest
 from conftest import assert_nothing_left, gpu_count, job_processes, requires_gpus
 
-from ddplab import DdplabError, claims
-from ddplab.workbook import lab10
+from ddplab import DdplabError
+from ddplab.course import claims
+from ddplab.course import lab10
 
 import exercise_cases
 
@@ -39,7 +40,7 @@ def runs(tmp_path_factory):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_every_variant_ends_as_the_catalog_says(runs):
-    from ddplab import catalog
+    from ddplab.origins import catalog
     for v in catalog.find_lab("10").variants:
         r = runs[v.name]
         assert (r.status, r.signature) == (v.expect, v.signature), v.name
@@ -82,7 +83,7 @@ def test_batchnorm_statistics_across_non_iid_ranks(runs):
     assert max(bn["averaged"]["mean_error"].values()) < 1e-5
     assert min(bn["averaged"]["var_error"].values()) > shift ** 2 / 8
     s = lab10.syncbn(runs["batchnorm"])
-    # the ranks run on CUDA only where every rank has a GPU (ddplab.lab.setup); which way it went is asserted
+    # the ranks run on CUDA only where every rank has a GPU (ddplab.rank.lab.setup); which way it went is asserted
     assert (s["device"] == "cpu") is (gpu_count() < 2), s
     if s["device"] == "cpu":
         assert (s["ok"], s["error_type"]) == (False, "ValueError") and "GPU" in s["error"]

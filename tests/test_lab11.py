@@ -5,8 +5,9 @@ mid-wait must not call hung, and the DataLoader sweep. One run per variant for t
 (module-scoped), every exercise checker tried on right, wrong and adversarial answers against it."""
 import pytest
 
-from ddplab import DdplabError, claims
-from ddplab.workbook import lab11
+from ddplab import DdplabError
+from ddplab.course import claims
+from ddplab.course import lab11
 
 import exercise_cases
 
@@ -232,7 +233,7 @@ def test_check_where_rank0_waits(r_stopped):
 
 def _rank(n, kind, op=None, state="running"):
     from ddplab.result import RankResult
-    from ddplab.stacks import Where
+    from ddplab.engine.stacks import Where
     return RankResult(rank=n, pid=100 + n, state=state, exit_code=None, signal="SIGTERM",
                       where=Where(kind, op) if kind else None)
 
@@ -245,6 +246,6 @@ def _rank(n, kind, op=None, state="running"):
     ((("collective", "all_reduce"), ("collective", "all_reduce")), []),
 ])
 def test_waits_for_data_needs_a_rank_in_its_dataloader_and_the_rest_in_collectives(ranks, expect):
-    from ddplab import classify
+    from ddplab.engine import classify
     rs = tuple(_rank(n, kind, op) for n, (kind, op) in enumerate(ranks))
     assert classify.waits_for_data(rs) == expect

@@ -8,10 +8,10 @@ from conftest import assert_nothing_left
 
 import ddplab
 from ddplab import DdplabError
-from ddplab.check import KINDS, CheckReport, Finding, compare_records
+from ddplab.engine.check import KINDS, CheckReport, Finding, compare_records
 from ddplab.cli import main as cli_main
 from ddplab.result import RunResult
-from ddplab.workbook import lab12
+from ddplab.course import lab12
 
 import exercise_cases
 
@@ -185,7 +185,7 @@ def test_report_survives_result_json(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
 def test_claim_rows_are_computed_from_the_runs(runs):
-    from ddplab import claims
+    from ddplab.course import claims
     inputs = lab12.claim_inputs(runs)
     assert set(inputs.rows) == {c.key for c in claims.for_lab("12") if "12" in c.parts}
     v = {k: claims.judge_alone(k, "12", e).verdict for k, e in inputs.rows.items()}

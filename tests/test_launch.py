@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab import launch
+from ddplab.origins import launch
 from conftest import assert_nothing_left, wait_until
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -286,7 +286,7 @@ def test_launch_command_is_built_in_one_place(tmp_path):
     job = launch.resolve("01", "broken", None, None, run_root=tmp_path)
     assert job.deadline_s is None and job.stall_s > 0           # a lab: no outer limit by default
     cmd = launch.build_launch_command(job)
-    assert cmd[1:3] == ["-m", "ddplab._torchrun"]
+    assert cmd[1:3] == ["-m", "ddplab.origins._torchrun"]
     assert "127.0.0.1:0" in cmd and cmd[-2:] == ["--variant", "broken"]
     env = launch.launch_environment(job)
     assert env["DDPLAB_RUN_DIR"] == str(job.run_dir)
@@ -334,7 +334,7 @@ def test_sigint_to_ddplab_run_ends_everything(tmp_path):
 
 def _ranks_with_a_ledger(runs_dir: Path) -> int:
     """How many ranks of the one job under ``runs_dir`` have issued a collective (their flight recorder says so)."""
-    from ddplab import evidence, ledger, probe
+    from ddplab.engine import evidence, ledger, probe
     dirs = {p.parent.parent for p in runs_dir.glob("*/*/ranks/rank?.json")}
     infos = evidence.rank_infos(next(iter(dirs))) if dirs else {}
     return sum(bool(ledger.parse(probe.ledger(i["socket"], timeout_s=1.0))) for i in infos.values() if i.get("socket"))
@@ -342,7 +342,7 @@ def _ranks_with_a_ledger(runs_dir: Path) -> int:
 
 def _stacks_of_tree(pid: int) -> str:
     import psutil
-    from ddplab.stacks import pyspy_path
+    from ddplab.engine.stacks import pyspy_path
 
     exe, out = pyspy_path(), []
     try:
@@ -369,7 +369,7 @@ def test_runs_named_in_one_millisecond_get_their_own_folders(tmp_path):
     """Two jobs started together (lab 05's pair) once shared a folder, each reading the other's records."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ddplab.job import new_run_dir
+    from ddplab.origins.job import new_run_dir
     with ThreadPoolExecutor(4) as pool:
         dirs = list(pool.map(lambda _: new_run_dir(tmp_path, "fixed"), range(200)))
     assert len(set(dirs)) == 200 and all(d.parent == tmp_path and d.name.split("-", 3)[3].startswith("fixed")

@@ -1,4 +1,4 @@
-"""The collective ledger (ddplab.ledger) on flight-recorder dumps captured from real runs.
+"""The collective ledger (ddplab.engine.ledger) on flight-recorder dumps captured from real runs.
 
 tests/data/run_<case>/ranks/rankN.fr_trace.json: torch's own dump, read through the rank's worker
 server while the job hung (tests/data/capture_runs.py); rankN.exit.json: the ledger a rank left
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import ledger
+from ddplab.engine import ledger
 
 DATA = Path(__file__).parent / "data"
 

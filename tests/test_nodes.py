@@ -5,7 +5,7 @@ a folder with no evidence, two jobs, a cut-short dump).
 
 The two-node job here is two torchrun agents on this machine (``--nnodes 2``, c10d rendezvous on
 loopback), each a node with its own ranks; ``test_a_hang_across_namespaced_nodes`` does the same on
-``ddplab.cluster``'s namespaced nodes where the machine has the tools.
+``ddplab.origins.cluster``'s namespaced nodes where the machine has the tools.
 """
 import json
 import os
@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddplab import cluster, runfiles
-from ddplab.job import HOOK_DIR
+from ddplab.origins import cluster
+from ddplab import runfiles
+from ddplab.origins.job import HOOK_DIR
 from conftest import assert_nothing_left
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_last_rank.py"
@@ -200,10 +201,10 @@ def test_explain_reads_torchs_own_flight_recorder_dumps(tmp_path):
 @pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
 @pytest.mark.timeout(300)
 def test_a_hang_across_namespaced_nodes(tmp_path):
-    """Two ddplab.cluster nodes (network namespaces), the job started the way a cluster starts it (one
+    """Two ddplab.origins.cluster nodes (network namespaces), the job started the way a cluster starts it (one
     torchrun agent per node, no ddplab supervising), attached on each node, explained from the folders."""
-    from ddplab import job as job_mod
-    from ddplab.cluster import Cluster
+    from ddplab.origins import job as job_mod
+    from ddplab.origins.cluster import Cluster
 
     j = job_mod.resolve(Path(SCRIPT), None, 2, None, run_root=tmp_path, env={"GLOO_SOCKET_IFNAME": "eth0"})
     j.run_dir.mkdir(parents=True)
@@ -218,7 +219,7 @@ def test_a_hang_across_namespaced_nodes(tmp_path):
         try:
             def agents():
                 return [q for q in psutil.Process(parent.pid).children(recursive=True)
-                        if "ddplab._torchrun" in q.cmdline()[:4]]
+                        if "ddplab.origins._torchrun" in q.cmdline()[:4]]
             while len(list(job_mod.socket_dir(j.run_dir).glob("r*.sock"))) < 4:
                 assert parent.poll() is None, "the job ended before its ranks started"
                 time.sleep(0.2)

@@ -1,6 +1,6 @@
 """Every notebook executes once, headless, under papermill with its CI-sized parameters (into
 build/test-notebooks/); on that one execution the cells marked NBVAL_CHECK_OUTPUT are compared with
-the outputs stored in notebooks/ (ddplab.workbook.build.compare_checked). The stored outputs must
+the outputs stored in notebooks/ (ddplab.course.build.compare_checked). The stored outputs must
 come from one commit that is not older than the notebook's lab script or workbook module."""
 import json
 import subprocess
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ddplab.workbook import build
+from ddplab.course import build
 from notebook_check import FIRST, LATER, NOTEBOOKS, ROOT, execute_and_compare
 
 
 def test_every_lab_has_a_notebook():
-    from ddplab import catalog
+    from ddplab.origins import catalog
     have = {p.name[:2] for p in NOTEBOOKS}
     assert {lab.number for lab in catalog.labs()} <= have
 
@@ -100,7 +100,7 @@ def _sources_of(path: Path) -> list[str]:
     n = path.name[:2]
     if n == "00":
         return ["labs"]
-    return [f":(glob)labs/{n}_*.py", f"src/ddplab/workbook/lab{n}.py"]
+    return [f":(glob)labs/{n}_*.py", f"src/ddplab/course/lab{n}.py"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -129,7 +129,7 @@ def test_every_notebook_was_executed_at_one_commit():
 def test_the_instructor_route_quotes_the_stored_seconds():
     """docs/instructor.md's route gives each notebook's seconds as the stored execution recorded them
     (metadata.ddplab.seconds): a number typed by hand goes stale at the next execution."""
-    from ddplab.workbook import build
+    from ddplab.course import build
     text = (ROOT / "docs" / "instructor.md").read_text()
     stored = {p.stem: round(json.loads(p.read_text())["metadata"]["ddplab"]["seconds"]) for p in NOTEBOOKS}
     quoted = build.route_seconds(text)
@@ -183,7 +183,7 @@ def test_workflow_runs_papermill_with_parameters_and_keeps_what_it_made():
     wf = yaml.safe_load(WORKFLOW.read_text())
     steps = wf["jobs"]["workbook"]["steps"]
     runs = "\n".join(s.get("run", "") for s in steps)
-    assert "ddplab.workbook.build" in runs and " -p " in runs     # papermill, parameters in
+    assert "ddplab.course.build" in runs and " -p " in runs     # papermill, parameters in
     assert "GITHUB_STEP_SUMMARY" in runs and "build/summary.md" in runs
     upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert "build/notebooks/" in upload["with"]["path"] and upload.get("if") == "always()"
@@ -197,7 +197,7 @@ def test_summary_takes_notebook_runs_and_runs_only_what_no_notebook_showed(tmp_p
     """Lab 01: three variants shown by a notebook's runs as the catalog expects are taken as they are;
     fixed-join, run by a notebook only with a knob that made it hang, is run once more here with the
     lab's defaults, and the notebook's other outcome is listed with it."""
-    from ddplab import catalog
+    from ddplab.origins import catalog
     lab = catalog.find_lab("01")
     by_notebook = {"01_hang": [{"target": lab.id, "variant": v.name, "status": v.expect, "signature": v.signature,
                                 "wall_s": 1.5} for v in lab.variants if v.name != "fixed-join"]}
@@ -268,7 +268,7 @@ def test_schedule_runs_everything_in_order_alone_or_longest_first_together():
 
 
 def test_the_catalog_marks_the_variants_whose_verdicts_compare_times():
-    from ddplab import catalog
+    from ddplab.origins import catalog
     measured = {(lab.number, v.name) for lab in catalog.labs() for v in lab.variants if v.measured}
     assert {("07", v.name) for v in catalog.find_lab("07").variants} <= measured    # step times, every run
     assert {("09", "lossy-link"), ("10", "unused-fixed"), ("11", "loader-sweep")} <= measured
@@ -285,7 +285,7 @@ def test_opening_quotes_the_recorded_seconds(path):
 
 
 def test_stamp_route_writes_each_notebooks_stored_seconds_and_keeps_the_rest():
-    from ddplab.workbook import build
+    from ddplab.course import build
     text = ("| 0:15 | 01_hang | 50 s | x |\n| 2:30 | 07_scaling or 08_article_code | 33 / 18 s | y |\n"
             "Take-home: 04_padding (25 s), 09_network\n(78 s; Linux), 10_ddp_safety (38 s).\n| 3:00 | 99_x | 5 s | z |\n")
     got = build.stamp_route(text, {"01_hang": 61.4, "08_article_code": 19.6, "09_network": 101.0, "04_padding": 24.5})
@@ -306,7 +306,7 @@ def test_catalog_parse_retries_cpython_311s_spurious_ast_error_and_raises_real_o
     """python/cpython#106905: a parse overlapping another thread's raises a SystemError that a
     second parse does not; a SyntaxError, or a mismatch that keeps coming back, is raised."""
     import ast
-    from ddplab import catalog
+    from ddplab.origins import catalog
     real, calls = ast.parse, []
 
     def flaky(source, filename="<unknown>", fails=1):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import causes, signatures
+from ddplab.engine import causes, signatures
 
 DATA = Path(__file__).parent / "data"
 
@@ -25,7 +25,7 @@ EXPECTED = {
     "real_cuda_oom_new.txt": "cuda-oom",
     "real_nccl_error.txt": "nccl-error",
     "real_no_torchrun.txt": "missing-master-env",
-    # known user mistakes (ddplab.causes), captured by tests/data/capture_causes.py
+    # known user mistakes (ddplab.engine.causes), captured by tests/data/capture_causes.py
     "real_cuda_set_device_cpu_torch.txt": "cuda-on-cpu-torch",
     "real_cuda_tensor_cpu_torch.txt": "cuda-on-cpu-torch",
     "real_ddp_device_ids_cpu.txt": "ddp-device-ids-cpu",
@@ -79,7 +79,7 @@ def test_catalog_entries_are_complete():
 
 def test_every_signature_classify_gives_is_in_the_catalog():
     import inspect
-    from ddplab import classify
+    from ddplab.engine import classify
 
     ids = {s.id for s in signatures.STACK_CATALOG}
     given = set(re.findall(r'"((?:hang|stalled|no|deadline|rank)-[a-z-]+)"', inspect.getsource(classify)))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import stacks
-from ddplab.stacks import Frame, Where
+from ddplab.engine import stacks
+from ddplab.engine.stacks import Frame, Where
 
 DATA = Path(__file__).parent / "data"
 

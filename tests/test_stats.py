@@ -1,10 +1,10 @@
-"""The tests timing claims are judged by (ddplab.notebook): checked against brute force."""
+"""The tests timing claims are judged by (ddplab.course.notebook): checked against brute force."""
 import random
 from itertools import combinations
 
 import pytest
 
-from ddplab.notebook import P_LEVEL, rank_sum_p, sign_test_p
+from ddplab.course.notebook import P_LEVEL, rank_sum_p, sign_test_p
 
 
 def _brute_rank_sum_p(slower, than):
@@ -39,7 +39,7 @@ def test_rank_sum_p_agrees_with_enumeration_ties_included(seed):
 
 
 def test_rank_sum_p_of_long_runs_is_the_normal_approximation():
-    from ddplab import notebook
+    from ddplab.course import notebook
     # 50 steps a run: exact; 200 steps a run (lab 09's largest): normal, close to exact where both apply
     a, b = [float(i) + 0.5 for i in range(50)], [float(i) for i in range(50)]
     exact = rank_sum_p(a, b)

@@ -10,7 +10,7 @@ import time
 import psutil
 from conftest import wait_until
 
-from ddplab.supervise import waiting_for_cpu
+from ddplab.engine.supervise import waiting_for_cpu
 
 READY = "import sys; open(sys.argv[1], 'w').close()\n"
 SPIN = READY + "while True: pass"

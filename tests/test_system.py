@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddplab import cluster, system
-from ddplab.workbook import build
+from ddplab.origins import cluster
+from ddplab.tools import system
+from ddplab.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "src" / "ddplab" / "system.py"
+SCRIPT = ROOT / "src" / "ddplab" / "tools" / "system.py"
 
 
 def test_a_missing_tool_is_named_with_its_install_command(monkeypatch, tmp_path):

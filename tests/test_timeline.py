@@ -1,4 +1,4 @@
-"""A run's ledger drawn as a timeline (ddplab.timeline): rows per rank or per group, marks per
+"""A run's ledger drawn as a timeline (ddplab.views.timeline): rows per rank or per group, marks per
 collective, the stall and the divergence marked; timeline.png written when a run hangs or fails."""
 import sys
 import threading
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import timeline
+from ddplab.views import timeline
 
 sys.path.insert(0, str(Path(__file__).parent))
 import many_ranks  # noqa: E402

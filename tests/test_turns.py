@@ -1,4 +1,4 @@
-"""ddplab.turns for real: processes that take turns on one machine (flock), as make workbook's
+"""ddplab.origins.turns for real: processes that take turns on one machine (flock), as make workbook's
 notebooks do. A run that wants the machine alone waits for the shared runs in progress, and a shared
 run that comes after it waits for it (the turnstile), so it cannot be starved. A measured lab run
 starts its job at once and its ranks wait for the machine before anything is timed."""
@@ -13,13 +13,13 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import turns
+from ddplab.origins import turns
 from conftest import wait_until
 
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from ddplab import turns
+from ddplab.origins import turns
 name, alone, folder = sys.argv[1], sys.argv[2] == "alone", Path(sys.argv[3])
 (folder / f"{name}.trying").touch()
 with turns.turn(alone=alone):
@@ -120,7 +120,7 @@ def test_the_lock_table_shows_a_turn_that_is_held(monkeypatch, tmp_path):
 
 def _rank_frames(run_dir: Path, rank: int) -> list[str]:
     """The functions on rank ``rank``'s main-thread stack, through its worker server (empty until it is up)."""
-    from ddplab import probe, stacks
+    from ddplab.engine import probe, stacks
     try:
         sock = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())["socket"]
     except (OSError, ValueError, KeyError):
@@ -151,7 +151,7 @@ def shared_turn(tmp_path, monkeypatch):
 @pytest.mark.timeout(180)
 def test_a_measured_run_starts_its_job_at_once_but_its_ranks_wait_for_the_machine(tmp_path, shared_turn):
     # make workbook: lab 07's link run measures all-reduce bandwidth. A shared turn is in progress,
-    # so its job starts (agent, ranks, import torch) but no rank may get past ddplab.lab's import
+    # so its job starts (agent, ranks, import torch) but no rank may get past ddplab.rank.lab's import
     # (where anything is timed) until the shared run has ended.
     box = {}
     runs = tmp_path / "runs"
@@ -186,16 +186,16 @@ def test_a_rank_whose_launcher_is_gone_stops_waiting(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     env = dict(os.environ, **{turns.GO_ENV: f"{tmp_path / 'never'} {dead.pid}"})
-    p = subprocess.run([sys.executable, "-c", "from ddplab import turns; turns.wait_for_go()"], env=env,
+    p = subprocess.run([sys.executable, "-c", "from ddplab.origins import turns; turns.wait_for_go()"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and f"launcher (pid {dead.pid})" in p.stderr
 
 
 def test_every_lab_with_a_measured_variant_imports_ddplab_lab_where_its_ranks_wait():
-    # the early alone turn relies on it: a script that never imported ddplab.lab would be timed on a
+    # the early alone turn relies on it: a script that never imported ddplab.rank.lab would be timed on a
     # machine still shared with the runs in progress
     import ast
-    from ddplab import catalog
+    from ddplab.origins import catalog
 
     measured = [lab for lab in catalog.labs() if any(v.measured for v in lab.variants)]
     assert {lab.number for lab in measured} >= {"07", "09", "10", "11"}
@@ -203,4 +203,4 @@ def test_every_lab_with_a_measured_variant_imports_ddplab_lab_where_its_ranks_wa
         tree = catalog.parse(lab.path)
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ddplab"
                     for a in n.names} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert "lab" in imported or "ddplab.lab" in imported, f"{lab.path.name} does not import ddplab.lab"
+        assert "lab" in imported or "ddplab.rank.lab" in imported, f"{lab.path.name} does not import ddplab.rank.lab"

@@ -1,4 +1,4 @@
-"""Who the others waited for, and whether it was busy, blocked or gone (ddplab.waits): a real
+"""Who the others waited for, and whether it was busy, blocked or gone (ddplab.engine.waits): a real
 collective timeout while the awaited rank computes, and synthetic hangs."""
 import dataclasses
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import waits
+from ddplab.engine import waits
 
 sys.path.insert(0, str(Path(__file__).parent))
 import many_ranks  # noqa: E402

@@ -1,4 +1,4 @@
-"""ddplab.warm for real: each run's torchrun agent forked from a process that imported torch once.
+"""ddplab.origins.warm for real: each run's torchrun agent forked from a process that imported torch once.
 The forked agent must be torchrun in every way the launcher and a learner can see (status, exit
 code, evidence, nothing left running), go cold when it cannot be warm, and the warm process must
 go when its launcher goes, however the launcher ends."""
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import warm
+from ddplab.origins import warm
 
 pytestmark = pytest.mark.skipif(not warm.enabled(), reason="warm agents fork after importing torch: Linux only")
 
@@ -36,7 +36,7 @@ def test_runs_use_one_warm_process_and_judge_as_cold_runs_do(tmp_path, monkeypat
         assert (hot.status, hot.signature, hot.returncode, hot.leftover) == \
             (cold.status, cold.signature, cold.returncode, cold.leftover)
         assert [r.where and r.where.kind for r in hot.ranks] == [r.where and r.where.kind for r in cold.ranks]
-        if hot.returncode is not None:   # it ended by itself: ddplab._torchrun's outcome, as data
+        if hot.returncode is not None:   # it ended by itself: ddplab.origins._torchrun's outcome, as data
             assert json.loads((Path(hot.run_dir) / "torchrun.json").read_text())["returncode"] == hot.returncode
     ok, hung, failed = runs["warm"]
     assert (ok.status, ok.returncode) == ("ok", 0)
@@ -61,7 +61,7 @@ def test_an_environment_torch_reads_at_import_goes_cold(tmp_path, monkeypatch):
 LAUNCHER = textwrap.dedent("""
     import os, sys, time
     import ddplab
-    from ddplab import warm
+    from ddplab.origins import warm
     r = ddplab.run("01", variant="fixed-sampler", run_root=sys.argv[1])
     print(r.status, warm.server().proc.pid, flush=True)
     time.sleep(600)
@@ -88,7 +88,7 @@ def test_the_warm_process_goes_with_its_launcher(tmp_path, how):
 
 
 def test_attach_to_the_warm_process_says_what_it_is(tmp_path, monkeypatch):
-    from ddplab.attach import find_job
+    from ddplab.origins.attach import find_job
     from ddplab.errors import DdplabError
 
     monkeypatch.setenv(warm.ENV, "1")

@@ -7,7 +7,7 @@ from conftest import assert_nothing_left
 
 
 def test_panel_lists_the_labs_variants():
-    from ddplab.widgets import panel
+    from ddplab.course.widgets import panel
     p = panel("01")
     assert list(p.variant.options) == ["broken", "rank-conditional", "fixed-sampler", "fixed-join"]
     p.variant.value = "fixed-join"
@@ -16,7 +16,7 @@ def test_panel_lists_the_labs_variants():
 
 def test_panel_rejects_an_unknown_lab():
     from ddplab import DdplabError
-    from ddplab.widgets import panel
+    from ddplab.course.widgets import panel
     with pytest.raises(DdplabError, match="ddplab list"):
         panel("99")
 
@@ -24,7 +24,7 @@ def test_panel_rejects_an_unknown_lab():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_clicking_run_starts_a_real_job(session_runs_dir):
-    from ddplab.widgets import panel
+    from ddplab.course.widgets import panel
     p = panel("01")
     seen = []
     p.status.observe(lambda change: seen.append(change["new"]), "value")

@@ -1,4 +1,4 @@
-"""One contract for every ddplab.workbook lab module (the notebooks, `make workbook` and the tests
+"""One contract for every ddplab.course lab module (the notebooks, `make workbook` and the tests
 rely on it). The claims themselves are the register's (tests/test_claims.py)."""
 import html
 import importlib
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import articles, catalog, claims
+from ddplab.course import articles, claims
+from ddplab.origins import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "src" / "ddplab" / "workbook").glob("lab[0-9][0-9].py"))
+MODULES = sorted(p.stem for p in (ROOT / "src" / "ddplab" / "course").glob("lab[0-9][0-9].py"))
 SEED_NAME = re.compile(r"\d{3}_[0-9a-f]{16}\.txt")
 
 
@@ -22,7 +23,7 @@ def test_every_lab_has_a_workbook_module():
 
 @pytest.mark.parametrize("name", MODULES)
 def test_lab_module_contract(name):
-    m = importlib.import_module(f"ddplab.workbook.{name}")
+    m = importlib.import_module(f"ddplab.course.{name}")
     number = name[3:]
     lab = catalog.find_lab(number)
     assert lab is not None and m.LAB == number
@@ -45,13 +46,13 @@ def test_lab_module_contract(name):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_lab_module_keeps_the_protocol_by_signature(name):
-    """`ddplab.workbook.contract.WorkbookLab`, checked with inspect.signature: validate(**knobs),
+    """`ddplab.course.contract.WorkbookLab`, checked with inspect.signature: validate(**knobs),
     run_variant(variant, **knobs) -> RunResult, EXERCISES of answers.Exercise, claim_inputs(runs) -> claims.Inputs;
     and validate refuses an unknown knob with a DdplabError before any rank starts."""
     from ddplab import DdplabError
-    from ddplab.workbook import contract
+    from ddplab.course import contract
 
-    m = importlib.import_module(f"ddplab.workbook.{name}")
+    m = importlib.import_module(f"ddplab.course.{name}")
     assert contract.problems(m) == []
     assert isinstance(m, contract.WorkbookLab)
     m.validate()
@@ -63,8 +64,8 @@ def test_contract_check_reads_signatures_not_names():
     """A module with every name but the wrong signatures fails the check, one problem per member."""
     import types
 
-    from ddplab import answers
-    from ddplab.workbook import contract
+    from ddplab.course import answers
+    from ddplab.course import contract
 
     def validate(mem_limit_mb):            # a required knob, no **knobs
         pass

@@ -4,35 +4,36 @@
     r = ddplab.run("01", variant="broken")   # a real 2-rank torchrun job, ended at its deadline
     r.status, r.signature, r.explain()
 
-Importing ddplab does not import torch (ranks do, through ``ddplab.lab``), so the launcher and the
+Importing ddplab does not import torch (ranks do, through ``ddplab.rank.lab``), so the launcher and the
 CLI start fast; ``run`` and the result classes are imported when first used, since every rank
-(``ddplab.lab``) and every torchrun agent (``ddplab._torchrun``) imports this package and needs
+(``ddplab.rank.lab``) and every torchrun agent (``ddplab.origins._torchrun``) imports this package and needs
 neither the launcher nor the engine.
 """
-from .errors import DdplabError
+from ddplab.errors import DdplabError
 
 __all__ = ["run", "RunResult", "RankResult", "DdplabError", "labs"]
 __version__ = "0.1.0"
 
 
 def labs():
-    """Every lab (ddplab.catalog.Lab), in number order."""
-    from .catalog import labs as _labs
+    """Every lab (ddplab.origins.catalog.Lab), in number order."""
+    from ddplab.origins.catalog import labs as _labs
 
     return _labs()
 
 
 def __getattr__(name: str):
     if name == "run":
-        from .launch import run
+        from ddplab.origins.launch import run
         return run
     if name in ("RunResult", "RankResult"):
-        from . import render, result  # noqa: F401  (render registers the results' views)
+        from ddplab.views import render  # noqa: F401  (render registers the results' views)
+        from ddplab import result  # noqa: F401  (render registers the results' views)
         return getattr(result, name)
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext ddplab``: the ``%%ddplab`` cell magic (ddplab.magic)."""
-    from .magic import load_ipython_extension as _load
+    """``%load_ext ddplab``: the ``%%ddplab`` cell magic (ddplab.course.magic)."""
+    from ddplab.course.magic import load_ipython_extension as _load
     _load(ipython)

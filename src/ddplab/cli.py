@@ -14,9 +14,9 @@ import os
 import signal
 import sys
 
-from . import catalog
-from .defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, Status
-from .errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
+from ddplab.origins import catalog
+from ddplab.defaults import DEFAULT_STALL_S, DEFAULT_WATCH_S, Status
+from ddplab.errors import (EXIT_DEADLINE, EXIT_HUNG, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE,
                      DdplabError)
 
 STATUS_EXIT = {Status.OK: EXIT_OK, Status.FAILED: EXIT_RUN_FAILED, Status.HUNG: EXIT_HUNG,
@@ -44,7 +44,7 @@ def _cmd_list(a: argparse.Namespace) -> int:
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
-    from .launch import run
+    from ddplab.origins.launch import run
 
     try:
         r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, stall_s=a.stall,
@@ -57,7 +57,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 def _show(r, as_json: bool) -> int:
     if as_json:
-        from . import groups
+        from ddplab.engine import groups
         print(json.dumps(r.to_dict() | {"groups": groups.to_dicts(r)}, indent=2, default=str))
     else:
         print(r.explain())
@@ -65,8 +65,8 @@ def _show(r, as_json: bool) -> int:
 
 
 def _cmd_attach(a: argparse.Namespace) -> int:
-    from .attach import attach
-    from .launch import TerminalProgress
+    from ddplab.origins.attach import attach
+    from ddplab.origins.launch import TerminalProgress
 
     show = TerminalProgress() if not a.json and sys.stderr.isatty() else None
     try:
@@ -81,7 +81,8 @@ def _cmd_attach(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    from . import nodes, render  # noqa: F401  (render: the result's views)
+    from ddplab.origins import nodes  # noqa: F401  (render: the result's views)
+    from ddplab.views import render  # noqa: F401  (render: the result's views)
 
     r = nodes.explain(a.folders)
     if a.json:
@@ -93,23 +94,23 @@ def _cmd_explain(a: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
-    from .doctor import doctor
+    from ddplab.tools.doctor import doctor
 
     if a.preflight and a.serve:   # on the master node: answer the other nodes' network pre-flights
-        from .preflight import serve_network
+        from ddplab.tools.preflight import serve_network
         n = serve_network(a.port, clients=a.clients, ready=lambda p: print(f"serving the network pre-flight on "
                                                                           f"port {a.port} (data port {p})", flush=True))
         print(f"{n} of {a.clients} node(s) reached the data port")
         return EXIT_OK if n >= a.clients else EXIT_RUN_FAILED
     if a.preflight and a.network:  # on every other node: hostname, rendezvous port, a random data port
-        from .preflight import network_check
+        from ddplab.tools.preflight import network_check
         nc = network_check(a.master_addr, a.port)
         print(json.dumps(nc.to_dict(), indent=2) if a.json else nc.explain())
         return EXIT_OK if nc.ok else EXIT_RUN_FAILED
     report = doctor(port=a.port)
     pf = None
     if a.preflight:   # before a multi-node run: master reachable, port usable, ranks agree (runs --nproc ranks)
-        from .preflight import preflight
+        from ddplab.tools.preflight import preflight
         pf = preflight(a.master_addr, a.port, nproc=a.nproc)
     if a.json:
         print(json.dumps(report.to_dict() | ({"preflight": pf.to_dict()} if pf else {}), indent=2, default=str))
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_classroom(a: argparse.Namespace) -> int:
-    from .classroom import check
+    from ddplab.tools.classroom import check
 
     c = check(a.learners)
     print(json.dumps(c.to_dict(), indent=2) if a.json else c.text())

@@ -23,7 +23,7 @@ class Status(str, Enum):
 
 STATUSES = tuple(s.value for s in Status)
 
-# A job is hung when every live rank has made no progress for the stall window (ddplab.supervise);
+# A job is hung when every live rank has made no progress for the stall window (ddplab.engine.supervise);
 # a lab may set its own (its LAB dict's "stall_s").
 DEFAULT_STALL_S = 3.0
 # The outer limit, a safety net and not the hang rule: none for labs, half an hour for a script

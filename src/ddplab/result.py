@@ -1,7 +1,7 @@
 """What a run returns: frozen dataclasses of facts, with ``to_dict()``, saved as ``result.json``.
 
 Facts are fields (op, seq, frame, exception type); sentences are made from them only when shown.
-This module is data and imports no view: ``ddplab.render`` imports it and registers the views
+This module is data and imports no view: ``ddplab.views.render`` imports it and registers the views
 (``register_views``) that ``diagnosis``, ``explain()``, ``headline()``, ``waits_in`` and
 ``_repr_html_`` call, so they are never stored (``result.json`` holds no rendered text) and never
 read back. Notebooks and tests assert on the fields.
@@ -14,24 +14,24 @@ from pathlib import Path
 
 from typing import Callable
 
-from . import runfiles
-from .defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
-from .check import CheckReport
-from .ledger import Collective, Divergence
-from .stacks import Frame, Where
+from ddplab import runfiles
+from ddplab.defaults import DEFAULT_STALL_S, STATUSES, Status  # noqa: F401  (re-exported)
+from ddplab.engine.check import CheckReport
+from ddplab.engine.ledger import Collective, Divergence
+from ddplab.engine.stacks import Frame, Where
 
-# The views, registered by ddplab.render (which imports this module, never the reverse).
+# The views, registered by ddplab.views.render (which imports this module, never the reverse).
 _VIEWS: dict[str, Callable] = {}
 
 
 def register_views(**views: Callable) -> None:
-    """ddplab.render's functions for diagnosis, explain, headline, html and wait_phrase."""
+    """ddplab.views.render's functions for diagnosis, explain, headline, html and wait_phrase."""
     _VIEWS.update(views)
 
 
 def _view(name: str) -> Callable:
     if name not in _VIEWS:
-        raise RuntimeError(f"no {name} view: import ddplab.render (ddplab.run and the CLI do) to show a result")
+        raise RuntimeError(f"no {name} view: import ddplab.views.render (ddplab.run and the CLI do) to show a result")
     return _VIEWS[name]
 
 
@@ -49,7 +49,7 @@ class RankError:
     @property
     def frame(self) -> Frame | None:
         """The innermost frame of the user's own code."""
-        from .stacks import is_user_file
+        from ddplab.engine.stacks import is_user_file
         return next((f for f in self.frames if is_user_file(f.file)), None)
 
     def to_dict(self) -> dict:
@@ -142,7 +142,7 @@ class RunResult:
     variant: str | None
     nproc: int
     status: str                   # one of STATUSES
-    signature: str | None         # id in ddplab.signatures (None when ok)
+    signature: str | None         # id in ddplab.engine.signatures (None when ok)
     excerpt: str | None           # PyTorch's own message line that the signature matched
     ranks: tuple[RankResult, ...]
     wall_s: float
@@ -159,7 +159,7 @@ class RunResult:
     stall: Stall | None = None        # why it was judged hung
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
     attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
-    check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.check)
+    check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.engine.check)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -217,7 +217,7 @@ class RunResult:
             p = p / runfiles.RESULT
         return cls.from_dict(json.loads(p.read_text()))
 
-    # --- for people: views registered by ddplab.render ---------------------------------------
+    # --- for people: views registered by ddplab.views.render ---------------------------------------
     @property
     def diagnosis(self) -> str:
         return _view("diagnosis")(self)

@@ -1,22 +1,22 @@
 """The names of a run folder's files, in one place.
 
 Used by the rank hook (``_rankhook/sitecustomize.py``, inside every rank: this module imports only
-``os`` and must stay that light), by the launcher, the readers (``ddplab.evidence``), ``ddplab.lab``,
-``ddplab.attach`` and ``ddplab.cluster``.
+``os`` and must stay that light), by the launcher, the readers (``ddplab.engine.evidence``), ``ddplab.rank.lab``,
+``ddplab.origins.attach`` and ``ddplab.origins.cluster``.
 
-    RUN/command.json        the torchrun command, the agent's pid (ddplab.launch)
-    RUN/torchrun.json       torchrun's outcome as data (ddplab._torchrun; merged by ddplab.cluster)
+    RUN/command.json        the torchrun command, the agent's pid (ddplab.origins.launch)
+    RUN/torchrun.json       torchrun's outcome as data (ddplab.origins._torchrun; merged by ddplab.origins.cluster)
     RUN/torchrun.log        torchrun's own output
     RUN/torchrun/           torchrun's --log-dir: each rank's stdout.log and stderr.log
-    RUN/cluster.json        a multi-node job's spec (ddplab.cluster)
-    RUN/machine.go          created once a measured run may start (ddplab.turns)
+    RUN/cluster.json        a multi-node job's spec (ddplab.origins.cluster)
+    RUN/machine.go          created once a measured run may start (ddplab.origins.turns)
     RUN/result.json         the RunResult
     RUN/node.json           ``ddplab attach --save``: which node, which job, which ranks it saw
     RUN/ranks/rankN.json          the rank hook's start record (pid, socket, MASTER_ADDR/PORT)
     RUN/ranks/rankN.error.json    its uncaught exception (or sys.exit(n)) as data
     RUN/ranks/rankN.exit.json     a normal exit: time and the flight recorder's final ledger
     RUN/ranks/rankN.stack.txt     faulthandler's dumps (fatal signals, SIGUSR1)
-    RUN/ranks/rankN.records.jsonl ddplab.lab.record's events
+    RUN/ranks/rankN.records.jsonl ddplab.rank.lab.record's events
     RUN/ranks/rankN.live.json     ``attach --save``: what was read from the live rank (stack, ledger)
     RUN/ranks/rankN.log           ``attach --save``: the rank's last output lines
     RUN/ranks/rankN.check.json    ``run --check``: the rank's own checksums, sampler indices, steps

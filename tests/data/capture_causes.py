@@ -1,4 +1,4 @@
-"""Re-capture the real messages of the known user mistakes (ddplab.causes) the way capture.py does.
+"""Re-capture the real messages of the known user mistakes (ddplab.engine.causes) the way capture.py does.
 
     python tests/data/capture_causes.py            # all cases, writes tests/data/real_<case>.txt
     python tests/data/capture_causes.py cuda_set_device_cpu_torch

@@ -6,7 +6,7 @@
 Each case is a real ``ddplab.run`` of a script in tests/scripts/ (or a lab); its run directory is
 copied to tests/data/run_<case>/ as the ranks and torchrun left it (rank records, exception and exit
 records, torchrun.json, the ranks' logs, result.json). While the job runs, every rank's flight
-recorder is read through its worker server (``ddplab.probe.ledger``) and the last answer is kept as
+recorder is read through its worker server (``ddplab.engine.probe.ledger``) and the last answer is kept as
 ranks/rankN.fr_trace.json: torch's own dump, unedited, for the ledger tests.
 """
 import json
@@ -22,7 +22,7 @@ SCRIPTS = HERE.parent / "scripts"
 sys.path.insert(0, str(HERE.parent.parent / "src"))
 
 import ddplab  # noqa: E402
-from ddplab import probe  # noqa: E402
+from ddplab.engine import probe  # noqa: E402
 
 CASES = {
     # name: (target, run() keywords, accept(result) -> bool: keep this capture)

@@ -1,0 +1,309 @@
+"""``ddplab run --check``: after the run, compare what each rank recorded about itself (the rank hook's
+``ranks/rankN.check.json``, written by ``_rankhook/ddplab_rankcheck.py`` with no collective added) and
+return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
+never, the same order every epoch, optimizer steps inside ``no_sync()``, unequal accumulation, a
+parameter with no gradient on some ranks, updates that bypassed the DDP wrapper.
+
+Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
+DataLoader) and counts; the fix for each kind lives once, in ``FIXES``. Sentences are made in
+``ddplab.views.render_check``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ddplab import runfiles
+
+# Checksums of every DDP-wrapped model's parameters and buffers every EVERY-th forward with grad (and
+# at construction and at the end). benchmarks/check_overhead.py measures the cost on lab 07's step:
+# one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
+EVERY = 10
+ENV = "DDPLAB_CHECK"
+
+FIXES = {
+    "replicas-differ": "change the model only through steps every rank takes through the DDP wrapper (not "
+                       "model.module on one rank, not a step inside no_sync()); load weights before wrapping",
+    "buffers-differ": "keep DDP's buffer sync on (forward_sync_buffers=True, formerly broadcast_buffers=True), or "
+                      "use SyncBatchNorm",
+    "samples-overlap": "give every rank a disjoint share of each epoch: DataLoader(..., sampler=DistributedSampler(dataset)) "
+                       "with the same seed and the same set_epoch(epoch) on every rank, not a split or seed made by rank",
+    "samples-dropped": "let a DistributedSampler (the same seed and epoch on every rank) share out the data: it covers "
+                       "the whole dataset every epoch",
+    "same-order": "call sampler.set_epoch(epoch) at the start of every epoch",
+    "step-in-no-sync": "take the last micro-batch's forward and backward outside no_sync(), then optimizer.step() "
+                       "outside it",
+    "unequal-accumulation": "make every rank run the same number of micro-batches per optimizer step",
+    "grad-missing": "use every parameter on every rank in forward, or find_unused_parameters=True, so that no "
+                    "rank steps a parameter the others left alone",
+    "update-outside-ddp": "run the forward of a training step through the DDP wrapper (model(x), not model.module(x)) "
+                          "on every rank",
+}
+KINDS = tuple(FIXES)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str                     # one of KINDS
+    ranks: tuple[int, ...]        # the ranks it is about (those that differ from rank 0, or that did it)
+    object: str                   # a parameter or buffer name, "DataLoader #0 (DistributedSampler over ...)"
+    step: int | None = None       # optimizer steps taken before it was seen (0: before the first)
+    epoch: int | None = None
+    count: int | None = None      # how many (steps, samples, tensors)
+    of: int | None = None         # out of how many
+    since_equal: int | None = None  # replicas: the last step at which they were still equal
+
+    @property
+    def fix(self) -> str:
+        return FIXES[self.kind]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ranks": list(self.ranks), "fix": self.fix}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(**{**{k: v for k, v in d.items() if k != "fix"}, "ranks": tuple(d.get("ranks", ()))})
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    what: str                     # "replicas", "data"
+    why: str                      # "no-ddp-model", "fsdp", "no-training-loader"
+    ranks: tuple[int, ...] = ()
+    detail: str = ""              # the kind of model or loader
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ranks": list(self.ranks)}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    every: int                            # checksum interval (forwards with grad)
+    findings: tuple[Finding, ...] = ()
+    not_checked: tuple[NotChecked, ...] = ()
+    nothing: str | None = None            # "no-process-group", "no-records": nothing was compared
+    ranks: tuple[int, ...] = ()           # the ranks whose records were read
+    models: int = 0                       # DDP-wrapped models compared
+    checksums: int = 0                    # checkpoints compared (per model, on every rank)
+    loader_epochs: int = 0                # training epochs compared
+
+    @property
+    def clean(self) -> bool:
+        return self.nothing is None and not self.findings
+
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.findings}
+
+    def of_kind(self, kind: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    def to_dict(self) -> dict:
+        return {"every": self.every, "findings": [f.to_dict() for f in self.findings],
+                "not_checked": [n.to_dict() for n in self.not_checked], "nothing": self.nothing,
+                "ranks": list(self.ranks), "models": self.models, "checksums": self.checksums,
+                "loader_epochs": self.loader_epochs}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "CheckReport | None":
+        if not d:
+            return None
+        return cls(every=d["every"], findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+                   not_checked=tuple(NotChecked(**{**n, "ranks": tuple(n.get("ranks", ()))})
+                                     for n in d.get("not_checked", ())),
+                   nothing=d.get("nothing"), ranks=tuple(d.get("ranks", ())), models=d.get("models", 0),
+                   checksums=d.get("checksums", 0), loader_epochs=d.get("loader_epochs", 0))
+
+
+def read(run_dir: str | Path, world: int) -> dict[int, dict]:
+    out = {}
+    for r in range(world):
+        p = Path(runfiles.rank_path(run_dir, r, runfiles.CHECK))
+        if p.exists():
+            try:
+                out[r] = json.loads(p.read_text())
+            except ValueError:
+                pass
+    return out
+
+
+def compare(run_dir: str | Path, world: int, every: int = EVERY) -> CheckReport:
+    """The findings of one run, from its ranks' records."""
+    return compare_records(read(run_dir, world), every)
+
+
+def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
+    ranks = tuple(sorted(recs))
+    if not recs:
+        return CheckReport(every, nothing="no-records")
+    every = next(iter(recs.values())).get("every", every)
+    if not any(r.get("process_group") for r in recs.values()):
+        return CheckReport(every, nothing="no-process-group", ranks=ranks)
+    findings: list[Finding] = []
+    not_checked: list[NotChecked] = []
+    fsdp = sorted({k for r in recs.values() for k in r.get("fsdp", ())})
+    if fsdp:
+        not_checked.append(NotChecked("replicas", "fsdp", tuple(r for r in ranks if recs[r].get("fsdp")),
+                                      ", ".join(fsdp)))
+    counts = {r: len(recs[r].get("models", ())) for r in ranks}
+    n_models = min(counts.values())
+    if n_models == 0 and not fsdp:
+        unwrapped = tuple(r for r in ranks if recs[r].get("unwrapped_steps"))
+        not_checked.append(NotChecked("replicas", "no-ddp-model", unwrapped or ranks,
+                                      "optimizer steps on parameters no DDP wrapper holds" if unwrapped else ""))
+    checksums = 0
+    for i in range(n_models):
+        models = {r: recs[r]["models"][i] for r in ranks}
+        fs, n = _compare_model(models)
+        findings += fs
+        checksums += n
+    data, epochs = _compare_loaders(recs, ranks)
+    findings += data
+    if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
+        if any(recs[r].get("loaders") for r in ranks):
+            not_checked.append(NotChecked("data", "no-training-loader", ranks,
+                                          "no DataLoader epoch fed a DDP forward with gradients"))
+    return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs)
+
+
+def _first_diff(lists: dict[int, list], names: list[str]) -> tuple[tuple[int, ...], str | None, int]:
+    """(ranks whose list differs from rank 0's, the first differing name, how many entries differ)."""
+    base = lists[min(lists)]
+    odd = tuple(r for r, v in sorted(lists.items()) if v != base)
+    if not odd:
+        return (), None, 0
+    diff = [j for j in range(len(base)) if any(j >= len(v) or v[j] != base[j] for v in lists.values())]
+    name = names[diff[0]] if diff and diff[0] < len(names) else None
+    return odd, name, len(diff)
+
+
+def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
+    out: list[Finding] = []
+    r0 = min(models)
+    names, bnames = models[r0]["names"], models[r0]["buffer_names"]
+    label = lambda n: n or "?"
+    # checkpoints aligned by (kind, forwards with grad): the same point of training on every rank
+    keyed = {r: {(c["kind"], c["fwd"]): c for c in m["checkpoints"]} for r, m in models.items()}
+    common = sorted(set.intersection(*(set(k) for k in keyed.values())), key=lambda k: (k[0] != "construct", k[1]))
+    param_found = buf_found = None
+    last_equal = None
+    for key in common:
+        cps = {r: keyed[r][key] for r in models}
+        odd, name, n = _first_diff({r: c["params"] for r, c in cps.items()}, names)
+        if odd and param_found is None:
+            param_found = Finding("replicas-differ", odd, label(name), step=cps[r0]["step"], count=n, of=len(names),
+                                  since_equal=last_equal)
+        elif not odd and param_found is None:
+            last_equal = cps[r0]["step"]
+        if buf_found is None and all("buffers" in c for c in cps.values()):
+            odd_b, bname, nb = _first_diff({r: c["buffers"] for r, c in cps.items()}, bnames)
+            if odd_b:
+                buf_found = Finding("buffers-differ", odd_b, label(bname), step=cps[r0]["step"], count=nb,
+                                    of=len(bnames))
+    finals = {r: m.get("final") for r, m in models.items()}
+    if param_found is None and all(finals.values()) and len({f["step"] for f in finals.values()}) == 1:
+        odd, name, n = _first_diff({r: f["params"] for r, f in finals.items()}, names)
+        if odd:
+            param_found = Finding("replicas-differ", odd, label(name), step=finals[r0]["step"], count=n,
+                                  of=len(names), since_equal=last_equal)
+    out += [f for f in (param_found, buf_found) if f is not None]
+    steps = {r: m["steps"] for r, m in models.items()}
+    for kind, key in (("step-in-no-sync", "unsynced_steps"), ("update-outside-ddp", "bypass_steps")):
+        did = {r: m[key] for r, m in models.items() if m.get(key)}
+        if did:
+            first = min(v[0] for v in did.values())
+            out.append(Finding(kind, tuple(sorted(did)), "optimizer.step()", step=first,
+                               count=max(len(v) for v in did.values()), of=max(steps[r] for r in did)))
+    accum = {r: m["accum"] for r, m in models.items()}
+    n = min(len(v) for v in accum.values())
+    at = next((j for j in range(n) if len({v[j] for v in accum.values()}) > 1), None)
+    if at is not None:
+        base = accum[r0][at]
+        out.append(Finding("unequal-accumulation", tuple(r for r, v in sorted(accum.items()) if v[at] != base),
+                           "forwards per optimizer step", step=at,
+                           count=sum(1 for j in range(n) if len({v[j] for v in accum.values()}) > 1), of=n))
+    missing = {r: m["no_grad"] for r, m in models.items()}
+    for name in names:
+        per = {r: missing[r].get(name) for r in models}
+        if len({(v or [None, 0])[1] for v in per.values()}) > 1:
+            rs = tuple(r for r, v in sorted(per.items()) if v)
+            out.append(Finding("grad-missing", rs, name, step=min(v[0] for v in per.values() if v),
+                               count=max(v[1] for v in per.values() if v), of=max(steps.values())))
+            break
+    return out, len(common)
+
+
+def _loader_key(rec: dict) -> tuple:
+    return (rec["dataset"], rec["size"])
+
+
+def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[list[Finding], int]:
+    """Training epochs (those during which the rank ran a DDP forward with grad), per loader,
+    loaders matched across ranks by their underlying dataset (type and size) and order."""
+    per_rank: dict[int, dict[tuple, list[tuple[dict, dict]]]] = {}
+    for r in ranks:
+        by: dict[tuple, list] = {}
+        for rec in recs[r].get("loaders", ()):
+            train = [ep for ep in rec["epochs"] if ep["forwards_end"] > ep["forwards_start"] and ep["indices"]]
+            if train:
+                by.setdefault(_loader_key(rec), []).append((rec, train))
+        per_rank[r] = by
+    out: list[Finding] = []
+    compared = 0
+    keys = set.intersection(*(set(b) for b in per_rank.values())) if per_rank else set()
+    for key in sorted(keys, key=str):
+        for j in range(min(len(per_rank[r][key]) for r in ranks)):
+            loaders = {r: per_rank[r][key][j] for r in ranks}
+            rec0 = loaders[ranks[0]][0]
+            what = f"DataLoader over {rec0['dataset']}[{rec0['size']}]" + (" (a Subset)" if rec0["subset"] else "") + \
+                f", {rec0['sampler']}"
+            # the same order every epoch, on a sampler that shuffles
+            for r in ranks:
+                rec, eps = loaders[r]
+                if not rec["shuffle"]:
+                    continue
+                done = [ep for ep in eps if ep["complete"] and not ep["truncated"]]
+                rep = next((e for e in range(1, len(done)) if done[e]["indices"] == done[0]["indices"]), None)
+                if rep is not None:
+                    same = [r2 for r2 in ranks if _repeats(loaders[r2])]
+                    out.append(Finding("same-order", tuple(same), what, epoch=rep,
+                                       count=sum(1 for e in done[1:] if e["indices"] == done[0]["indices"]),
+                                       of=len(done)))
+                    break
+            # overlap and samples never seen, epoch by epoch
+            n_ep = min(len(loaders[r][1]) for r in ranks)
+            over_found = drop_found = None
+            for e in range(n_ep):
+                eps = {r: loaders[r][1][e] for r in ranks}
+                if any(ep["truncated"] for ep in eps.values()):
+                    continue
+                compared += 1
+                sets = {r: set(ep["indices"]) for r, ep in eps.items()}
+                seen: dict[int, int] = {}
+                for s in sets.values():
+                    for i in s:
+                        seen[i] = seen.get(i, 0) + 1
+                twice = sum(1 for c in seen.values() if c > 1)
+                # the same Subset on every rank (a train/validation split): its indices are the epoch's
+                # whole; Subsets that differ by rank: the dataset under them is
+                same_split = len({loaders[r][0].get("subset_digest") for r in ranks}) == 1
+                size = (rec0.get("length") if same_split else rec0["size"]) or 0
+                world = len(ranks)
+                pad = (-size) % world if rec0["distributed"] and not rec0["drop_last"] else 0
+                drop = size % world if rec0["distributed"] and rec0["drop_last"] else 0
+                if rec0.get("loader_drop_last") and rec0.get("batch_size"):
+                    drop += world * (rec0["batch_size"] - 1)     # each rank's last incomplete batch
+                if twice > pad and over_found is None:
+                    shared = tuple(r for r in ranks if any(seen[i] > 1 for i in sets[r]))
+                    over_found = Finding("samples-overlap", shared, what, epoch=e, count=twice, of=size)
+                never = size - len(seen)      # seen lies inside the shared Subset, or the whole dataset
+                if all(ep["complete"] for ep in eps.values()) and never > drop and drop_found is None and size:
+                    drop_found = Finding("samples-dropped", ranks, what, epoch=e, count=never, of=size)
+            out += [f for f in (over_found, drop_found) if f is not None]
+    return out, compared
+
+
+def _repeats(loader: tuple[dict, list]) -> bool:
+    rec, eps = loader
+    done = [ep for ep in eps if ep["complete"] and not ep["truncated"]]
+    return rec["shuffle"] and any(done[e]["indices"] == done[0]["indices"] for e in range(1, len(done)))

@@ -1,0 +1,287 @@
+"""Classification: one pure function, ``judge(Evidence) -> Verdict`` (status, signature, stall
+facts, per-rank facts, the first failure, the divergence), for a job ddplab started, one it
+attached to, and the merged folders of several nodes alike.
+
+No I/O and no clock here: everything comes in as data (``evidence.Evidence``: what the watch loop
+saw, the live ranks captured at the verdict, what the ranks left behind), so every rule is tested
+on evidence captured from real runs. Sentences are made later, by ``ddplab.views.render``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from ddplab.engine import ledger as ledger_mod
+from ddplab.engine import signatures, stacks
+from ddplab.defaults import Status
+from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence
+from ddplab.result import RankResult, Stall
+
+# A rank's error that says only that a peer went away: a consequence, never the cause.
+CONSEQUENCES = {"peer-lost"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    signature: str | None
+    excerpt: str | None
+    ranks: tuple[RankResult, ...]
+    first_failure: int | None
+    divergence: ledger_mod.Divergence | None
+    stall: Stall | None = None
+
+    def fields(self) -> dict:
+        """The RunResult fields this verdict decides."""
+        return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
+                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall}
+
+
+def locate(live: LiveRank) -> stacks.Where:
+    """Where a live rank stands: its stack and wait channel, numbered from its ledger."""
+    w = stacks.where(live.frames, live.wchan)
+    p = ledger_mod.pending(live.ledger)
+    if p is not None and w.kind in ("collective", "lock", "other"):
+        # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a
+        # futex) shows none.
+        return stacks.Where("collective", p.op, w.via if w.kind == "collective" else None, w.frame, w.call, p.seq)
+    return w
+
+
+def rank_results(nproc: int, ended_by: str | None, returncode: int | None, ev: RunEvidence,
+                 live: Mapping[int, LiveRank], ledgers: Mapping[int, tuple], cpu: Mapping[int, float],
+                 records: Mapping[int, tuple], busy: Mapping[int, float | None] = {}) -> tuple[RankResult, ...]:
+    out = []
+    for rank in range(nproc):
+        info = ev.infos.get(rank, {})
+        given = ({"host": info.get("master_addr"), "port": int(info["master_port"])}
+                 if info.get("master_port") else None)
+        log = ev.logs.get(rank, "")
+        common = dict(rank=rank, pid=info.get("pid"), error=ev.errors.get(rank), cpu_s=cpu.get(rank),
+                      cpu_busy=busy.get(rank),
+                      consequence=(_is_consequence(ev, rank) if rank in ev.errors
+                                   else _ended_for_another(ev, rank)),
+                      given=given, records=tuple(records.get(rank, ())),
+                      log_tail="\n".join(log.splitlines()[-15:]))
+        if rank in live:
+            lv = live[rank]
+            out.append(RankResult(
+                state="hung" if ended_by == "stall" else "running", exit_code=None, signal="SIGTERM",
+                where=locate(lv), ledger=lv.ledger or tuple(ledgers.get(rank, ())), stack=tuple(lv.frames),
+                stack_source=lv.source, connections=lv.connections, dialling=lv.dialling, **common))
+            continue
+        frames, source = (), None
+        if rank in ev.fatal:
+            frames, source = tuple(ev.fatal[rank]), "faulthandler (fatal signal)"
+        elif common["error"] is not None:
+            frames, source = common["error"].frames, "exception record"
+        elif log:
+            tb = stacks.parse_traceback(log)
+            frames, source = (tuple(tb), "traceback") if tb else ((), None)
+        if rank in ev.exits:
+            f = ev.exits[rank]
+            code = f["exitcode"]
+            state, exit_code, sig = "exited", (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
+        # no record of it while others have theirs: no process had this rank number, even in a job that
+        # ended 0 (nodes that disagree on WORLD_SIZE number their ranks past the ones started)
+        elif not info and (returncode not in (0, None) or ended_by or ev.infos):
+            state, exit_code, sig = "not-started", None, None
+        elif returncode == 0 or rank in ev.clean_exit:
+            state, exit_code, sig = "exited", 0, None
+        else:
+            # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
+            state, exit_code, sig = "exited", None, "SIGTERM"
+        out.append(RankResult(state=state, exit_code=exit_code, signal=sig, ledger=tuple(ledgers.get(rank, ())),
+                              stack=frames, stack_source=source, **common))
+    return tuple(out)
+
+
+def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
+    """The rank whose own error started the failure: the earliest exception that is not a
+    consequence (a lost peer); else a rank that died on a fatal signal; else the earliest recorded
+    exception; else the earliest failed exit torchrun saw (SIGTERMs, sent to the others, last);
+    else torchrun's root cause."""
+    recorded = sorted((e.time, r) for r, e in ev.errors.items())
+    causes = [r for _, r in recorded if not _is_consequence(ev, r)]
+    if causes:
+        return causes[0]
+    if ev.fatal:  # a rank that died on a fatal signal (gloo's SIGABRT) before a peer's "connection closed"
+        return min(ev.fatal)
+    if killed_from_outside(ev):  # SIGKILL with no record (the OOM killer) before a peer's "connection closed"
+        return min(killed_from_outside(ev))
+    if recorded:
+        return recorded[0][1]
+    # A SIGTERM is what torchrun (or ddplab) sends the others once one rank failed; torchrun's
+    # timestamps are whole seconds, so a rank that aborted (SIGABRT) often ties with the peers it
+    # took down: those come after it.
+    failed = sorted((f.get("signal") == "SIGTERM", f.get("timestamp") or 0, r)
+                    for r, f in ev.exits.items() if f.get("exitcode") != 0)
+    real = [r for _, _, r in failed if not _is_consequence(ev, r)]
+    if real:
+        return real[0]
+    if failed:
+        return failed[0][2]
+    root = (ev.torchrun or {}).get("torchrun_root_cause")
+    return int(root) if root is not None else None
+
+
+def killed_from_outside(ev: RunEvidence) -> list[int]:
+    """Ranks that ended on SIGKILL and left no exception record, while every rank that did leave
+    one only lost a peer: killed from outside Python (the kernel's OOM killer, kill -9), not by
+    torchrun stopping the others (it sends SIGTERM first, and those ranks record nothing or a
+    consequence after the killed rank)."""
+    if any(not _is_consequence(ev, r) for r in ev.errors):
+        return []
+    return sorted(r for r, f in ev.exits.items() if f.get("signal") == "SIGKILL" and r not in ev.errors)
+
+
+def _rank_text(ev: RunEvidence, rank: int) -> str:
+    e = ev.errors.get(rank)
+    own = f"{e.type}: {e.message}\n{e.cause or ''}\n" if e else ""
+    return own + ev.logs.get(rank, "")
+
+
+def _ended_for_another(ev: RunEvidence, rank: int) -> bool:
+    """A rank that raised nothing of its own and that torchrun ended (SIGTERM) after another rank
+    failed: under load torchrun's SIGTERM can arrive before the peer's "connection closed"."""
+    others_failed = any(r != rank for r in ev.errors) or any(r != rank for r in ev.fatal)
+    return ev.exits.get(rank, {}).get("signal") == "SIGTERM" and others_failed
+
+
+def _is_consequence(ev: RunEvidence, rank: int) -> bool:
+    e = ev.errors.get(rank)
+    text = f"{e.type}: {e.message}" if e else ev.logs.get(rank, "")
+    m = signatures.match_text(text)
+    return m is not None and m[0].id in CONSEQUENCES
+
+
+def failed_signature(ev: RunEvidence, first: int | None) -> tuple[str | None, str | None]:
+    """The catalog entry for a failed run: the first failing rank's own exception first (the
+    record's type and message), then its log, then any rank's log or torchrun's output when the
+    first rank's words are generic."""
+    m = signatures.match_text(_rank_text(ev, first)) if first is not None else None
+    if m is None or m[0].id in signatures.GENERIC:
+        every = "\n".join(_rank_text(ev, r) for r in sorted(set(ev.logs) | set(ev.errors)) if r != first)
+        m_all = signatures.match_text(every + "\n" + ev.console)
+        if m_all is not None and (m is None or m_all[0].id not in signatures.GENERIC):
+            m = m_all
+    return (m[0].id, m[1]) if m else (None, None)
+
+
+@dataclass(frozen=True)
+class HangFacts:
+    """What the hang rules (``signatures.HANG_RULES``) look at."""
+    alive: tuple[RankResult, ...]          # ranks still running when the job stopped
+    gone: tuple[RankResult, ...]           # ranks that had exited
+    in_coll: tuple[RankResult, ...]        # live ranks blocked in a collective
+    ops: frozenset                         # (op, seq) of those collectives
+    at_rendezvous: bool                    # a live rank waits at the rendezvous or on the store
+    any_ledger: bool                       # a live rank has a collective ledger
+    blocked: tuple                         # (rank, address) of connections getting no answer
+    divergence_kind: str | None
+
+
+def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
+    alive = tuple(r for r in ranks if r.state in ("hung", "running"))
+    in_coll = tuple(r for r in alive if r.where is not None and r.where.kind == "collective")
+    return HangFacts(
+        alive=alive, gone=tuple(r for r in ranks if r.state == "exited"), in_coll=in_coll,
+        ops=frozenset((r.where.op, r.where.seq) for r in in_coll),
+        at_rendezvous=any(r.where is not None and r.where.kind in ("rendezvous", "store") for r in alive),
+        any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
+        divergence_kind=divergence.kind if divergence is not None else None)
+
+
+def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> str:
+    """The catalog entry for a job in which no rank made progress (or that was interrupted): the
+    first hang rule of the catalog that holds."""
+    facts = hang_facts(ranks, divergence)
+    return next(s.id for s in signatures.HANG_RULES if s.hang_rule(facts))
+
+
+def blocked_connections(ranks) -> list[tuple[int, str]]:
+    """(rank, address) of each connection a rank is still opening (SYN_SENT: no answer at all, the
+    mark of a firewall that drops) to an address other than its own loopback."""
+    return [(r.rank, c["raddr"]) for r in ranks for c in (r.connections or ())
+            if c.get("status") == "SYN_SENT" and c.get("raddr") and not c["raddr"].startswith("127.")]
+
+
+def judge(evidence: Evidence) -> Verdict:
+    """The verdict from the evidence, whatever the job's origin (started, attached, merged nodes)."""
+    w = evidence.watch
+    ev, live, ended_by = evidence.run, evidence.live, w.ended_by
+    ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records, w.cpu_busy)
+    div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
+    status = _status(w.ended_by, w.returncode, ev)
+    signature, excerpt, first = _signature(status, ev, live, ranks, div)
+    stall = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, w.waited_for_timeout_s)
+             if ended_by == "stall" and w.stall_s is not None else None)
+    if w.ranks_here is not None:
+        ranks = tuple(r for r in ranks if r.rank in w.ranks_here)
+    if not w.stopped:   # attached and left running: nobody sent it a signal
+        ranks = tuple(replace(r, signal=None) for r in ranks)
+    if evidence.nodes:  # merged from several nodes' folders
+        ranks = tuple(replace(r, node=evidence.nodes.get(r.rank)) for r in ranks)
+    return Verdict(status, signature, excerpt, ranks, first, div, stall)
+
+
+def _status(ended_by: str | None, returncode: int | None, ev: RunEvidence) -> Status:
+    if ended_by == "interrupt":
+        return Status.INTERRUPTED
+    if ended_by == "stall":
+        # A rank whose uncaught exception is recorded is terminating: the job has failed, even when
+        # that rank's interpreter shutdown (seen: blocked in garbage collection while its peer still
+        # held the store connection) or a peer lingering in time.sleep outlasted the stall window.
+        return Status.FAILED if ev.errors else Status.HUNG
+    if ended_by == "deadline":
+        return Status.DEADLINE
+    if ended_by == "watched":       # attach: it kept making progress while watched
+        return Status.RUNNING
+    if ended_by == "exited":        # attach: it ended while watched (its exit status is not ours to read)
+        return Status.EXITED
+    return Status.OK if returncode == 0 else Status.FAILED
+
+
+def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ranks: tuple[RankResult, ...],
+               div: ledger_mod.Divergence | None) -> tuple[str | None, str | None, int | None]:
+    signature = excerpt = first = None
+    if status == Status.FAILED:
+        first = first_failure(ev, ranks)
+        signature, excerpt = failed_signature(ev, first)
+        if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
+            signature = "rank-killed"
+        elif signature in CONSEQUENCES and left_early(ranks, div, ev):
+            # Nothing failed on its own: a rank finished (a clean exit, fewer collectives) while
+            # its peer still waited in a collective, and gloo closed the peer's connection.
+            signature = "rank-exited-early"
+    elif status == Status.INTERRUPTED and live and waits_for_data(ranks):
+        signature = "rank-waits-for-data"
+    elif status == Status.HUNG or (status == Status.INTERRUPTED and live):
+        signature = hang_signature(ranks, div)
+    elif status == Status.DEADLINE:
+        signature = "deadline-exceeded"
+    return signature, excerpt, first
+
+
+def waits_for_data(ranks: tuple[RankResult, ...]) -> list[int]:
+    """Ranks (of a job stopped before it stalled) fetching a batch from their DataLoader while every
+    other live rank waits in a collective: slow input, not a hang."""
+    alive = [r for r in ranks if r.state == "running" and r.where is not None]
+    data = [r.rank for r in alive if r.where.kind == "dataloader"]
+    others = [r for r in alive if r.rank not in data]
+    return data if data and others and all(r.where.kind == "collective" for r in others) else []
+
+
+def left_early(ranks: tuple[RankResult, ...], div: ledger_mod.Divergence | None, ev: RunEvidence) -> list[int]:
+    """Ranks that exited cleanly without issuing the collective at which the ledgers diverge."""
+    if div is None or div.kind != "shorter-ledger":
+        return []
+    return [r.rank for r in ranks if div.ops.get(r.rank) is None and r.rank in ev.clean_exit and r.error is None]
+
+
+def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[RankResult, ...],
+                waited_for_timeout_s: float | None) -> Stall:
+    done = [ledger_mod.last_completed(r.ledger) for r in ranks if r.ledger]
+    last = min(d for d in done if d is not None) if done and all(d is not None for d in done) else None
+    return Stall(window_s=window_s, idle_s=round(idle_s, 1), since_s=round(since_s, 1), last_seq=last,
+                 waited_for_timeout_s=waited_for_timeout_s)

@@ -1,0 +1,269 @@
+"""The one catalog of known failures: how to recognise each, what it means, which lab teaches it.
+
+Text signatures match PyTorch's own messages, in a rank's exception record first and its log
+after (the patterns are tested against messages captured from real runs, kept in ``tests/data/``).
+Hang signatures are decided from where each rank stood when the job stopped making progress: each
+carries its own rule (``hang_rule``, a predicate over ``ddplab.engine.classify.HangFacts``) and its
+precedence; ``classify.hang_signature`` takes the first whose rule holds. Adding one is one entry
+here and one captured example in ``tests/data``. This module is data and pure lookups only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ddplab.engine.causes import CAUSES
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    patterns: tuple[str, ...]   # regexes (re.M); empty for stack signatures
+    explanation: str            # two lines: what happened, what to do
+    lab: str                    # the lab that teaches it ("01"); "" when none does
+    hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
+    precedence: int = 0                 # hang rules are tried lowest first
+
+    def search(self, text: str) -> re.Match | None:
+        for p in self.patterns:
+            m = re.search(p, text, re.M)
+            if m:
+                return m
+        return None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "patterns": list(self.patterns),
+                "explanation": self.explanation, "lab": self.lab}  # (hang_rule: code, not data)
+
+
+# Most specific first: the first entry whose pattern matches names the failure. The known user
+# mistakes (ddplab.engine.causes, matched on exception type and key phrases) come before PyTorch's own.
+CATALOG: tuple = CAUSES + (
+    Signature(
+        "port-in-use", "Rendezvous port already in use",
+        (r"EADDRINUSE", r"[Aa]ddress already in use"),
+        "Another process already listens on MASTER_PORT, so the store could not start.\n"
+        "Pick a free port (ddplab run --port 0, torchrun --rdzv-endpoint 127.0.0.1:0) or stop the other job.",
+        "05"),
+    Signature(
+        "gloo-loopback-address", "gloo's peer address is a loopback address (hostname resolves to 127.x)",
+        (r"Gloo connectFullMesh failed with .*remote=\[127\.",),
+        "gloo picked its address from the hostname, which resolves to 127.0.1.1 (Debian's /etc/hosts line), and told\n"
+        "its peers to dial it; a peer on another machine dials its own loopback. Set GLOO_SOCKET_IFNAME to the cluster interface.",
+        "09"),
+    Signature(
+        "missing-master-env", "MASTER_ADDR / MASTER_PORT not set",
+        (r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected, but not set",),
+        "init_process_group(init_method='env://') reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.\n"
+        "Start the script with torchrun (it sets them all) or set them yourself before init_process_group.",
+        "06"),
+    Signature(
+        "store-unreachable", "Cannot reach the master's store (MASTER_ADDR:MASTER_PORT)",
+        (r"DistNetworkError: The client socket has (timed out after \d+ms while trying to connect|failed to connect)",
+         r"TCP client failed to connect/validate to host \S+ - timed out"),
+        "A rank never reached the rendezvous store at MASTER_ADDR:MASTER_PORT: wrong address or port, a firewall, or the master is down.\n"
+        "Check the address and port every rank was given, and that the port is open on the master (ddplab doctor).",
+        "06"),
+    Signature(
+        "rendezvous-timeout", "Ranks missing at rendezvous (store / rendezvous timeout)",
+        (r"DistStoreError", r"RendezvousTimeoutError", r"[Ww]aiting for clients.*\d+/\d+ clients joined",
+         r"Timed out after \d+ seconds waiting for clients", r"wait timeout after \d+ms, keys:",
+         r"RendezvousClosedError", r"The node '.*' has failed to join the rendezvous"),
+        "Not every rank reached init_process_group in time: a rank crashed, started late or cannot reach MASTER_ADDR:PORT.\n"
+        "Check every rank's log for the first error; set the join timeout on purpose (init_process_group(timeout=...), --rdzv-conf join_timeout=...).",
+        "06"),
+    Signature(
+        "collective-mismatch", "Ranks called different collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)",
+        (r"Detected mismatch between collectives on ranks", r"[Mm]ismatch between collectives"),
+        "The ranks reached a collective with a different operation, order or tensor shape.\n"
+        "Make every rank call the same collectives in the same order with the same shapes; the message names both calls.",
+        "03"),
+    Signature(
+        "gloo-size-mismatch", "Collective mismatch seen by gloo (received data size differs)",
+        (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
+        "Two ranks were in different collectives, or in the same one with tensors of different shapes or dtypes: gloo saw the bytes disagree.\n"
+        "Find the collective one rank calls and the other does not (an `if rank == 0:`, a different number of batches), or print each rank's shape and dtype before it.",
+        "01"),
+    Signature(
+        "ddp-model-mismatch", "DDP saw different models on different ranks",
+        (r"DDP expects same model across all ranks", r"appears not to match sizes of the same param in process 0",
+         r"expects same model across all ranks"),
+        "DistributedDataParallel checks at construction that every rank has the same parameters; they differ.\n"
+        "Build the model identically on every rank (no rank-dependent layer sizes); seed before building.",
+        "03"),
+    Signature(
+        "unused-parameters", "DDP: parameters that received no gradient",
+        (r"Expected to have finished reduction in the prior iteration before starting a new one",
+         r"did not receive grad for rank"),
+        "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
+        "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
+        "03"),
+    Signature(
+        "device-mismatch", "Tensors on different devices in one operation",
+        (r"Expected all tensors to be on the same device", r"is not on the expected device"),
+        "An operation mixed tensors from two devices: a tensor created on a fixed device (or kept as a plain attribute) met a replica's input.\n"
+        "Create tensors with device=x.device, or register_buffer them so DataParallel/.to() moves them with the module.",
+        "04"),
+    Signature(
+        "tensor-size-mismatch", "Tensors of different sizes where equal sizes are required",
+        (r"Sizes of tensors must match", r"size mismatch", r"[Tt]ensor.* must have the same (size|shape|number of elements)",
+         r"[Mm]ismatch in tensor sizes", r"must match the size of tensor", r"shape '\[.*\]' is invalid for input of size",
+         r"[Ii]nvalid .*(size|shape)", r"All tensors must have the same"),
+        "A collective or a concatenation received tensors whose shapes differ across ranks or replicas.\n"
+        "Gather sizes first and pad to the largest (or use all_gather_object); check shapes before the collective.",
+        "03"),
+    Signature(
+        "cuda-oom", "CUDA out of memory",
+        (r"CUDA out of memory", r"torch\.OutOfMemoryError", r"torch\.cuda\.OutOfMemoryError"),
+        "A GPU allocation failed. On one rank it ends that rank; torchrun then ends the others.\n"
+        "Lower the per-rank batch and keep the effective batch with gradient accumulation under no_sync().",
+        "02"),
+    Signature(
+        "cpu-oom", "CPU out of memory",
+        (r"DefaultCPUAllocator: can't allocate memory", r"DefaultCPUAllocator: not enough memory",
+         r"^MemoryError", r"std::bad_alloc", r"Cannot allocate memory"),
+        "A host allocation failed (a memory limit or the machine's RAM). The failing rank exits; torchrun ends the rest.\n"
+        "Lower the per-rank batch and keep the effective batch with gradient accumulation under no_sync().",
+        "02"),
+    Signature(
+        "nccl-error", "NCCL error",
+        (r"NCCL error", r"ncclInternalError", r"ncclUnhandledCudaError", r"ncclSystemError", r"ncclInvalidUsage",
+         r"ProcessGroupNCCL.*(failed|error)", r"NCCL communicator was aborted"),
+        "NCCL failed: a peer died, the network or NVLink/PCIe path failed, or NCCL and the driver disagree.\n"
+        "Rerun with NCCL_DEBUG=INFO and read the first rank's NCCL WARN line; check every rank sees the same GPUs and versions.",
+        "07"),
+    Signature(
+        "collective-timeout", "A collective timed out",
+        (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
+         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
+        "A rank waited longer than the process group's timeout for the others to join a collective.\n"
+        "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
+        "01"),
+    Signature(
+        "peer-lost", "A peer rank disappeared",
+        (r"Connection reset by peer", r"Connection closed by peer", r"Broken pipe"),
+        "This rank lost its connection to another rank, almost always because that rank died first.\n"
+        "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
+        "01"),
+    Signature(
+        "python-exception", "A rank raised a Python exception",
+        (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
+        "A rank stopped on an exception in the script's own code (not a known distributed failure).\n"
+        "Read the traceback of the rank that failed first; the others were ended by torchrun.",
+        ""),   # no lab teaches an arbitrary exception
+)
+
+GENERIC = {"peer-lost", "python-exception"}
+
+# Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
+# progress (ddplab.engine.classify.hang_signature).
+STACK_CATALOG: tuple[Signature, ...] = (
+    Signature(
+        "hang-rank-exited", "A rank left while the others wait",
+        (),
+        "At least one rank had already finished while the others still waited in a collective.\n"
+        "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
+        "01",
+        hang_rule=lambda f: bool(f.gone and f.in_coll), precedence=40),
+    Signature(
+        "rank-exited-early", "A rank finished while another still waited in a collective",
+        (),
+        "One rank left the loop early and exited cleanly; its peer was still in a collective, and gloo ended it with 'Connection closed by peer'.\n"
+        "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
+        "01"),
+    Signature(
+        "rank-killed", "A rank was killed from outside (SIGKILL) without a Python error",
+        (),
+        "A rank ended on SIGKILL and left no exception: something outside Python killed it (the kernel's OOM killer when a memory limit is reached, a scheduler, kill -9). Its peers then lost their connection.\n"
+        "Look in the kernel log (dmesg: 'Out of memory: Killed process <pid>' or 'memory cgroup out of memory') and lower that rank's memory use, or raise the limit.",
+        "02"),
+    Signature(
+        "hang-different-collectives", "Ranks wait in different collectives",
+        (),
+        "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"
+        "Make the control flow the same on every rank: the same number of steps, no collective under `if rank == ...`.",
+        "01",
+        hang_rule=lambda f: bool(f.in_coll) and (len(f.ops) > 1 or f.divergence_kind == "different-op"), precedence=70),
+    Signature(
+        "hang-different-sizes", "Ranks wait in the same collective with different sizes",
+        (),
+        "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"
+        "Agree on sizes first (all-reduce MAX of the lengths, pad, then the collective) or use the *_object variants.",
+        "03",
+        hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60),
+    Signature(
+        "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
+        (),
+        "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
+        "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
+        "01",
+        hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50),
+    Signature(
+        "hang-same-collective", "All ranks wait in the same collective",
+        (),
+        "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
+        "Check the network (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and that every rank uses the same backend and world size.",
+        "07",
+        hang_rule=lambda f: bool(f.in_coll), precedence=80),
+    Signature(
+        "hang-data-port-blocked", "A rank's connection to another node gets no answer (a firewall drops it)",
+        (),
+        "A rank is stuck connecting (TCP SYN_SENT, no reply) to a port on another node: the store torchrun gives the workers\n"
+        "(MASTER_PORT, a random port) or gloo's data port (also random). Open the cluster's own subnet between the nodes, not one port.",
+        "09",
+        hang_rule=lambda f: bool(f.blocked), precedence=20),
+    Signature(
+        "hang-rendezvous", "Ranks wait at rendezvous",
+        (),
+        "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
+        "Check that every rank starts, agrees on MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and set a join timeout on purpose.",
+        "06",
+        hang_rule=lambda f: f.at_rendezvous and (not f.any_ledger or not f.in_coll), precedence=30),
+    Signature(
+        "stalled-outside-collectives", "No rank makes progress, and none is in a collective",
+        (),
+        "Every rank stopped outside torch.distributed: sleeping, waiting on a socket, a lock, a pipe or a subprocess.\n"
+        "Read each rank's line: the wait is in the script's own code, not in a collective.",
+        "05",
+        hang_rule=lambda f: True, precedence=90),
+    Signature(
+        "no-rank-started", "No rank started",
+        (),
+        "torchrun made no progress and started no rank.\n"
+        "Run the script once by itself (python script.py) to see it import; check torchrun's output in the run directory.",
+        "06",
+        hang_rule=lambda f: not f.alive, precedence=10),
+    Signature(
+        "deadline-exceeded", "Still making progress at the outer deadline",
+        (),
+        "The job was still working (using CPU, moving through collectives) when its outer limit ran out: slow, not stuck.\n"
+        "Raise --deadline, or leave it out: a stuck job is found by the stall rule, not by the deadline.",
+        "01"),
+    Signature(
+        "rank-waits-for-data", "Stopped while a rank waited for its DataLoader and the others waited for it",
+        (),
+        "When the job was stopped (before ddplab saw it stall), a rank was fetching its next batch and its peers waited for it in a collective: a slow input pipeline looks like a hang.\n"
+        "Measure the time in next(loader) per rank; more num_workers, cheaper decoding or balanced shards fix it (lab 11).",
+        "11"),
+)
+
+BY_ID = {s.id: s for s in CATALOG + STACK_CATALOG}
+# The hang rules in the order they are tried.
+HANG_RULES: tuple[Signature, ...] = tuple(sorted((s for s in STACK_CATALOG if s.hang_rule), key=lambda s: s.precedence))
+
+
+def get(sig_id: str) -> Signature:
+    return BY_ID[sig_id]
+
+
+def match_text(text: str) -> tuple[Signature, str] | None:
+    """The first catalog entry whose pattern occurs in ``text``, with the line that matched."""
+    for sig in CATALOG:
+        m = sig.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return sig, text[start:end if end >= 0 else len(text)].strip()[:400]
+    return None

@@ -1,0 +1,299 @@
+"""Reading a rank's Python stack, and saying as data what the rank is blocked in.
+
+Sources, innermost frame first in all: torch's worker server (``dump_traceback`` over the rank's
+socket, see ``ddplab.engine.probe``: no ptrace, works while the main thread is blocked in C++),
+``py-spy dump --json`` (attaches from outside, ~40 ms), and the ``faulthandler`` dump that ddplab's
+rank hook writes on SIGUSR1 or a fatal signal. ``where()`` turns a stack (and the kernel's wait
+channel of the main thread) into a ``Where``: the kind of wait, the call, who issued it, and the
+innermost line of the user's own code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]   # src/ddplab: frames there are ddplab's own
+
+
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    def short(self) -> str:
+        return f"{short_path(self.file)}:{self.line} in {self.func}"
+
+    def to_dict(self) -> dict:
+        return {"func": self.func, "file": self.file, "line": self.line}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Frame":
+        return cls(d["func"], d["file"], int(d["line"]))
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one rank stands, as data: what it is blocked in and the line of its own code.
+
+    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "sleep", "accept",
+    "store.wait"); ``via`` says who issued a collective the user never called by name
+    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group");
+    ``seq`` is the collective's number in the ledger when the ledger knows it."""
+    kind: str
+    op: str | None = None
+    via: str | None = None
+    frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
+    call: Frame | None = None     # the innermost library frame that names the call
+    seq: int | None = None
+
+    @property
+    def in_collective(self) -> bool:
+        return self.kind == "collective"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
+                "frame": self.frame.to_dict() if self.frame else None,
+                "call": self.call.to_dict() if self.call else None}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Where | None":
+        if not d:
+            return None
+        return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
+                   frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
+                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
+
+
+KINDS = ("collective", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+
+# torch.distributed functions that block until every rank joins. Names as they appear in stacks.
+COLLECTIVES = {
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
+    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_reduce_coalesced",
+    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+}
+# Collectives DDP and Join issue themselves, which a learner never calls by name: (op, via).
+DDP_CALLS = {
+    "_verify_param_shape_across_processes": ("all_gather", "ddp-construct"),
+    "_sync_module_states": ("broadcast", "ddp-construct"),
+    "_sync_params_and_buffers": ("broadcast", "ddp-construct"),
+    "_sync_buffers": ("broadcast", "ddp-forward-buffers"),
+    "_sync_module_buffers": ("broadcast", "ddp-forward-buffers"),
+    "_default_broadcast_coalesced": ("broadcast", "ddp-forward-buffers"),
+    "_rebuild_buckets": ("broadcast", "ddp-forward-rebuild-buckets"),
+    "_check_global_requires_backward_grad_sync": ("all_reduce", "join"),
+    "_match_all_reduce_for_bwd_pass": ("all_reduce", "join"),
+    "_match_all_reduce_for_opt_step": ("all_reduce", "join"),
+    "notify_join_context": ("all_reduce", "join"),
+}
+RENDEZVOUS_CALLS = {"init_process_group", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
+                    "_tcp_rendezvous_handler", "_store_based_barrier", "new_group", "init_device_mesh"}
+STORE_CALLS = {"get", "wait", "set", "add", "compare_set", "check", "multi_get"}
+# The kernel's wait channel of a blocked main thread (/proc/PID/wchan), when no Python frame says more.
+WCHAN_KINDS = {"hrtimer_nanosleep": ("sleep", "sleep"), "do_nanosleep": ("sleep", "sleep"),
+               "inet_csk_accept": ("socket", "accept"), "__inet_stream_connect": ("socket", "connect"),
+               "inet_wait_for_connect": ("socket", "connect"), "sk_wait_data": ("socket", "recv"),
+               "wait_woken": ("socket", "recv"), "do_sys_poll": ("socket", "poll"), "do_select": ("socket", "select"),
+               "ep_poll": ("socket", "epoll"), "do_epoll_wait": ("socket", "epoll"),
+               "pipe_read": ("other", "read from a pipe"), "anon_pipe_read": ("other", "read from a pipe"),
+               "unix_stream_read_generic": ("socket", "recv"), "unix_stream_data_wait": ("socket", "recv"),
+               "unix_wait_for_peer": ("socket", "send"), "poll_schedule_timeout": ("socket", "poll")}
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get("stdlib", ""), paths.get("platstdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
+    return tuple(d for d in dirs if d)
+
+
+_LIBRARY_DIRS = _stdlib_dirs()
+
+
+def short_path(file: str) -> str:
+    """A path as shown: an installed library's from its package (torch/...), anything in or beside the
+    working folder relative to it (../labs/01_hang.py from notebooks/), anything else as given. So a
+    stored output names no folder of the machine that made it."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    if not file.startswith("/"):
+        return file
+    rel = os.path.relpath(file, Path.cwd())
+    return file if rel.startswith("../../") or rel == "../.." else rel
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.:/<])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
+def short_paths(text: str) -> str:
+    """Every absolute path in ``text`` (a message, a command line, a rendered view) as short_path shows it."""
+    return _ABSOLUTE.sub(lambda m: short_path(m.group(0)), text)
+
+
+def is_user_file(file: str) -> bool:
+    """True for the learner's (or the lab's) code: not the standard library, not an installed
+    package, not ddplab itself."""
+    if not file or file.startswith("<"):
+        return False
+    if "site-packages" in file or "dist-packages" in file:
+        return False
+    try:
+        resolved = str(Path(file).resolve())
+    except OSError:
+        resolved = file
+    if resolved.startswith(str(PACKAGE_DIR)):
+        return False
+    return not any(resolved.startswith(d) for d in _LIBRARY_DIRS)
+
+
+def _base_name(func: str) -> str:
+    # py-spy prints qualified names ("Tensor.backward", "_exception_logger.<locals>.wrapper").
+    return func.rsplit(".", 1)[-1]
+
+
+def where(frames: list[Frame], wchan: str | None = None) -> Where:
+    """Classify a stack (innermost first), with the kernel's wait channel of the main thread when
+    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep)."""
+    user = next((f for f in frames if is_user_file(f.file)), None)
+    for f in frames:
+        name = _base_name(f.func)
+        path = f.file.replace("\\", "/")
+        if name in DDP_CALLS and ("torch/distributed" in path or "torch/nn/parallel" in path):
+            op, via = DDP_CALLS[name]
+            return Where("collective", op, via, user, f)
+        if name in COLLECTIVES and "torch/distributed" in path:
+            return Where("collective", name, None, user, f)
+        if name in RENDEZVOUS_CALLS and "torch/distributed" in path:
+            return Where("rendezvous", name, "init_process_group", user, f)
+    for f in frames:
+        name = _base_name(f.func)
+        if name in ("_engine_run_backward", "run_backward") or (name == "backward" and "torch/" in f.file):
+            # DDP's reducer all-reduces gradient buckets from autograd hooks: C++, no Python frame.
+            return Where("collective", "all_reduce", "ddp-backward", user, f)
+        if name in ("forward", "_pre_forward", "_run_ddp_forward") and "torch/nn/parallel/distributed" in f.file:
+            return Where("collective", "broadcast", "ddp-forward-buffers", user, f)
+    for f in frames:
+        path = f.file.replace("\\", "/")
+        if _base_name(f.func) in STORE_CALLS and "torch/distributed" in path:
+            return Where("store", f"store.{_base_name(f.func)}", None, user, f)
+        if "torch/utils/data" in path:
+            return Where("dataloader", "next batch", None, user, f)
+    inner = frames[0] if frames else None
+    if inner is not None:
+        path = inner.file.replace("\\", "/")
+        name = _base_name(inner.func)
+        if path.endswith(("/socket.py", "/selectors.py", "/ssl.py")):
+            return Where("socket", name, None, user, inner)
+        if path.endswith("/threading.py"):
+            return Where("lock", name, None, user, inner)
+    wchan = wchan.split(".", 1)[0] if wchan else wchan    # "poll_schedule_timeout.constprop.0"
+    if wchan in WCHAN_KINDS:
+        kind, op = WCHAN_KINDS[wchan]
+        return Where(kind, op, None, user, None)
+    if wchan and wchan.startswith("futex"):
+        return Where("lock", "a lock or condition", None, user, None)
+    return Where("other", None, None, user, None)
+
+
+def read_wchan(pid: int) -> str | None:
+    """The kernel function the process's main thread sleeps in (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            w = f.read().strip()
+        return w if w and w != "0" else None
+    except OSError:
+        return None
+
+
+def parse_pyspy_json(text: str) -> list[Frame]:
+    """Main-thread frames from ``py-spy dump --json --full-filenames`` output."""
+    threads = json.loads(text)
+    if not threads:
+        return []
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), threads[0])
+    return [Frame(fr["name"], fr["filename"], int(fr["line"] or 0)) for fr in main["frames"]]
+
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.M)
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def _fh_threads(text: str) -> list[tuple[str, list[Frame]]]:
+    """Every thread block of faulthandler-format text, in order: ("Current thread" or "Thread",
+    its frames innermost first)."""
+    headers = list(_FH_THREAD.finditer(text))
+    threads = []
+    for i, m in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
+        frames = [Frame(f.group(3).strip(), f.group(1), int(f.group(2)))
+                  for f in map(_FH_FRAME.match, text[m.start():end].splitlines()[1:]) if f]
+        threads.append((m.group(1), frames))
+    return threads
+
+
+def parse_faulthandler(text: str) -> list[Frame]:
+    """Main-thread frames of the last dump in a faulthandler file.
+
+    faulthandler lists the current thread first with "Current thread", others as "Thread"; on a
+    SIGUSR1 dump the main thread is the one the signal landed in, so the current thread is main.
+    """
+    threads = _fh_threads(text)
+    # The last dump's current thread (or the last block of any kind).
+    current = [frames for kind, frames in threads if kind == "Current thread"] or [f for _, f in threads]
+    return current[-1] if current else []
+
+
+def parse_faulthandler_main(text: str) -> list[Frame]:
+    """Main-thread frames from one faulthandler-format dump of *all* threads taken from another
+    thread (torch's debug server answers /stacks this way: "Current thread" is its own server
+    thread, with no Python frame). The main thread is the one whose outermost frame is ``<module>``."""
+    threads = [frames for _, frames in _fh_threads(text)]
+    return next((t for t in threads if t and t[-1].func == "<module>"), max(threads, key=len, default=[]))
+
+
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)
+
+
+def parse_traceback(text: str) -> list[Frame]:
+    """Frames of the last Python traceback in a rank's log, innermost first."""
+    starts = [m.end() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
+    if not starts:
+        return []
+    frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2))) for m in _TB_FRAME.finditer(text, starts[-1])]
+    return frames[::-1]
+
+
+def pyspy_path() -> str | None:
+    """py-spy next to this interpreter (a venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def pyspy_dump(pid: int, timeout_s: float = 5.0) -> tuple[list[Frame] | None, str]:
+    """(frames, "") on success; (None, why) when py-spy is missing, not permitted or fails."""
+    exe = pyspy_path()
+    if exe is None:
+        return None, "py-spy is not installed"
+    try:
+        out = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--full-filenames"],
+                             capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not answer in {timeout_s:.0f} s"
+    if out.returncode != 0:
+        msg = (out.stderr or out.stdout).strip().splitlines()
+        return None, f"py-spy failed: {msg[-1] if msg else out.returncode}"
+    try:
+        return parse_pyspy_json(out.stdout), ""
+    except (ValueError, KeyError) as e:
+        return None, f"py-spy output not understood: {e}"
+

@@ -1,0 +1,297 @@
+"""Loaded at start-up by every rank that ddplab launches (the launcher puts this folder first on
+the ranks' PYTHONPATH), so it works for any script, unchanged. It records evidence; it never
+changes what the script does.
+
+In ``$DDPLAB_RUN_DIR/ranks/`` it writes, for rank N (the names are ``ddplab/runfiles.py``'s, loaded
+from its file: the package itself is not imported here):
+  rankN.json        pid, start time and the rendezvous address torchrun gave the rank
+  rankN.error.json  the rank's uncaught exception as data (type, message, frames, time), the way
+                    torchrun's own error files (TORCHELASTIC_ERROR_FILE) record it
+  rankN.exit.json   at a normal exit (not a kill): the time and the flight recorder's ledger
+  rankN.stack.txt   faulthandler's dump of every thread on a fatal signal (SIGSEGV, SIGABRT from
+                    gloo) and on SIGUSR1 (the fallback route to a stack before torch is imported)
+and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
+server (``torch._C._distributed_c10d._WorkerServer``) on the Unix socket named in rankN.json. Its
+handlers run on a C++ thread, so the launcher can ask for the flight recorder's collective ledger
+(``fr_trace_json``, on because the launcher sets TORCH_FR_BUFFER_SIZE) and every thread's stack
+(``dump_traceback``) while the main thread is blocked in a collective, with no ptrace and no signal.
+A handler of ddplab's own (``ddplab_rendezvous``) reports the address a rank is connecting to
+while it is stuck in the rendezvous.
+
+Outside a ddplab run (no DDPLAB_RUN_DIR, or not a torchrun worker) it does nothing; in a process a
+rank starts (a DataLoader worker started with spawn inherits the environment) it does nothing either.
+"""
+import os
+import sys
+
+
+def _install():
+    run_dir = os.environ.get("DDPLAB_RUN_DIR")
+    rank = os.environ.get("RANK")
+    # torchrun's agent also inherits PYTHONPATH; only its workers have LOCAL_RANK and RANK. A process
+    # started by a rank inherits DDPLAB_RANK_PID from it and is not the rank itself.
+    if not run_dir or rank is None or "LOCAL_RANK" not in os.environ:
+        return None
+    if os.environ.get("DDPLAB_RANK_PID") not in (None, str(os.getpid())):
+        return None
+    os.environ["DDPLAB_RANK_PID"] = str(os.getpid())
+    import faulthandler
+    import json
+    import signal
+    import time
+
+    names = _runfiles()
+    folder = os.path.join(run_dir, names.RANKS)
+    os.makedirs(folder, exist_ok=True)
+    stack_file = open(os.path.join(folder, names.rank_name(rank, names.STACK)), "a", buffering=1)
+    faulthandler.enable(file=stack_file, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    sock_dir = os.environ.get("DDPLAB_SOCKET_DIR")
+    sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
+    info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
+            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
+            "world_size": os.environ.get("WORLD_SIZE"), "socket": sock}
+    final = os.path.join(folder, names.rank_name(rank, names.INFO))
+    tmp = os.path.join(folder, "." + names.rank_name(rank, names.INFO))
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, final)
+
+    previous_hook = sys.excepthook
+
+    owner = os.getpid()
+
+    def write(kind, rec):
+        # a process forked from the rank (a DataLoader worker) inherits these hooks: its exit or its
+        # error is not the rank's, and must not overwrite the rank's records
+        if os.getpid() != owner:
+            return
+        path = os.path.join(folder, names.rank_name(rank, kind))
+        with open(path + ".tmp", "w") as f:
+            json.dump(rec, f)
+        os.replace(path + ".tmp", path)
+
+    def record_error(type_name, module, message, frames, cause=None):
+        try:
+            env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
+            write(names.ERROR, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
+                            "module": module, "message": message, "frames": frames, "cause": cause, "env": env})
+        except Exception:  # never let evidence-keeping change how the rank fails
+            pass
+
+    def record_exception(etype, value, tb):
+        try:
+            import traceback
+            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
+                      for fs in traceback.extract_tb(tb)][::-1]          # innermost first
+            cause = getattr(value, "__cause__", None)
+            record_error(etype.__name__, getattr(etype, "__module__", ""), str(value), frames,
+                         type(cause).__name__ + ": " + str(cause) if cause is not None else None)
+        except Exception:
+            pass
+        previous_hook(etype, value, tb)
+
+    sys.excepthook = record_exception
+
+    # sys.exit(2) (argparse's usage error, a script's own exit code) never reaches the excepthook.
+    real_exit = sys.exit
+
+    def exit_with_record(code=None):
+        if code not in (None, 0):
+            import traceback
+            frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name}
+                      for fs in traceback.extract_stack()[:-1]][::-1]
+            record_error("SystemExit", "builtins", str(code), frames)
+        real_exit(code)
+
+    sys.exit = exit_with_record
+
+    def record_exit():
+        """At a normal interpreter exit: when, and the flight recorder's whole ledger (a rank that
+        exits leaves its collectives behind for the comparison with the ranks that still wait)."""
+        rec = {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "ledger": None}
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        if c10d is not None and hasattr(c10d, "_dump_fr_trace_json"):
+            try:
+                rec["ledger"] = json.loads(c10d._dump_fr_trace_json())
+            except Exception:
+                pass
+        try:
+            write(names.EXIT, rec)
+        except Exception:
+            pass
+
+    import atexit
+    atexit.register(record_exit)
+    if sock:
+        _after_import("torch.distributed", lambda: _start_worker_server(sock))
+    if os.environ.get("DDPLAB_CHECK"):
+        # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
+        _after_import("torch", lambda: _install_check(write))
+    return stack_file  # kept referenced for the life of the process
+
+
+def _runfiles():
+    """``ddplab/runfiles.py`` (the names of a run folder's files), loaded from its file beside this
+    folder: it imports only ``os``, and the ddplab package is not imported into the rank here."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "runfiles.py")
+    spec = importlib.util.spec_from_file_location("_ddplab_runfiles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _install_check(write):
+    try:
+        import ddplab_rankcheck
+        ddplab_rankcheck.install(write, _after_import)
+    except Exception as e:   # the run goes on unchecked; the launcher says no rank left check records
+        print(f"[ddplab] --check is off in this rank ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _start_worker_server(sock):
+    """torch's control-plane server on ``sock`` (C++ thread), plus ddplab's rendezvous handler."""
+    global _DDPLAB_WORKER_SERVER
+    try:
+        from torch._C import _distributed_c10d as c10d
+        try:
+            os.unlink(sock)
+        except OSError:
+            pass
+        # torch logs "Server listening ..." (and "shutting down"/"exited") as C++ warnings on fd 2:
+        # evidence-keeping must not add lines to the learner's own log, so fd 2 is muted for them.
+        with _quiet_stderr():
+            _DDPLAB_WORKER_SERVER = c10d._WorkerServer(sock)
+        if hasattr(c10d, "_register_handler"):
+            c10d._register_handler("ddplab_rendezvous", _rendezvous_handler)
+        import atexit
+        import threading
+
+        server = _DDPLAB_WORKER_SERVER
+        owner = os.getpid()
+
+        def _shutdown():
+            with _quiet_stderr():
+                server.shutdown()
+
+        def stop():
+            # A forked child (a DataLoader worker) inherits threading's atexit list and runs it when
+            # multiprocessing ends it; its copy of the listening socket is the rank's own, and
+            # shutting it down there ended the rank's server with "failed to listen" (SIGABRT).
+            if os.getpid() != owner:
+                return
+            try:
+                os.unlink(sock)          # no new requests from here on
+            except OSError:
+                pass
+            # shutdown() waits for a request in flight; ddplab's rendezvous handler is Python and needs
+            # the GIL, which shutdown() called from the main thread would hold: a rank probed as it
+            # exited hung there (seen in CI). From a helper thread, the main thread waits without it.
+            t = threading.Thread(target=_shutdown, name="ddplab-worker-server-stop", daemon=True)
+            t.start()
+            t.join(2.0)
+
+        # before threading's own shutdown, while a thread may still be started (Python 3.12+ refuses
+        # new threads in atexit handlers)
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            register(stop) if register else atexit.register(stop)
+        except RuntimeError:
+            atexit.register(stop)
+    except Exception as e:  # an older torch: the launcher falls back to py-spy and faulthandler
+        print(f"[ddplab] no worker server in this rank ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+class _quiet_stderr:
+    """fd 2 to /dev/null for a moment (C++ log lines go there, below Python's sys.stderr)."""
+
+    def __enter__(self):
+        try:
+            sys.stderr.flush()
+            self.saved = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+        except OSError:
+            self.saved = None
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            os.dup2(self.saved, 2)
+            os.close(self.saved)
+        return False
+
+
+def _rendezvous_handler(req, resp):
+    """Where this rank's main thread is trying to reach the store, read from the arguments of the
+    torch.distributed frames it is in (TCPStore creation, rendezvous handlers, init_process_group):
+    host, port and the timeout it waits with, when they are there."""
+    import json
+    import threading
+
+    found = {}
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        code = frame.f_code
+        if "torch/distributed" in code.co_filename.replace("\\", "/"):
+            loc = frame.f_locals
+            host = loc.get("hostname", loc.get("host_name", loc.get("master_addr")))
+            port = loc.get("port", loc.get("master_port"))
+            if "host" not in found and isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool):
+                found.update(host=host, port=port, func=code.co_name)
+            timeout = loc.get("timeout")
+            if "timeout_s" not in found and hasattr(timeout, "total_seconds"):
+                found["timeout_s"] = timeout.total_seconds()
+        frame = frame.f_back
+    resp.set_content(json.dumps(found), "application/json")
+    resp.set_status(200)
+
+
+def _after_import(name, callback):
+    """Run ``callback`` in the importing thread right after module ``name`` has finished importing
+    (a post-import hook: nothing is imported early, nothing polls)."""
+    import importlib.abc
+    import importlib.machinery
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                try:
+                    callback()
+                except Exception:
+                    pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+def _chain():
+    """Run the sitecustomize this one shadows, if the environment has one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+_DDPLAB_WORKER_SERVER = None
+_DDPLAB_STACK_FILE = _install()
+_chain()

@@ -1,0 +1,106 @@
+"""The system tools that parts of ddplab need, the package that installs each, and the one installer.
+
+This file is the one place for those facts. It imports only the standard library, so the Makefile
+and .ci/run run it as a script before the venv exists:
+
+    python3 src/ddplab/tools/system.py install labs            # make workbook
+    python3 src/ddplab/tools/system.py install labs browser    # make test, .ci/run
+
+As root with apt-get it installs what is missing (apt-get update first only when the install
+fails without it). Otherwise, or with DDPLAB_SYSTEM_PACKAGES=0, it installs nothing and prints one
+line per part that will be skipped, naming the tool and the command that installs it. It always
+exits 0: a missing tool skips a part, it never stops the build.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+# tool -> the Debian package that installs it
+PACKAGE = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables", "unshare": "util-linux", "chromium": "chromium"}
+# part -> (what it is, the tools it needs)
+PARTS = {
+    "labs": ("lab 09 (two nodes on one machine)", ("ip", "tc", "nft", "unshare")),
+    "browser": ("the browser test", ("chromium",)),
+}
+OFF = "DDPLAB_SYSTEM_PACKAGES"     # "0": install nothing (CI's phase that checks the skips)
+
+
+@dataclass(frozen=True)
+class Need:
+    """Something a part needs that this machine lacks: a tool (with its install command) or a
+    condition (root, Linux). Data; ``str`` is the one line a learner reads."""
+    what: str
+    install: str
+
+    def __str__(self) -> str:
+        return f"needs {self.what}: {self.install}"
+
+
+def where(tool: str) -> str | None:
+    """The tool's executable on PATH (chromium: $DDPLAB_CHROMIUM first), or None."""
+    if tool == "chromium" and os.environ.get("DDPLAB_CHROMIUM"):
+        path = os.environ["DDPLAB_CHROMIUM"]
+        return path if os.access(path, os.X_OK) else None
+    return shutil.which(tool)
+
+
+def missing(tools) -> list[Need]:
+    """What is missing among ``tools``, one Need per package, in order."""
+    needs: dict[str, Need] = {}
+    for tool in tools:
+        pkg = PACKAGE[tool]
+        if where(tool) is None and pkg not in needs:
+            needs[pkg] = Need(tool, f"apt-get install {pkg}")
+    return list(needs.values())
+
+
+def _can_install() -> bool:
+    return (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+            and shutil.which("apt-get") is not None and os.environ.get(OFF, "1") != "0")
+
+
+def _apt(packages: list[str]) -> bool:
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+    if subprocess.run(cmd, **quiet).returncode == 0:
+        return True
+    # a fresh machine's package lists may be empty or stale: update once, then try again
+    subprocess.run(["apt-get", "update", "-q"], **quiet)
+    return subprocess.run(cmd, **quiet).returncode == 0
+
+
+def install(parts: list[str]) -> list[tuple[str, Need]]:
+    """Install what ``parts`` need where this process may (root, apt-get, not switched off); then
+    return (part, need) for each thing still missing."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"system.py: unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+    tools = [t for p in parts for t in PARTS[p][1]]
+    packages = sorted({n.install.split()[-1] for n in missing(tools)})
+    if packages and _can_install():
+        print(f"== apt-get install {' '.join(packages)}", flush=True)
+        if not _apt(packages):
+            print(f"== apt-get could not install {' '.join(packages)}: the parts that need them are skipped",
+                  flush=True)
+    return [(p, need) for p in parts for need in missing(PARTS[p][1])]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "install":
+        print("usage: python3 src/ddplab/tools/system.py install PART [PART...]   (parts: "
+              + ", ".join(PARTS) + ")", file=sys.stderr)
+        return 2
+    why_not = "" if _can_install() else (
+        f" ({OFF}=0)" if os.environ.get(OFF) == "0" else " (not root with apt-get: nothing installed)")
+    for part, need in install(argv[1:]):
+        print(f"== {PARTS[part][0]} will be skipped: {need}{why_not}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,404 @@
+"""Rendering: sentences made from a result's fields, only when shown (text, HTML, the live status line).
+
+Nothing here is parsed back: tests and notebooks read the fields of ``RunResult`` and
+``RankResult``; these functions are the views for people.
+"""
+from __future__ import annotations
+
+import html as _html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddplab.engine import groups, waits
+from ddplab import result as _result
+from ddplab.engine.ledger import numel
+from ddplab.engine.stacks import short_paths
+from ddplab.views.render_check import check_html, check_lines
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddplab.result import RankResult, RunResult
+    from ddplab.engine.stacks import Where
+    from ddplab.engine.supervise import Snapshot
+
+# Who issued a collective the user never called by name.
+VIA = {
+    "ddp-backward": "DDP gradients, inside backward",
+    "ddp-forward-buffers": "DDP buffer sync, inside forward",
+    "ddp-forward-rebuild-buckets": "DDP bucket rebuild, inside forward",
+    "ddp-construct": "DDP construction",
+    "join": "Join",
+    "init_process_group": "rendezvous",
+}
+# What a rank outside any collective is doing.
+KIND_PHRASE = {
+    "sleep": "sleeping (time.sleep)",
+    "socket": "waiting on a socket",
+    "dataloader": "waiting for its DataLoader",
+    "lock": "waiting on a lock",
+    "store": "waiting on the TCPStore",
+    "rendezvous": "waiting at the rendezvous",
+    "compute": "computing",
+}
+
+
+def wait_phrase(w: "Where | None") -> str | None:
+    """What a rank is blocked in, in a few words: "barrier", "all_reduce (DDP gradients, inside backward)"."""
+    if w is None:
+        return None
+    if w.kind == "collective":
+        return f"{w.op} ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else w.op
+    if w.kind == "rendezvous":
+        return f"{w.op} (rendezvous)"
+    if w.kind == "store":
+        return f"{w.op} (the TCPStore)"
+    if w.kind in ("sleep", "socket", "dataloader", "lock"):
+        return f"{w.op}" if w.op else w.kind
+    return None
+
+
+class Paths:
+    """A file's path in full (relative to the working folder where it can be) the first time a view
+    names it, and its base name after that."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+
+    def at(self, r: "RankResult") -> str:
+        f = r.frame
+        if f is None:
+            return ""
+        if f.file in self.seen:
+            return f" at {Path(f.file).name}:{f.line} in {f.func}"
+        self.seen.add(f.file)
+        return f" at {f.short()}"
+
+
+def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
+    """One rank's state at the end of the run, without its number: "in barrier #21 at train.py:16 in main"."""
+    at = (paths or Paths()).at(r)
+    w = r.where
+    if r.state in ("hung", "running") and w is not None:
+        if w.kind == "collective":
+            seq = f" #{w.seq}" if w.seq is not None else ""
+            pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
+            size = f" of {pend.numel} elements" if pend is not None and pend.sizes else ""
+            via = f" ({VIA[w.via]})" if w.via in VIA and w.via != "init_process_group" else ""
+            return f"in {w.op}{seq}{size}{via}{at}"
+        if w.kind == "rendezvous" or w.kind == "store":
+            to = ""
+            if r.dialling and r.dialling.get("host"):
+                to = f" for the store at {r.dialling['host']}:{r.dialling['port']}"
+                if r.given and (str(r.given.get("host")), int(r.given.get("port") or 0)) != \
+                        (str(r.dialling["host"]), int(r.dialling["port"])):
+                    to += f" (torchrun gave it {r.given['host']}:{r.given['port']})"
+            what = "waiting at the rendezvous" if w.kind == "rendezvous" else f"in {w.op} on the TCPStore"
+            return f"{what}{to}{at}"
+        if w.kind in KIND_PHRASE:
+            op = f" ({w.op})" if w.op and w.kind not in ("sleep",) else ""
+            return f"{KIND_PHRASE[w.kind]}{op}, not in any collective{at}"
+        return f"running outside any collective{at}"
+    if r.state in ("hung", "running"):
+        return f"still running{at}"
+    if r.state == "not-started":
+        return "never started"
+    done = f" after collective #{r.ledger[-1].seq}" if r.ledger else ""
+    if r.exit_code == 0:
+        return f"exited cleanly (exit 0){done}"
+    if r.error is not None:
+        return f"failed with {r.error.type}: {_first_line(r.error.message)}{at}"
+    how = f"exit code {r.exit_code}" if r.exit_code is not None else (r.signal or "an unknown signal")
+    return f"ended ({how}){done}"
+
+
+def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:
+    """Which ranks the others waited for, and whether those were busy, blocked or gone."""
+    w = waits.waited_for(result)
+    if w is None:
+        return ""
+    paths = paths or Paths()
+    r = w.rep
+    what = (f" in {w.op}" + (f" #{w.seq}" if w.seq is not None else "")) if w.op else ""
+    if w.how == "busy":
+        state = f"busy: its CPU time was still growing ({r.cpu_busy:.2f} of a core){paths.at(r)}"
+    elif w.how == "gone":
+        state = f"gone: it had {state_phrase(r, paths).removeprefix('exited ')}" if r.state == "exited" else \
+            f"gone: {state_phrase(r, paths)}"
+    else:
+        state = f"blocked, {state_phrase(r, paths)}" if r.state in ("hung", "running") else "blocked"
+    last = next((c.seq for c in reversed(r.ledger) if c.completed), None)
+    done = f"; its last finished collective was #{last}" if last is not None and w.how != "gone" else ""
+    printed = _last_printed(r)
+    said = f"; it last printed {printed!r}" if printed else ""
+    return (f"{groups.label(w.waiters).capitalize()} waited{what} for {groups.label(w.waited)}, which was {state}"
+            f"{_own_frames(r)}{done}{said}.")
+
+
+def _own_frames(r: "RankResult") -> str:
+    """The calls of the user's own code that led the rank where it stands, outermost first, when
+    there is more than the one line already named."""
+    from ddplab.engine.stacks import is_user_file
+    own = [f for f in r.stack if is_user_file(f.file)]
+    if len(own) < 2:
+        return ""
+    return ", called from " + " < ".join(f"{f.func} (line {f.line})" for f in own[1:4])
+
+
+def group_lines(result: "RunResult", paths: "Paths | None" = None) -> list[str]:
+    """One line per group of ranks in the same state, the odd group first and named as such."""
+    paths = paths or Paths()
+    gs = groups.group(result)
+    w = waits.waited_for(result)
+    said = set(w.waited) if w is not None else set()      # the wait sentence quoted their output
+    out = []
+    for g in gs:
+        line = f"{g.label}: {state_phrase(g.rep, paths)}"
+        printed = _last_printed(g.rep)
+        if printed and g.rep.state in ("hung", "running") and not said & set(g.ranks):
+            line += f"; last printed {printed!r}" + (f" (rank {g.rep.rank})" if len(g.ranks) > 1 else "")
+        if g.odd and result.status != "failed":
+            others = groups.span(r for o in gs if o is not g for r in o.ranks)
+            line += f" <- differs from the others ({others}): the likely cause"
+        out.append(line)
+    return out
+
+
+def _last_printed(r: "RankResult", limit: int = 100) -> str:
+    """The rank's last non-empty line of output, shortened."""
+    line = next((l.strip() for l in reversed(r.log_tail.splitlines()) if l.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((l.strip() for l in (text or "").splitlines() if l.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _divergence(result: "RunResult", paths: "Paths | None" = None) -> str:
+    """The first collective at which the ledgers differ, ranks grouped by what they issued there.
+    Empty when the group lines already say it (every rank still waits in that collective)."""
+    d = result.divergence
+    if d is None:
+        return ""
+    paths = paths or Paths()
+    by_rank = {r.rank: r for r in result.ranks}
+    said = all((r := by_rank.get(k)) is not None and r.state in ("hung", "running") and r.where is not None
+               and r.where.seq == d.seq for k in d.ops)
+    if said and d.kind != "different-sizes":
+        return ""
+    parts: dict[tuple, list[int]] = {}
+    for rank in sorted(d.ops):
+        op, r = d.ops[rank], by_rank.get(rank)
+        if op is None:
+            gone = r is not None and r.state == "exited"
+            parts.setdefault(("never", d.last.get(rank), gone), []).append(rank)
+            continue
+        sizes = d.sizes.get(rank)
+        frame = r.frame if r is not None and r.where is not None and r.where.seq == d.seq else None
+        parts.setdefault(("op", op, tuple(sizes or ()), frame), []).append(rank)
+    text = []
+    for key, ranks in sorted(parts.items(), key=lambda kv: (len(kv[1]), kv[1][0])):
+        if key[0] == "never":
+            text.append(f"{groups.label(ranks)} never reached it (last was #{key[1]})"
+                        + (" and had exited" if key[2] else ""))
+            continue
+        _, op, sizes, frame = key
+        size = (f" {[list(s) for s in sizes]}" if d.kind == "different-sizes" and sizes
+                else (f" of {numel(sizes)} elements" if sizes else ""))
+        at = paths.at(by_rank[ranks[0]]) if frame is not None else ""
+        text.append(f"{groups.label(ranks)} {op}{size}{at}")
+    what = {"different-op": "the ranks diverged", "different-sizes": "the ranks passed different sizes",
+            "shorter-ledger": "not every rank issued it"}[d.kind]
+    return f"Collective #{d.seq}: {what}: " + "; ".join(text) + "."
+
+
+def diagnosis(result: "RunResult") -> str:
+    """What happened, made from the fields: a lead sentence, then one line per group of ranks in
+    the same state (so its length follows the distinct states, not the number of ranks)."""
+    s = result.status
+    if s == "ok":
+        return ""
+    paths = Paths()
+    if s == "failed":
+        return _failed(result, paths)
+    if result.signature == "no-rank-started":
+        return "torchrun started no rank before it stopped making progress."
+    lead = ""
+    if s == "hung" and result.stall is not None:
+        st = result.stall
+        after = f", after collective #{st.last_seq}" if st.last_seq is not None else ""
+        origin = "ddplab attached" if result.attached_pid is not None else "launch"
+        lead = (f"No rank made progress for {st.idle_s:.1f} s (since {st.since_s:.1f} s after {origin}{after}); "
+                f"the stall window is {st.window_s:g} s.")
+        if st.waited_for_timeout_s:
+            lead += f" ddplab waited {st.waited_for_timeout_s:.1f} s more for PyTorch's own timeout."
+    elif s == "deadline":
+        lead = f"The job was still making progress when its outer limit of {result.deadline_s:g} s ran out."
+    elif s == "interrupted":
+        lead = f"The run was interrupted after {result.wall_s:.1f} s."
+    elif s == "running":
+        lead = f"The job kept making progress while ddplab watched it for {result.wall_s:.1f} s: slow, perhaps, but not stuck."
+    elif s == "exited":
+        return "The job ended while ddplab watched it."
+    div = _divergence(result, paths)
+    head = " ".join(x for x in (lead, wait_sentence(result, paths), div) if x)
+    return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
+
+
+def _failed(result: "RunResult", paths: "Paths") -> str:
+    first = result.first_failure
+    if first is None:
+        return "torchrun failed before any rank started." if not any(r.pid for r in result.ranks) else \
+            "A rank failed, but no rank left a record of why."
+    r = result.rank(first)
+    if r.error is not None:
+        what = f"{r.error.type}: {_first_line(r.error.message)}"
+    elif r.signal:
+        what = f"killed by {r.signal}" + (" with no Python error (the kernel's OOM killer, or a kill)"
+                                           if r.signal == "SIGKILL" else "")
+    else:
+        tail = _first_line("\n".join(reversed([l for l in r.log_tail.splitlines() if l.strip()][-1:])))
+        what = f"exit code {r.exit_code}" + (f": {tail}" if tail else "")
+    out = [f"Rank {first} failed first: {what}{paths.at(r)}."]
+    out.append(wait_sentence(result, paths))
+    d = result.divergence
+    if result.signature == "rank-exited-early" and d is not None:
+        gone = [k for k, op in sorted(d.ops.items()) if op is None]
+        waiting: dict[str, list[int]] = {}
+        for k, op in sorted(d.ops.items()):
+            if op is not None:
+                waiting.setdefault(op, []).append(k)
+        out.append(f"That is a consequence: {groups.label(gone)} had exited cleanly after "
+                   f"collective #{min(d.last[k] for k in gone)} while "
+                   f"{', '.join(f'{groups.label(ks)} in {op} #{d.seq}' for op, ks in waiting.items())} still waited for it.")
+    if r.error is not None and r.error.env:
+        given = r.given or {}
+        used = (r.error.env.get("MASTER_ADDR"), r.error.env.get("MASTER_PORT"))
+        if given and used[1] and (str(used[0]), str(used[1])) != (str(given.get("host")), str(given.get("port"))):
+            out.append(f"It connected to {used[0]}:{used[1]}; torchrun gave it {given.get('host')}:{given.get('port')}.")
+    for g in groups.group(result):
+        if first in g.ranks or g.rep.error is None:
+            continue
+        o = g.rep
+        out.append(f"{groups.label(g.ranks).capitalize()} then failed with {o.error.type}: "
+                   f"{_first_line(o.error.message, 160)}"
+                   f"{' (a consequence: lost the connection to rank ' + str(first) + ')' if o.consequence else ''}.")
+    if any(o.state == "exited" and o.signal == "SIGTERM" for o in result.ranks):
+        out.append("torchrun then ended the other ranks.")
+    return " ".join(x for x in out if x)
+
+
+def headline(result: "RunResult") -> str:
+    v = f" --variant {result.variant}" if result.variant else ""
+    sig = f" [{result.signature}]" if result.signature else ""
+    return f"{result.target}{v}: {result.status}{sig} in {result.wall_s:.1f} s ({result.nproc} ranks)"
+
+
+def _waits(r: "RankResult") -> str:
+    """What a rank waits in, with the collective's number when the ledger knows it."""
+    if not r.waits_in:
+        return ""
+    return r.waits_in + (f" #{r.where.seq}" if r.where is not None and r.where.seq is not None else "")
+
+
+def _state(r: "RankResult") -> str:
+    if r.state in ("hung", "running"):
+        return ("no progress" if r.state == "hung" else "still running") + (", ended by ddplab" if r.signal else "")
+    if r.state == "not-started":
+        return "never started"
+    return f"exit {r.exit_code}" if r.exit_code is not None else (r.signal or "?")
+
+
+def explain(result: "RunResult") -> str:
+    from ddplab.engine import signatures
+
+    lines = [headline(result)]
+    if result.signature:
+        sig = signatures.get(result.signature)
+        lines.append(f"  {sig.title}.")
+        lines += [f"  {t}" for t in sig.explanation.splitlines()]
+        if sig.lab:
+            lines.append(f"  Lab {sig.lab} teaches this failure.")
+    d = diagnosis(result)
+    if d:
+        first, *rest = d.splitlines()
+        lines.append(f"  Diagnosis: {first}")
+        lines += [f"    {t}" for t in rest]
+    if result.excerpt and result.status == "failed":
+        lines.append(f"  Evidence: {result.excerpt}")
+    if result.status in ("ok", "failed"):   # a hang's diagnosis already shows each group's state
+        lines += [f"  {g.label}: {_state(g.rep)}" for g in groups.group(result)]
+    lines += [f"  note: {n}" for n in result.notes]
+    lines += check_lines(result.check)        # ddplab run --check: "ok, but ..."
+    lines.append(f"  run dir: {_rel(result.run_dir)}")
+    return "\n".join(lines)
+
+
+def _rel(path: str) -> str:
+    """A path relative to the working folder when it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return path
+
+
+COLOURS = {"ok": "#1a7f37", "failed": "#cf222e", "hung": "#9a6700", "deadline": "#9a6700", "interrupted": "#6e7781",
+           "running": "#0969da", "exited": "#6e7781"}
+
+
+BOLD = " style='font-weight:bold'"   # the odd group's row
+
+
+def html(result: "RunResult") -> str:
+    from ddplab.engine import signatures
+
+    e = _html.escape
+    paths = Paths()
+    rows = "".join(
+        f"<tr{BOLD if g.odd else ''}><td>{e(groups.span(g.ranks))}</td><td>{e(_state(g.rep))}</td>"
+        f"<td>{e(str(g.rep.exit_code) if g.rep.exit_code is not None else (g.rep.signal or ''))}</td>"
+        f"<td>{e(_waits(g.rep))}</td>"
+        f"<td>{e(g.rep.error.type + ': ' + _first_line(g.rep.error.message, 120) if g.rep.error else '')}</td>"
+        f"<td><code>{e(paths.at(g.rep).removeprefix(' at '))}</code></td></tr>"
+        for g in groups.group(result))
+    sig = ""
+    if result.signature:
+        s = signatures.get(result.signature)
+        lab = f", lab {e(s.lab)}" if s.lab else ""
+        sig = (f"<p><b>{e(s.title)}</b> (<code>{e(s.id)}</code>{lab})<br>"
+               f"{'<br>'.join(e(t) for t in s.explanation.splitlines())}</p>")
+    d = diagnosis(result)
+    diag = f"<p><b>Diagnosis:</b> {'<br>'.join(e(t) for t in d.splitlines())}</p>" if d else ""
+    ev = (f"<p><b>Evidence:</b> <code>{e(result.excerpt)}</code></p>"
+          if result.excerpt and result.status == "failed" else "")
+    return (f"<div><p><b style='color:{COLOURS.get(result.status, '#000')}'>{e(result.status.upper())}</b> "
+            f"<code>{e(result.target)}</code> {e(result.variant or '')}: {result.wall_s:.1f} s, {result.nproc} ranks</p>"
+            f"{sig}{diag}{ev}<table><tr><th>ranks</th><th>state</th><th>exit</th><th>waits in</th><th>error</th>"
+            f"<th>its code</th></tr>{rows}</table>{check_html(result.check)}<p><small>{e(_rel(result.run_dir))}</small></p></div>")
+
+
+def _row_phrase(row: dict) -> str:
+    st = row["state"]
+    if st == "waiting":
+        return f"in {row['op']} #{row['seq']}"
+    if st == "exited":
+        code = row.get("exit_code")
+        return "exited" + (f" {code}" if code is not None else "")
+    if st == "running" and row.get("seq") is not None:
+        return f"running (done #{row['seq']})"
+    return st
+
+
+def status_line(snap: "Snapshot") -> str:
+    """The live line: elapsed time, the ranks grouped by state, and how long nothing has moved."""
+    by: dict[str, list[int]] = {}
+    for row in snap.ranks:
+        by.setdefault(_row_phrase(row), []).append(row["rank"])
+    parts = [f"{groups.label(ranks)}: {phrase}" for phrase, ranks in sorted(by.items(), key=lambda kv: min(kv[1]))]
+    idle = f" | no progress for {snap.idle_s:.0f} s (hung at {snap.stall_s:g} s)" if snap.idle_s >= 1.0 else ""
+    return f"{snap.elapsed_s:5.1f} s | " + " | ".join(parts) + idle
+
+
+# result is data and imports no view: the views are registered here, where they live.
+# Paths as stacks.short_path shows them: a stored output names no folder of the machine that made it.
+_result.register_views(diagnosis=lambda r: short_paths(diagnosis(r)), explain=lambda r: short_paths(explain(r)),
+                       headline=headline, html=lambda r: short_paths(html(r)), wait_phrase=wait_phrase)

@@ -1,0 +1,92 @@
+"""Views of a ``ddplab.engine.check.CheckReport`` (``ddplab run --check``): the "ok, but ..." section of the
+terminal and notebook views. Made from the report's fields when shown; never parsed back."""
+from __future__ import annotations
+
+import html as _html
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddplab.engine.check import CheckReport, Finding, NotChecked
+
+NOTHING = {"no-process-group": "nothing to check: no process group",
+           "no-records": "nothing to check: no rank left check records (did any rank import torch?)"}
+WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas were not compared",
+       "fsdp": "FSDP shards parameters (replicas are not meant to be equal), so they were not compared",
+       "no-training-loader": "no DataLoader epoch fed a DDP forward with gradients, so the data was not compared"}
+
+
+def _ranks(rs) -> str:
+    rs = list(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+def finding_sentence(f: "Finding") -> str:
+    """What was found, in one sentence (without the fix)."""
+    k, who = f.kind, _ranks(f.ranks)
+    if k == "replicas-differ":
+        since = f", still equal at step {f.since_equal}" if f.since_equal is not None else ""
+        return (f"replicas drifted apart: {who} had parameters different from rank 0's at step {f.step}{since} "
+                f"({f.count} of {f.of} tensors differ; first: {f.object})")
+    if k == "buffers-differ":
+        return (f"buffers differ: {who} had buffers different from rank 0's at step {f.step} "
+                f"({f.count} of {f.of}; first: {f.object})")
+    if k == "samples-overlap":
+        return f"samples seen twice: in epoch {f.epoch}, {f.count} of {f.of} samples went to more than one rank ({who}; {f.object})"
+    if k == "samples-dropped":
+        return f"samples never seen: in epoch {f.epoch}, {f.count} of {f.of} samples went to no rank ({f.object})"
+    if k == "same-order":
+        return (f"the same order every epoch: {f.count} of {f.of} epochs repeated epoch 0's sample order exactly "
+                f"on {who} ({f.object})")
+    if k == "step-in-no-sync":
+        return (f"gradients not synchronised: {who} took {f.count} of {f.of} optimizer steps on gradients computed "
+                f"inside no_sync() (first at step {f.step}); they never met the other ranks")
+    if k == "unequal-accumulation":
+        return (f"unequal accumulation: {who} ran a different number of forwards per optimizer step than rank 0 "
+                f"(first at step {f.step}, {f.count} of {f.of} steps)")
+    if k == "grad-missing":
+        return (f"a parameter without a gradient on some ranks: {f.object} had none on {who} at step {f.step} "
+                f"({f.count} of {f.of} steps)")
+    if k == "update-outside-ddp":
+        return (f"updates outside the DDP wrapper: {who} took {f.count} optimizer steps with no forward through DDP "
+                f"since the step before (first at step {f.step}), so no gradient was averaged")
+    return f"{k}: {who}"
+
+
+def not_checked_sentence(n: "NotChecked") -> str:
+    return f"not checked: {WHY.get(n.why, n.why)}" + (f" ({n.detail})" if n.detail else "")
+
+
+def check_lines(report: "CheckReport | None") -> list[str]:
+    """The terminal section (indented lines, as in ``render.explain``); nothing when --check was off."""
+    if report is None:
+        return []
+    if report.nothing:
+        return [f"  {NOTHING.get(report.nothing, report.nothing)}"]
+    lines = []
+    if report.findings:
+        lines.append(f"  ok, but --check found {len(report.findings)} problem(s) the ranks' own records show:")
+        for f in report.findings:
+            lines.append(f"    - {finding_sentence(f)}.")
+            lines.append(f"      fix: {f.fix}.")
+    elif report.models or report.loader_epochs:
+        lines.append(f"  --check: nothing found ({report.models} DDP model(s), {report.checksums} checksum(s) "
+                     f"every {report.every} forwards, {report.loader_epochs} training epoch(s) of data compared).")
+    lines += [f"  {not_checked_sentence(n)}." for n in report.not_checked]
+    return lines
+
+
+def check_html(report: "CheckReport | None") -> str:
+    if report is None:
+        return ""
+    e = _html.escape
+    if report.nothing:
+        return f"<p><b>--check:</b> {e(NOTHING.get(report.nothing, report.nothing))}</p>"
+    extra = "".join(f"<li>{e(not_checked_sentence(n))}</li>" for n in report.not_checked)
+    if not report.findings and not (report.models or report.loader_epochs):
+        return f"<ul>{extra}</ul>" if extra else ""
+    if not report.findings:
+        return (f"<p><b>--check:</b> nothing found ({report.models} DDP model(s), {report.checksums} checksum(s), "
+                f"{report.loader_epochs} training epoch(s) of data compared).</p>" + (f"<ul>{extra}</ul>" if extra else ""))
+    items = "".join(f"<li>{e(finding_sentence(f))}.<br><i>fix:</i> {e(f.fix)}.</li>" for f in report.findings)
+    return (f"<div><p><b style='color:#9a6700'>ok, but ...</b> --check found {len(report.findings)} problem(s):</p>"
+            f"<ul>{items}{extra}</ul></div>")
