@@ -39,3 +39,9 @@ def __getattr__(name: str):
         from ddplab import result
         return getattr(result, name)
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext ddplab``: the ``%%ddplab`` cell magic (ddplab.course.magic)."""
+    from ddplab.course.magic import load_ipython_extension as _load
+    _load(ipython)

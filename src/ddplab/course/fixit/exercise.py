@@ -1,0 +1,189 @@
+"""What a fix-it exercise is, as data, and the evidence an attempt gives the grader.
+
+An exercise is a short broken script of one lab's failure class, in a setting other than the lab's own
+script, that the learner repairs in a ``%%ddplab`` cell. Everything the grader needs is a field: the
+broken source, the reference fix, the hint, the known wrong fixes (each with the evidence that shows it
+and why it is wrong), the ranks it runs on, the stall window and the tolerance of its result check.
+The result check (``judge``) compares what the attempt's ranks recorded (``ddplab.rank.lab.record("final",
+...)``, read back as data from the run folder) with a reference the grader computes itself in one
+process, so deleting the collective, the loop or the data is not a fix.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
+
+# The record every exercise script writes on each rank, read back by its judge.
+FINAL = "final"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` (found exactly once) by ``new``: how a wrong fix is written into the broken source."""
+    old: str
+    new: str
+
+    def apply(self, source: str) -> str:
+        if source.count(self.old) != 1:
+            raise ValueError(f"edit target found {source.count(self.old)} times, not once: {self.old!r}")
+        return source.replace(self.old, self.new)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The attempt's result differs from the grader's reference: ``what`` (a key such as "steps",
+    "params", "values", "ranks"), what the reference has and what the attempt recorded."""
+    what: str
+    expected: object
+    got: object
+    tolerance: float | None = None
+
+
+@dataclass
+class Attempt:
+    """One graded attempt: its source and its run (a ``ddplab.RunResult``)."""
+    source: str
+    result: object
+    mismatch: Mismatch | None = None    # set by the grader once the result check has run
+
+    @cached_property
+    def tree(self) -> ast.Module:
+        return ast.parse(self.source)
+
+    @property
+    def ok(self) -> bool:
+        return self.result.status == "ok"
+
+    def finals(self) -> dict[int, dict]:
+        """Each rank's ``final`` record (the last one it wrote), by rank."""
+        out = {}
+        for rec in self.result.records_of(FINAL):
+            out[int(rec["rank"])] = rec
+        return out
+
+    def findings(self) -> set[str]:
+        report = self.result.check
+        return report.kinds() if report is not None else set()
+
+
+@dataclass(frozen=True)
+class WrongFix:
+    """A fix people write that does not repair this failure.
+
+    ``edits`` write it into the broken source (the tests run exactly that); ``applies`` is the evidence
+    that an attempt contains it (the attempt's code and what its run did: a wrong fix is named only when
+    the run shows it did not work, or, for a fix that changes nothing but cost, when the run shows what
+    it costs); ``why`` says why it is wrong; ``source`` is where people reported or advised it."""
+    key: str
+    edits: tuple[Edit, ...]
+    applies: Callable[[Attempt], bool]
+    why: str
+    source: str
+
+    def write(self, broken: str) -> str:
+        for e in self.edits:
+            broken = e.apply(broken)
+        return broken
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str                       # "01-early-stop": the lab's number first
+    lab: str                      # "01"
+    title: str
+    task: str                     # what the script must do, stated so that one result is right
+    broken: str                   # the script the learner opens
+    reference: str                # the reference fix (shown only after attempts, in self-study)
+    hint: str
+    judge: Callable[[Attempt, int], Mismatch | None]   # the result against the grader's own reference
+    wrong_fixes: tuple[WrongFix, ...]
+    nproc: int = 2
+    stall_s: float = 2.0
+    tolerance: float | None = None   # of the result check, where it compares numbers
+    silent: bool = False          # the class is silent (ends ok): --check must then be clean
+    failure: str = ""             # the failure the broken script shows (the signature or the check finding)
+    sources: tuple[str, ...] = field(default_factory=tuple)   # where the broken pattern comes from
+
+    def wrong_fix(self, key: str) -> WrongFix:
+        return next(w for w in self.wrong_fixes if w.key == key)
+
+
+# ------------------------------------------------------------------------------------------------
+# Evidence in an attempt's code (ast, never its text): the predicates the wrong fixes are made of
+# ------------------------------------------------------------------------------------------------
+
+def call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            return f.attr
+        if isinstance(f, ast.Name):
+            return f.id
+    return None
+
+
+def calls(tree: ast.AST, *names: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if call_name(n) in names]
+
+
+def has_keyword(tree: ast.AST, funcs: tuple[str, ...], *keywords: str, value: object = ...) -> bool:
+    """A call to one of ``funcs`` passes one of ``keywords`` (with that constant ``value``, if given)."""
+    for c in calls(tree, *funcs):
+        for kw in c.keywords:
+            if kw.arg in keywords:
+                if value is ... or (isinstance(kw.value, ast.Constant) and kw.value.value == value):
+                    return True
+    return False
+
+
+def in_try(tree: ast.AST, *names: str) -> bool:
+    """A call to one of ``names`` sits in the body of a ``try`` that has an ``except`` clause."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and node.handlers:
+            if any(calls(stmt, *names) for stmt in node.body):
+                return True
+    return False
+
+
+def in_loop(tree: ast.AST, *names: str) -> bool:
+    """A call to one of ``names`` sits inside a ``for`` or ``while`` loop."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While)):
+            if any(calls(stmt, *names) for stmt in node.body):
+                return True
+    return False
+
+
+def imports_or_calls(tree: ast.AST, name: str) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(a.name.split(".")[-1] == name for a in node.names):
+            return True
+        if isinstance(node, ast.Name) and node.id == name:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == name:
+            return True
+    return False
+
+
+def close(a: list[float], b: list[float], tol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
+
+
+def flat(params: list) -> list[float]:
+    """A ``params`` record (a list of lists of floats) as one list."""
+    out: list[float] = []
+    for p in params:
+        out.extend(p if isinstance(p, list) else [p])
+    return out
+
+
+def sets_env(tree: ast.AST, name: str) -> bool:
+    """``os.environ[name] = ...`` somewhere in the code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == name:
+                    return True
+    return False
