@@ -223,6 +223,6 @@ def test_a_bad_script_is_refused(tmp_path):
         'LAB = {"title": "good", "variants": {"broken": {}}, "knobs": {"steps": {"type": "int",\n'
         '       "default": 3, "range": [1, 10], "help": "steps"}}}\n\n\n'
         'def main(variant, *, steps):\n    print(variant, steps)\n\n\n'
-        'if __name__ == "__main__":\n    from ddplab import lab_args\n\n'
+        'if __name__ == "__main__":\n    from ddplab.rank import lab_args\n\n'
         '    variant, knobs = lab_args.parse(LAB, __doc__)\n    main(variant, **knobs)\n')
     assert problems(good) == []

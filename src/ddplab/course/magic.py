@@ -112,12 +112,12 @@ def run_source(source: str, name: str = "cell", *, nproc: int = 2, stall_s: floa
     """Run ``source`` as a torchrun script on ``nproc`` ranks (``ddplab.run``) and save it in the run
     folder. A KeyboardInterrupt propagates after ddplab.run has ended the job; the interrupted run's
     result is then ``interrupted_result(folder)``."""
-    import ddplab
+    from ddplab.origins.launch import run
     folder = folder or new_folder(name)
     script = folder / f"{name}.py"
     script.write_text(source)
     try:
-        result = ddplab.run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder)
+        result = run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder)
     except DdplabError:
         shutil.rmtree(folder, ignore_errors=True)   # refused before anything started: leave nothing
         raise

@@ -163,8 +163,8 @@ EXERCISE = Exercise(
             "others: 'skip comm or redo comm ... leads to the hang')"),
         WrongFix(
             "join",
-            (Edit("from ddplab import lab\n",
-                  "from torch.distributed.algorithms.join import Join\n\nfrom ddplab import lab\n"),
+            (Edit("from ddplab.rank import lab\n",
+                  "from torch.distributed.algorithms.join import Join\n\nfrom ddplab.rank import lab\n"),
              Edit(_LOOP, "with Join([model]):                                      # the rank that stops waits\n"
                   + "".join("    " + line + "\n" if line else "\n" for line in _LOOP.splitlines()))),
             lambda a: imports_or_calls(a.tree, "Join") and (not a.ok or a.mismatch is not None),

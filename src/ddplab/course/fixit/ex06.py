@@ -56,7 +56,7 @@ EXERCISE = Exercise(
     broken=BROKEN, reference=REFERENCE,
     hint="Print the rank each process passes to init_process_group. Which environment variables does "
          "torchrun set for each process it starts?",
-    judge=judge, nproc=2, stall_s=2.0, failure="hang-rendezvous",
+    judge=judge, nproc=2, stall_s=2.0, failure="rendezvous-ranks-conflict",
     wrong_fixes=(
         WrongFix(
             "longer-timeout",

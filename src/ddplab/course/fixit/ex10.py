@@ -122,7 +122,7 @@ EXERCISE = Exercise(
     wrong_fixes=(
         WrongFix(
             "barrier-after",
-            (Edit("from ddplab import lab\n", "import torch.distributed as dist\n\nfrom ddplab import lab\n"),
+            (Edit("from ddplab.rank import lab\n", "import torch.distributed as dist\n\nfrom ddplab.rank import lab\n"),
              Edit(_BLOCK, _BLOCK + "    dist.barrier()                                        # wait for rank 0\n")),
             lambda a: bool(calls(a.tree, "barrier")) and not a.ok,
             "The barrier makes rank 1 wait for rank 0, but rank 0 is not late: it is inside a collective of its "

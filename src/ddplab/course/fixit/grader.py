@@ -105,7 +105,7 @@ def grade(exercise_id: str, result_or_source=None, *, progress="auto", count: bo
     or the source itself. The attempt runs for real with the exercise's ranks, stall window and ``--check``
     (a result already run that way is judged as it is). ``count``: whether a failure counts towards the
     hint and the reference."""
-    from ddplab.course.fixit import get
+    from ddplab.course.fixit.catalog import get
     from ddplab.course.magic import run_source, source_of, syntax_problem
     ex = get(exercise_id)
     if result_or_source is None:
@@ -190,7 +190,7 @@ def _short(v: object, limit: int = 80) -> str:
 
 def parts(g: Grade) -> list[tuple[str, str]]:
     """The grade as (kind, text) parts: "verdict", "wrong-fix", "explanation", "hint", "reference"."""
-    from ddplab.course.fixit import get
+    from ddplab.course.fixit.catalog import get
     ex = get(g.exercise)
     r = g.result
     out = [("verdict", _OUTCOME[g.outcome].format(
