@@ -11,6 +11,7 @@ import pytest
 from conftest import assert_nothing_left
 
 from ddplab.course import fixit
+from ddplab.errors import DdplabError
 from ddplab.course.fixit import Level, Outcome
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -47,7 +48,7 @@ def test_each_exercise_is_complete_data(ex):
 
 
 def test_an_unknown_exercise_is_one_clear_error():
-    with pytest.raises(fixit.DdplabError, match="use one of 01"):
+    with pytest.raises(DdplabError, match="use one of 01"):
         fixit.get("99")
 
 
