@@ -80,7 +80,7 @@ LAB = {
             "about": "the backend chosen from the hardware (nccl with a GPU per rank, else gloo)",
         },
         "article-sleep": {
-            "expect": "hung", "signature": "hang-rendezvous",
+            "expect": "hung", "signature": "rendezvous-ranks-conflict",
             "about": "the article's try/except + sleep(60) with the default 30-minute timeout: "
                      "no answer for half an hour",
         },
