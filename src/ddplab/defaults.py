@@ -17,6 +17,9 @@ class Status(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:           # inside a printed dict or list: its value, as it is saved
+        return repr(self.value)
+
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
 
@@ -33,6 +36,9 @@ class RankState(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __repr__(self) -> str:           # inside a printed dict or list: its value, as it is saved
+        return repr(self.value)
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
@@ -53,6 +59,9 @@ class Ending(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
     @classmethod
     def of(cls, value) -> "Ending":

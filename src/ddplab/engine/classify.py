@@ -86,16 +86,16 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
         if rank in ev.exits:
             f = ev.exits[rank]
             code = f["exitcode"]
-            state, exit_code, sig = "exited", (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
+            state, exit_code, sig = RankState.EXITED, (code if code >= 0 else None), (f.get("signal") if code < 0 else None)
         # no record of it while others have theirs: no process had this rank number, even in a job that
         # ended 0 (nodes that disagree on WORLD_SIZE number their ranks past the ones started)
         elif not info and (returncode not in (0, None) or ended_by != Ending.FINISHED or ev.infos):
-            state, exit_code, sig = "not-started", None, None
+            state, exit_code, sig = RankState.NOT_STARTED, None, None
         elif returncode == 0 or rank in ev.clean_exit:
-            state, exit_code, sig = "exited", 0, None
+            state, exit_code, sig = RankState.EXITED, 0, None
         else:
             # torchrun ended it after another rank failed (its exit is not in torchrun's failures).
-            state, exit_code, sig = "exited", None, "SIGTERM"
+            state, exit_code, sig = RankState.EXITED, None, "SIGTERM"
         where = None
         if rank in ev.fatal and frames:
             # died on a fatal signal (gloo's SIGABRT): where, from faulthandler's dump
