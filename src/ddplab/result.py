@@ -18,7 +18,7 @@ from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status 
 from ddplab.engine.check import CheckReport
 from ddplab.engine.ledger import Collective, Divergence
 from ddplab.engine.reasons import ChainedError
-from ddplab.engine.stacks import Frame, Where, short_paths
+from ddplab.engine.stacks import Frame, Where, short_path, short_paths
 
 
 def _render():
@@ -230,10 +230,10 @@ class RunResult:
     def _repr_html_(self) -> str:
         return short_paths(_render().html(self))
 
-    def __repr__(self) -> str:           # the facts that identify it; explain() says what happened
+    def __repr__(self) -> str:   # the facts that identify it (run_dir shown short); explain() says what happened
         return (f"RunResult(target={self.target!r}, variant={self.variant!r}, nproc={self.nproc}, "
                 f"status={self.status.value!r}, signature={self.signature!r}, first_failure={self.first_failure!r}, "
-                f"wall_s={self.wall_s}, run_dir={self.run_dir!r})")
+                f"wall_s={self.wall_s}, run_dir={short_path(self.run_dir)!r})")
 
 
 @dataclass(frozen=True)
