@@ -73,13 +73,15 @@ notebooks: $(STAMP)
 	@$(SYSTEM) labs
 	$(BIN)/python -m ddplab.course.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
 
-# Two workers (pytest-xdist, one file at a time each): most of a multi-process test is waiting
-# (torch imports, stall windows), so this halves CI time on 2 cores. Notebooks execute once, in
-# tests/test_notebooks.py (00-06) and tests/test_notebooks_later.py (07-11, so that both workers
-# execute notebooks), which also check their NBVAL_CHECK_OUTPUT cells.
+# Three workers (pytest-xdist, one file at a time each) on 2 cores: most of a multi-process test is
+# waiting (torch imports, stall windows). Two workers took 1056 s on a fresh clone here (1960 s of
+# tests); the notebooks (630 s) execute once, in tests/test_notebooks.py (00-06) and
+# tests/test_notebooks_later.py (07-12), which also check their NBVAL_CHECK_OUTPUT cells, while the
+# third worker runs the rest. TEST_WORKERS=2 for the old split.
+TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
 	@$(SYSTEM) labs browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
 
 lab: $(STAMP)
 	$(INSTALL) -e ".[lab]"
