@@ -6,8 +6,9 @@ rank leaves the loop for the checkpoint barrier while the other waits in backwar
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, close, flat, has_keyword, imports_or_calls, \
-    in_loop, in_try
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, flat, has_keyword, imports_or_calls,
+    in_loop, in_try)
 
 THRESHOLD = 0.05
 LR = 0.05
@@ -96,8 +97,9 @@ def baseline(nproc: int) -> tuple[int, list[float]]:
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
     finals = attempt.finals()
-    if sorted(finals) != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), sorted(finals))
+    missing = every_rank(finals, nproc)
+    if missing is not None:
+        return missing
     steps, params = baseline(nproc)
     for rank in sorted(finals):
         rec = finals[rank]

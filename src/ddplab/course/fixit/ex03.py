@@ -6,7 +6,8 @@ hardest examples overall: the tensors differ in length, and gloo aborts the rank
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, close, in_try
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, in_try)
 
 SEED = 3
 SAMPLES = 40
@@ -66,8 +67,9 @@ def baseline(nproc: int) -> list[float]:
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
     finals = attempt.finals()
-    if sorted(finals) != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), sorted(finals))
+    missing = every_rank(finals, nproc)
+    if missing is not None:
+        return missing
     want = baseline(nproc)
     for rank in sorted(finals):
         got = [float(v) for v in finals[rank].get("hard", [])]

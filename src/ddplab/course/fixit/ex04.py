@@ -7,7 +7,8 @@ too small).
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, close, has_keyword, in_try
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, has_keyword, in_try)
 
 SEED = 26
 N = 5
@@ -76,8 +77,9 @@ def baseline(nproc: int) -> tuple[list[int], list[float]]:
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
     finals = attempt.finals()
-    if sorted(finals) != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), sorted(finals))
+    missing = every_rank(finals, nproc)
+    if missing is not None:
+        return missing
     shape, values = baseline(nproc)
     for rank in sorted(finals):
         rec = finals[rank]

@@ -7,7 +7,8 @@ and the job dies when rank 1 finishes while rank 0 still waits.
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, close, flat, has_keyword, in_try
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, flat, has_keyword, in_try)
 
 EPOCHS = 3
 STEPS = 4
@@ -98,8 +99,9 @@ def baseline(nproc: int) -> tuple[list[float], list[float]]:
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
     finals = attempt.finals()
-    if sorted(finals) != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), sorted(finals))
+    missing = every_rank(finals, nproc)
+    if missing is not None:
+        return missing
     params, vals = baseline(nproc)
     got = [r.get("loss") for r in attempt.result.records_of("val") if r.get("rank") == 0]
     if len(got) != len(vals) or not close([float(v) for v in got], vals, TOL):

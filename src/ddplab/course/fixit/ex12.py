@@ -6,7 +6,8 @@ parameters (not those of the shuffled one-process baseline) show that it is wron
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, close, flat, has_keyword, in_loop
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, calls, has_keyword, in_loop, params_match)
 
 SAMPLES = 32
 BATCH = 4
@@ -80,15 +81,7 @@ def baseline(nproc: int) -> list[float]:
 
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
-    finals = attempt.finals()
-    if sorted(finals) != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), sorted(finals))
-    want = baseline(nproc)
-    for rank in sorted(finals):
-        got = flat(finals[rank].get("params", []))
-        if not close(got, want, TOL):
-            return Mismatch("params", want, got, TOL)
-    return None
+    return params_match(attempt, nproc, baseline(nproc), TOL)
 
 
 def _set_epoch_outside_loop(a: Attempt) -> bool:

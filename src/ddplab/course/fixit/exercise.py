@@ -167,6 +167,26 @@ def imports_or_calls(tree: ast.AST, name: str) -> bool:
     return False
 
 
+def every_rank(finals: dict, nproc: int) -> "Mismatch | None":
+    """Every rank recorded its final result; else the mismatch names the ranks that did."""
+    if sorted(finals) != list(range(nproc)):
+        return Mismatch("ranks", list(range(nproc)), sorted(finals))
+    return None
+
+
+def params_match(attempt: "Attempt", nproc: int, want: list[float], tol: float) -> "Mismatch | None":
+    """Every rank ended with the parameters ``want`` (the one-process reference), within ``tol``."""
+    finals = attempt.finals()
+    missing = every_rank(finals, nproc)
+    if missing is not None:
+        return missing
+    for rank in sorted(finals):
+        got = flat(finals[rank].get("params", []))
+        if not close(got, want, tol):
+            return Mismatch("params", want, got, tol)
+    return None
+
+
 def close(a: list[float], b: list[float], tol: float) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
 
