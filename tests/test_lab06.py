@@ -147,6 +147,25 @@ def test_namespace_removed_when_the_body_fails():
     assert lab06.leftover_namespaces() == []
 
 
+@requires_netns
+def test_a_killed_owners_silent_master_is_removed_by_the_next_one():
+    """A kernel killed inside `with silent_master()` leaves its namespace; the next silent master (or
+    Cluster, or `python -m ddplab.origins.cluster cleanup`) removes it, as it removes a killed cluster's."""
+    from ddplab.origins import cluster
+    code = ("import sys\nfrom ddplab.origins import cluster\nwith cluster.silent_master() as m:\n"
+            "    print(m.namespace, flush=True)\n    sys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ns = p.stdout.readline().strip()
+    assert ns and ns in cluster.namespaces_owned_by(p.pid)
+    p.kill()
+    p.wait()
+    assert ns in cluster.leftovers().get("netns", [])
+    with lab06.silent_master() as m:
+        assert m.namespace != ns and m.namespace in lab06.leftover_namespaces()
+    assert ns not in cluster.owned_objects()["netns"]
+    assert lab06.leftover_namespaces() == []
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_timeout_sweep_fails_below_the_delay_and_succeeds_above(jobs):

@@ -1,17 +1,14 @@
 """Lab 06 - initialization that never finishes: runs, sweeps, the silent-master namespace, plots,
 claim checks and exercise checkers for notebooks/06_init.ipynb and benchmarks/lab06_timeouts.py.
 
-Everything stays on this machine: loopback, or a network namespace this module creates (and
-always removes) whose address never answers.
+Everything stays on this machine: loopback, or a network namespace (made and always removed by
+ddplab.origins.cluster.silent_master) whose address never answers.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import subprocess
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -21,6 +18,7 @@ from ddplab.errors import DdplabError
 from ddplab.course import answers, claims
 from ddplab.course import contract
 from ddplab.course.notebook import Check
+from ddplab.origins.cluster import SilentMaster, namespaces_owned_by, netns_available, silent_master  # noqa: F401
 
 LAB = "06"
 DEFAULT_PG_TIMEOUT_S = 1800.0     # torch.distributed.constants.default_pg_timeout (gloo; NCCL: 10 min)
@@ -28,91 +26,14 @@ ARTICLE_SLEEP_S = 60.0            # Example 2's time.sleep(60)
 
 
 # ----------------------------------------------------------------------------------------------
-# A master address where nothing answers
+# A master address where nothing answers: made by ddplab.origins.cluster, which owns every network
+# namespace ddplab creates (an owner file per object, removed by the next run if its owner was killed)
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SilentMaster:
-    """Where the lab's ranks dial a master that never answers, and how that was made."""
-    address: str
-    kind: str          # "netns" (packets dropped, like a firewall) or "loopback" (nothing listens: refused)
-    namespace: str | None
-    note: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def netns_available() -> tuple[bool, str]:
-    """(True, "") when this process can create a network namespace; else (False, why not)."""
-    if os.name != "posix" or not hasattr(os, "geteuid"):
-        return False, "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return False, "creating a network namespace needs root"
-    if shutil.which("ip") is None:
-        return False, "the `ip` command (iproute2) is not installed"
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return False, f"`ip netns` does not work here: {r.stderr.strip()[:120]}"
-    return True, ""
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-def _namespace_address(pid: int) -> str:
-    return f"10.206.{(pid // 250) % 250 + 1}.{pid % 250 + 2}"
-
-
-@contextlib.contextmanager
-def silent_master(prefer: str = "netns") -> Iterator[SilentMaster]:
-    """A master address that never answers, removed on exit whatever happens.
-
-    ``netns`` (root and `ip netns`): a namespace of its own with an address reached over a veth
-    pair, and no route back out of it, so every packet sent there is silently dropped, as a
-    firewall's DROP rule would. Otherwise (or with prefer="loopback") 127.0.0.1 at a port where
-    nothing listens: the connection is refused at once, and PyTorch retries until its timeout.
-    """
-    if prefer not in ("netns", "loopback"):
-        raise DdplabError(f"unknown kind of silent master {prefer!r}", hint="use prefer='netns' or prefer='loopback'")
-    ok, why = netns_available() if prefer == "netns" else (False, "loopback asked for")
-    if not ok:
-        yield SilentMaster("127.0.0.1", "loopback", None,
-                           f"loopback, a port where nothing listens (connection refused; {why})")
-        return
-    pid = os.getpid()
-    ns, host_if, ns_if = f"ddplab06-{pid}", f"d6h{pid}"[:15], f"d6n{pid}"[:15]
-    addr = _namespace_address(pid)
-    try:
-        _ip("netns", "add", ns)
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        _ip("link", "set", ns_if, "netns", ns)
-        _ip("-n", ns, "addr", "add", f"{addr}/32", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("link", "set", host_if, "up")
-        _ip("route", "add", f"{addr}/32", "dev", host_if)
-        mac = subprocess.run(["ip", "-n", ns, "-o", "link", "show", ns_if], capture_output=True, text=True,
-                             check=True).stdout.split("link/ether ")[1].split()[0]
-        # A fixed neighbour entry: the packets really arrive in the namespace, which has no route back
-        # to the sender, so no SYN-ACK and no RST ever leaves it.
-        _ip("neigh", "replace", addr, "lladdr", mac, "dev", host_if, "nud", "permanent")
-        yield SilentMaster(addr, "netns", ns, f"network namespace {ns} ({addr}): packets dropped, like a firewall")
-    finally:
-        # Deleting the namespace deletes both ends of the veth pair, and with them the route.
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-
-
 def leftover_namespaces(pid: int | None = None) -> list[str]:
-    """Namespaces this lab made that still exist (must be empty after every run): those of process
-    ``pid`` (default: this one), or of any process with pid=0."""
-    if shutil.which("ip") is None:
-        return []
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    prefix = "ddplab06-" if pid == 0 else f"ddplab06-{pid or os.getpid()}"
-    return [w for w in (line.split()[0] for line in r.stdout.splitlines() if line.strip())
-            if w == prefix or (pid == 0 and w.startswith(prefix))]
+    """Namespaces this lab's silent masters made that still exist (must be empty after every run):
+    those of process ``pid`` (default: this one), or of any process with pid=0."""
+    return namespaces_owned_by(None if pid == 0 else (pid or os.getpid()))
 
 
 # ----------------------------------------------------------------------------------------------

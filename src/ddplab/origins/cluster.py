@@ -23,6 +23,7 @@ waits for them, merges their outcomes into torchrun.json and exits with the firs
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -32,12 +33,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
 from ddplab import runfiles
+from ddplab.defaults import AGENT_GRACE_S
 from ddplab.errors import DdplabError
 from ddplab.tools.system import PARTS, Need, missing
 
@@ -80,6 +83,27 @@ def require() -> None:
 # ----------------------------------------------------------------------------------------------
 # Owned objects: found by prefix, removed when their owner is gone
 # ----------------------------------------------------------------------------------------------
+
+def _own(run_id: str) -> None:
+    """Write the owner file of ``run_id`` (this process and its start time) before any object of it
+    exists, so that a later run can tell a killed owner's objects from a live one's."""
+    OWNER_DIR.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process()
+    (OWNER_DIR / f"{run_id}.json").write_text(json.dumps({"pid": me.pid, "created": me.create_time()}))
+
+
+def _owner_pid(run_id: str) -> int | None:
+    try:
+        return int(json.loads((OWNER_DIR / f"{run_id}.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def namespaces_owned_by(pid: int | None) -> list[str]:
+    """ddplab's namespaces on this machine whose owner is process ``pid`` (None: any owner)."""
+    return [ns for ns in owned_objects()["netns"]
+            if pid is None or ((rid := _run_id(ns)) is not None and _owner_pid(rid) == pid)]
+
 
 def _owner_alive(run_id: str) -> bool:
     try:
@@ -279,9 +303,7 @@ class Cluster:
         if not 1 <= self.nodes <= 200:
             raise DdplabError(f"a cluster of {self.nodes} nodes is not possible here", hint="use 2 to 8 nodes")
         cleanup()
-        OWNER_DIR.mkdir(parents=True, exist_ok=True)
-        me = psutil.Process()
-        (OWNER_DIR / f"{self.run_id}.json").write_text(json.dumps({"pid": me.pid, "created": me.create_time()}))
+        _own(self.run_id)
         if threading_main():
             self._old_term = signal.signal(signal.SIGTERM, _term_to_interrupt)
         try:
@@ -350,6 +372,77 @@ def _term_to_interrupt(signum, frame):
 
 
 # ----------------------------------------------------------------------------------------------
+# One address where nothing answers (lab 06): a namespace of the same family, owned the same way
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SilentMaster:
+    """Where a job's ranks dial a master that never answers, and how that was made."""
+    address: str
+    kind: str          # "netns" (packets dropped, like a firewall) or "loopback" (nothing listens: refused)
+    namespace: str | None
+    note: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def netns_available() -> tuple[bool, str]:
+    """(True, "") when this process can create a network namespace; else (False, why not)."""
+    if sys.platform != "linux":
+        return False, "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return False, "creating a network namespace needs root"
+    if shutil.which("ip") is None:
+        return False, "the `ip` command (iproute2) is not installed"
+    r = _sh("ip", "netns", "list", check=False)
+    if r.returncode != 0:
+        return False, f"`ip netns` does not work here: {r.stderr.strip()[:120]}"
+    return True, ""
+
+
+@contextlib.contextmanager
+def silent_master(prefer: str = "netns") -> Iterator[SilentMaster]:
+    """A master address that never answers, removed on exit whatever happens (and by the next
+    ``cleanup()`` if this process is killed inside the ``with``).
+
+    ``netns`` (root and `ip netns`): a namespace of its own with an address reached over a veth
+    pair, and no route back out of it, so every packet sent there is silently dropped, as a
+    firewall's DROP rule would. Otherwise (or with prefer="loopback") 127.0.0.1 at a port where
+    nothing listens: the connection is refused at once, and PyTorch retries until its timeout.
+    """
+    if prefer not in ("netns", "loopback"):
+        raise DdplabError(f"unknown kind of silent master {prefer!r}", hint="use prefer='netns' or prefer='loopback'")
+    ok, why = netns_available() if prefer == "netns" else (False, "loopback asked for")
+    if not ok:
+        yield SilentMaster("127.0.0.1", "loopback", None,
+                           f"loopback, a port where nothing listens (connection refused; {why})")
+        return
+    cleanup()
+    run_id = secrets.token_hex(2)
+    ns, host_if, ns_if = f"{PREFIX}-{run_id}-n0", f"{PREFIX}{run_id}h0", "eth0"
+    addr = f"10.206.{int(run_id[:2], 16) % 250 + 1}.{int(run_id[2:], 16) % 250 + 2}"
+    _own(run_id)
+    try:
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
+        _sh("ip", "-n", ns, "addr", "add", f"{addr}/32", "dev", ns_if)
+        _sh("ip", "-n", ns, "link", "set", ns_if, "up")
+        _sh("ip", "link", "set", host_if, "up")
+        _sh("ip", "route", "add", f"{addr}/32", "dev", host_if)
+        mac = _sh("ip", "-n", ns, "-o", "link", "show", ns_if).stdout.split("link/ether ")[1].split()[0]
+        # A fixed neighbour entry: the packets really arrive in the namespace, which has no route back
+        # to the sender, so no SYN-ACK and no RST ever leaves it.
+        _sh("ip", "neigh", "replace", addr, "lladdr", mac, "dev", host_if, "nud", "permanent")
+        yield SilentMaster(addr, "netns", ns, f"network namespace {ns} ({addr}): packets dropped, like a firewall")
+    finally:
+        # Deleting the namespace deletes both ends of the veth pair, and with them the route.
+        _sh("ip", "netns", "delete", ns, check=False)
+        _sh("ip", "link", "delete", host_if, check=False)
+        (OWNER_DIR / f"{run_id}.json").unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
 # The job's parent: one torchrun agent per node
 # ----------------------------------------------------------------------------------------------
 
@@ -379,7 +472,7 @@ def agents_main(spec_path: str) -> int:
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
-        if failed_at is not None and time.monotonic() - failed_at > 10:
+        if failed_at is not None and time.monotonic() - failed_at > AGENT_GRACE_S:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
