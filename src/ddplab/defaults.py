@@ -83,6 +83,10 @@ CPU_PROGRESS_CORES = 0.03
 TORCHRUN_PORT = 29500
 # Ending a job: SIGTERM, this long to go, then SIGKILL.
 GRACE_S = 1.5
+# A multi-node job on one machine (ddplab.origins.cluster): when one node's torchrun agent fails, the
+# other nodes' agents get SIGTERM (srun --kill-on-bad-exit), and this long to end their own workers
+# (torchrun's own SIGTERM -> SIGKILL of its workers takes up to 5 s) before they are killed.
+AGENT_GRACE_S = 10.0
 # Wait for PyTorch's own timeout (a collective's, the rendezvous') when it fires within this of a
 # stall verdict, plus TIMEOUT_GRACE_S for the error to be raised and the rank to exit.
 TIMEOUT_PATIENCE_S = 30.0
