@@ -24,7 +24,7 @@ from ddplab.errors import DdplabError
 from ddplab.course import answers, claims
 from ddplab.rank import lab_args
 from ddplab.course import contract
-from ddplab.course.notebook import Check, P_LEVEL, sign_test_p
+from ddplab.course.notebook import GAIN, Check, P_LEVEL, sign_test_p
 
 LAB = "07"
 KNOBS = contract.declared(LAB)          # the script's knobs, read by ast (no torch)
@@ -456,7 +456,6 @@ def plot_loss(frows, title="Loss per step, rank 0 (measured): compression keeps 
 # claim check and exercises
 # ----------------------------------------------------------------------------------------------
 
-GAIN = 1.1   # "raise samples/s by more than 10%"
 
 
 def _gains(r: dict) -> tuple[int, int, float]:

@@ -21,7 +21,7 @@ from ddplab.errors import DdplabError
 from ddplab.course import answers
 from ddplab.rank import lab_args
 from ddplab.course import contract
-from ddplab.course.notebook import Check, P_LEVEL, rank_sum_p
+from ddplab.course.notebook import GAIN, Check, P_LEVEL, rank_sum_p
 
 LAB = "09"
 RATES_MBIT = (None, 300, 100)              # None: no cap (the namespace link's own speed)
@@ -330,7 +330,6 @@ def disagree_facts(job, check: LaunchCheck) -> dict:
 # Claims
 # ----------------------------------------------------------------------------------------------
 
-GAIN = 1.1      # "more than 10% faster" (the register's frequent-allreduce criterion)
 
 
 def compression_test(points, rate) -> tuple[str, float]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 
 P_LEVEL = 0.05          # a timing claim's part holds when its test's p-value is at most this
+GAIN = 1.1              # an article's "more than 10 % faster" (labs 07 and 09 test their claims against it)
 
 
 def sign_test_p(k: int, n: int) -> float:
