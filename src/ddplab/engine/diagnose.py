@@ -62,6 +62,23 @@ class Source(Protocol):
     def keep(self, ev: Evidence, result: RunResult) -> None: ...
 
 
+class DumpFolder:
+    """The part every source of a finished job's dumps shares (torch's flight recorder, its debug
+    server): one folder, no live job to watch or stop, nothing more to keep, no result.json written
+    into a folder that is not ddplab's. A subclass says which folders it ``claims`` and gives ``evidence``."""
+    limit_s, limit, stop = None, Ending.DUMPED, False
+
+    def __init__(self, folders):
+        self.folder = Path(folders[0])
+        self.identity = Identity(target=f"explain {self.folder.name}", run_dir=self.folder, save=False)
+
+    def handle(self) -> None:
+        return None
+
+    def keep(self, ev: Evidence, result: RunResult) -> None:
+        pass
+
+
 def diagnose(source: Source, *, show: Callable[[Snapshot], None] | None = None,
              echo: Callable[[], None] | None = None, grace_s: float = GRACE_S) -> RunResult:
     """Watch (a live source), collect, judge, build the one RunResult and save it. Whatever happens

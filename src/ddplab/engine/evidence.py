@@ -320,6 +320,14 @@ class Evidence:
     nodes: dict[int, str] = field(default_factory=dict)   # rank -> node name (merged folders)
 
 
+def dumped(live: dict, ledgers: dict, world: int, note: str) -> "Evidence":
+    """The evidence of a job known only from dumps taken while it ran (torch's flight recorder, its
+    debug server): each rank as it stood when dumped; nobody watched, so no stall facts, no duration."""
+    w = Watch(ended_by=Ending.DUMPED, returncode=None, world=world, stall_s=None, wall_s=0.0, idle_s=0.0,
+              since_s=0.0, stopped=False, notes=(note,))
+    return Evidence(w, empty_run({}), live, dict(ledgers), {})
+
+
 def empty_run(pids: Mapping[int, int]) -> RunEvidence:
     """No folder to read (a job ddplab did not start): only the ranks' pids."""
     return RunEvidence(infos={r: {"pid": p} for r, p in pids.items()}, errors={}, exits={}, torchrun=None, logs={},

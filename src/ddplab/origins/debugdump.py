@@ -30,8 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ddplab.engine import evidence, stacks
-from ddplab.defaults import Ending
-from ddplab.engine.diagnose import Identity
+from ddplab.engine.diagnose import DumpFolder
 from ddplab.errors import DdplabError
 from ddplab.engine.evidence import Evidence, LiveRank, Watch
 
@@ -118,32 +117,22 @@ def every_stack(path: Path, per_rank: dict[int, tuple[list, int | None]]) -> dic
 def _evidence(folder: Path, path: Path, taken: datetime, frames: dict[int, list]) -> Evidence:
     """A job known only from its debug server's dump: each rank as its stack stood when dumped."""
     live = {r: LiveRank(r, 0, frames=fr, source=STACK_SOURCE) for r, fr in sorted(frames.items())}
-    w = Watch(ended_by=Ending.DUMPED, returncode=None, world=len(live), stall_s=None, wall_s=0.0, idle_s=0.0,
-              since_s=0.0, stopped=False,
-              notes=(f"from torch's debug-server dumps in {folder}: {path.name}, taken {taken:%Y-%m-%d %H:%M:%S}; "
-                     f"stacks only, no collective ledger",))
-    return Evidence(w, evidence.empty_run({}), live, {}, {})
+    return evidence.dumped(live, {}, len(live),
+                           f"from torch's debug-server dumps in {folder}: {path.name}, taken "
+                           f"{taken:%Y-%m-%d %H:%M:%S}; stacks only, no collective ledger")
 
 
-class DebugServerDumps:
+class DebugServerDumps(DumpFolder):
     """The source for ``ddplab explain DIR`` on the dump_dir of torch's debug server."""
-    limit_s, limit, stop = None, Ending.DUMPED, False
 
     @staticmethod
     def claims(folders) -> bool:
         return len(folders) == 1 and bool(dumps_in(Path(folders[0])))
 
     def __init__(self, folders):
-        self.folder = Path(folders[0])
+        super().__init__(folders)
         self.path, self.taken = newest_stacks(self.folder)
         self.frames = every_stack(self.path, parse_stacks(self.path))
-        self.identity = Identity(target=f"explain {self.folder.name}", run_dir=self.folder, save=False)
-
-    def handle(self) -> None:
-        return None
 
     def evidence(self, seen: Watch | None, live: dict) -> Evidence:
         return _evidence(self.folder, self.path, self.taken, self.frames)
-
-    def keep(self, ev: Evidence, result) -> None:
-        pass

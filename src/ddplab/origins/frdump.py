@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ddplab.engine import evidence, stacks
 from ddplab.engine import ledger as ledger_mod
-from ddplab.defaults import Ending
-from ddplab.engine.diagnose import Identity
+from ddplab.engine.diagnose import DumpFolder
 from ddplab.errors import DdplabError
 from ddplab.engine.evidence import Evidence, LiveRank, Watch
 
@@ -73,31 +72,21 @@ def _fr_evidence(folder: Path, dumps: dict[int, Path]) -> Evidence:
     # each entry carries the Python frames that issued it: where the rank stood, in its own code
     live = {r: LiveRank(r, 0, ledger=lg, frames=stacks.fr_frames(raw[r]), source="flight-recorder entry")
             for r, lg in ledgers.items()}
-    w = Watch(ended_by=Ending.DUMPED, returncode=None, world=max(ledgers) + 1, stall_s=None, wall_s=0.0, idle_s=0.0,
-              since_s=0.0, stopped=False,
-              notes=(f"from torch's flight-recorder dumps in {folder}: ledgers, and the frames that issued each "
-                     "rank's last collective (no live stacks, no duration)",))
-    return Evidence(w, evidence.empty_run({}), live, dict(ledgers), {})
+    return evidence.dumped(live, ledgers, max(ledgers) + 1,
+                           f"from torch's flight-recorder dumps in {folder}: ledgers, and the frames that issued "
+                           "each rank's last collective (no live stacks, no duration)")
 
 
-class FlightRecorderDumps:
+class FlightRecorderDumps(DumpFolder):
     """The source for ``ddplab explain DIR`` on a folder of torch's dumps."""
-    limit_s, limit, stop = None, Ending.DUMPED, False
 
     @staticmethod
     def claims(folders) -> bool:
         return len(folders) == 1 and bool(dumps_in(Path(folders[0])))
 
     def __init__(self, folders):
-        self.folder = Path(folders[0])
+        super().__init__(folders)
         self.dumps = dumps_in(self.folder)
-        self.identity = Identity(target=f"explain {self.folder.name}", run_dir=self.folder, save=False)
-
-    def handle(self) -> None:
-        return None
 
     def evidence(self, seen: Watch | None, live: dict) -> Evidence:
         return _fr_evidence(self.folder, self.dumps)
-
-    def keep(self, ev: Evidence, result) -> None:
-        pass
