@@ -1,7 +1,11 @@
-"""What a learner's browser shows: JupyterLab, driven by a real chromium through Python Playwright,
-opens notebook 00, runs all cells, the widget panel renders, Run starts a real job, the live status
-line shows each rank while it runs, and the result then has one line per rank. A screenshot goes to
-build/browser-00_start_here.png.
+"""What a learner's browser shows: JupyterLab, driven by a real chromium through Python Playwright.
+
+- Notebook 00: run all cells, the widget panel renders, Run starts a real job, the live status line
+  shows each rank while it runs, and the result then has one line per rank
+  (build/browser-00_start_here.png).
+- ``%%ddplab``: a cell that is a real 2-rank job shows its live status line, the kernel is
+  interrupted from JupyterLab's Kernel menu while it runs, the job is ended with nothing left, and
+  the same kernel then runs the next ``%%ddplab`` cell to its verdict (build/browser-ddplab-magic.png).
 
 Playwright's own browser download does not work everywhere (not here), so the test uses Debian's
 chromium (`apt-get install chromium`; `.ci/run` installs it) and skips with one line where there is
@@ -28,6 +32,7 @@ from ddplab.tools import system
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "00_start_here.ipynb"
 SHOT = ROOT / "build" / "browser-00_start_here.png"
+MAGIC_SHOT = ROOT / "build" / "browser-ddplab-magic.png"
 CHROMIUM = system.where("chromium")          # $DDPLAB_CHROMIUM, else chromium on PATH
 NEED = system.missing(["chromium"])
 # Upper limits for waiting on a selector (ms): the page answers as soon as the selector is there;
@@ -100,7 +105,7 @@ def jupyterlab(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for_server(proc, f"{base}/api/status?token={token}", tmp_path / "jupyterlab.log")
-        yield base, token
+        yield base, token, tmp_path
     finally:
         _end(proc)
         log.close()
@@ -122,7 +127,7 @@ def _wait_for_server(proc, url, logfile) -> None:
 
 
 def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
-    base, token = jupyterlab
+    base, token, _ = jupyterlab
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
@@ -189,5 +194,112 @@ def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
     from ddplab.origins import catalog
     assert verdict == catalog.find_lab("01").variants[0].expect.upper(), verdict
     assert SHOT.stat().st_size > 10_000
+    from conftest import assert_nothing_left
+    assert_nothing_left(str(session_runs_dir))
+
+
+# The %%ddplab notebook: a job that only an interrupt ends (its ranks make no progress, and the stall
+# window is longer than the test), a cell that shows the kernel still answers, and a job that ends ok.
+SPIN = """%%ddplab --nproc 2 --stall 900 --name spin
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+while True:                      # waits for ever: only the interrupt ends it
+    time.sleep(0.1)
+"""
+AFTER = 'print("after the interrupt:", spin.status.value if spin is not None else None)'
+OK = """%%ddplab --nproc 2 --name done
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print("sum", int(t.item()))
+dist.destroy_process_group()
+"""
+
+
+def _magic_notebook(folder: Path) -> str:
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in ("%load_ext ddplab", SPIN, AFTER, OK)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "magic.ipynb")
+    return "magic.ipynb"
+
+
+def _prompts_js(n: int) -> str:
+    """A page function true when code cell ``n``'s prompt shows it ran (a number, not [*])."""
+    return (f"() => {{ const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')][{n}];"
+            f" return p !== undefined && /\\[\\d+\\]/.test(p.textContent); }}")
+
+
+def _wait_for_ranks(marker: str, n: int) -> list:
+    """The job's processes once ``n`` of them run the cell's script (its ranks), or what there is
+    when PAGE_MS has passed (the assertion after the page then says so)."""
+    import time
+    from conftest import job_processes
+    end = time.monotonic() + PAGE_MS / 1000
+    while True:
+        found = job_processes(marker)
+        ranks = [p for p in found if any(a.endswith("spin.py") for a in (p.info["cmdline"] or []))]
+        if len(ranks) >= n or time.monotonic() > end:
+            return ranks
+        time.sleep(0.2)
+
+
+def test_ddplab_cell_runs_is_interrupted_and_the_kernel_goes_on(jupyterlab, session_runs_dir):
+    base, token, folder = jupyterlab
+    name = _magic_notebook(folder)
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/{name}?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+            if page.locator(".jp-Dialog", has_text="Error Loading Theme").count():
+                page.reload()
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+            page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+            # the spinning job runs: its live status line names both ranks
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('.jp-OutputArea pre, .jp-OutputArea code')]
+                        .some(e => / s \\| (rank 0: .*rank 1: |ranks 0-1: )/.test(e.textContent))""",
+                timeout=PAGE_MS)
+            running = _wait_for_ranks(str(session_runs_dir), 2)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Interrupt Kernel").first.click()
+            # the interrupted cell ends with KeyboardInterrupt; Run All stops there
+            page.wait_for_function(_prompts_js(1), timeout=PAGE_MS)
+            page.locator(".jp-OutputArea-output", has_text="KeyboardInterrupt").first.wait_for(timeout=PAGE_MS)
+            from conftest import assert_nothing_left
+            assert_nothing_left(str(session_runs_dir))
+
+            # the same kernel runs the rest: the result of the interrupted run, then a job to its verdict
+            page.locator(".jp-CodeCell").nth(2).click()
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run Selected Cell and All Below").first.click()
+            page.wait_for_function(_prompts_js(3), timeout=CELLS_MS)
+            after = page.locator(".jp-CodeCell").nth(2).locator(".jp-OutputArea").inner_text()
+            done = page.locator(".jp-CodeCell").nth(3).locator(".jp-OutputArea")
+            done.locator("b", has_text="OK").first.wait_for(timeout=PAGE_MS)
+            done.scroll_into_view_if_needed()
+            MAGIC_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(MAGIC_SHOT), full_page=False)
+            done_text = done.inner_text()
+        except Exception:
+            MAGIC_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(MAGIC_SHOT.with_name(MAGIC_SHOT.stem + "-failed.png")), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+    assert len(running) == 2, "the spinning job's two ranks were running when the kernel was interrupted"
+    assert "after the interrupt: interrupted" in after, after
+    assert "sum 2" in done_text or "OK" in done_text, done_text
+    assert MAGIC_SHOT.stat().st_size > 10_000
     from conftest import assert_nothing_left
     assert_nothing_left(str(session_runs_dir))

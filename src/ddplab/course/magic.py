@@ -165,10 +165,15 @@ def ddplab_cell(line: str, cell: str, shell=None) -> None:
         _refused(ns, opts.name, str(e))
         return
     except KeyboardInterrupt:
-        # ddplab.run ended the job and saved its result before re-raising: bind it, then let the
-        # interrupt stop the cell (and a "run all") as any interrupt does
-        _bind(ns, opts.name, interrupted_result(folder))
-        raise
+        # ddplab.run ended the job and saved its result before re-raising: bind it and show it (where
+        # each rank was), then let the interrupt stop the cell (and a "run all") as any interrupt
+        # does, without the launcher's frames in the learner's view (a new interrupt, not re-raised)
+        result = interrupted_result(folder)
+        _bind(ns, opts.name, result)
+        if result is not None:
+            display(result)
+        raise KeyboardInterrupt(f"the job was ended, nothing is left running; its result is "
+                                f"{opts.name or DEFAULT_VAR}") from None
     _bind(ns, opts.name, result)
     display(result)
 
