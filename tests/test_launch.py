@@ -272,6 +272,8 @@ def test_taken_port_is_refused_before_starting(tmp_path):
     (dict(target="01", stall_s="soon"), "--stall must be a number of seconds"),
     (dict(target="no/such/train.py"), "no such script"),
     (dict(target=str(SCRIPT), variant="broken"), "--variant is for labs"),
+    (dict(target="01", progress="loud"), "is not a way to show progress"),
+    (dict(target="01", progress=3), "is not a way to show progress"),
 ])
 def test_bad_input_is_one_clear_error(kw, words, tmp_path):
     target = kw.pop("target")

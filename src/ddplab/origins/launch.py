@@ -34,6 +34,7 @@ from ddplab.engine.evidence import Evidence, LiveRank, Watch
 from ddplab.origins.job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
 from ddplab.views.progress import Echo, NotebookProgress, TerminalProgress, auto_progress
+from ddplab.errors import DdplabError
 from ddplab.result import RunResult
 from ddplab.result import Snapshot
 from ddplab.engine.supervise import PROGRESS_EVERY_S, Supervisor, watch  # noqa: F401
@@ -65,6 +66,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     ``check``: compare what each rank recorded about its replicas, gradients and data after the run
     (``result.check``, a ``ddplab.engine.check.CheckReport``), with no collective added to the job.
     """
+    progress = _progress(progress)
     # the lab is looked up once, here (job.lab)
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s, check=check)
@@ -74,6 +76,17 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         with cluster_mod.Cluster.from_spec(spec) as made:
             return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
     return _turn(job, stream, grace_s, progress, cluster)
+
+
+def _progress(progress):
+    """``progress`` as the loop takes it: "auto" (True too), None (False too) or a callable; anything
+    else is refused before anything starts."""
+    if progress is True:
+        return "auto"
+    if progress is False or progress is None or progress == "auto" or callable(progress):
+        return None if progress is False else progress
+    raise DdplabError(f"progress={progress!r} is not a way to show progress",
+                      hint='use progress="auto" (a status line), None (nothing) or a function of a Snapshot')
 
 
 def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
