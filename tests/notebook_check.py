@@ -1,7 +1,16 @@
 """One notebook executed once (papermill) and its NBVAL_CHECK_OUTPUT cells compared with the stored
-outputs: shared by tests/test_notebooks.py (00-06) and tests/test_notebooks_later.py (07-11), two
-files so that pytest-xdist's --dist loadfile puts the executions on both workers."""
+outputs.
+
+A lab whose test file reads the notebook's own runs (``READ_BY_LAB_TESTS``) executes its notebook in
+that file (``execute``: once per worker process), and its tests assert on the runs the notebook
+made, loaded from their result.json, where the notebook ran the same variant with the same knobs
+(``Executed.run_of``); a run the notebook did not make is started by the test as before. The other
+notebooks execute in tests/test_notebooks.py and tests/test_notebooks_later.py, two files so that
+pytest-xdist's --dist loadfile puts them on different workers. Why: the same lab variants ran twice
+in every CI, once in the notebook and once in the lab's tests, and make test is CPU-bound on the
+ranks' torch imports (about 3 CPU-s a 2-rank run here)."""
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddplab.course import build
@@ -9,26 +18,105 @@ from ddplab.course import build
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
+# labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
+READ_BY_LAB_TESTS = ("08", "10", "11", "12")
 SPLIT = "07"     # about half of the stored execution's seconds on each side
-FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT]
-LATER = [p for p in NOTEBOOKS if p.name[:2] >= SPLIT]
+ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
+FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
+LATER = [p for p in NOTEBOOKS if p.name[:2] >= SPLIT and p not in ELSEWHERE]
+
+
+@dataclass
+class Executed:
+    """One execution of a notebook: what it showed and the runs it made (None: not executed, ``skipped`` says why)."""
+    path: Path
+    runs_dir: Path
+    skipped: str | None = None
+    errors: list = field(default_factory=list)
+    images: int = 0
+    differ: list = field(default_factory=list)
+    _runs: list | None = None
+
+    def assert_clean(self) -> None:
+        """The test of the execution: no error output, a plot in a lab notebook, every checked cell as
+        stored, nothing of its runs left running."""
+        if self.skipped:
+            import pytest
+            pytest.skip(self.skipped)
+        assert not self.errors, self.errors
+        if self.path.name[:2] != "00":
+            assert self.images, "a lab notebook plots its measured difference"
+        assert not self.differ, "\n".join(map(str, self.differ))
+        from conftest import assert_nothing_left
+        assert_nothing_left(str(self.runs_dir))
+
+    def runs(self) -> list:
+        """Every run the notebook made, as saved (RunResult.load of each result.json), oldest first."""
+        if self._runs is None:
+            from ddplab.result import RunResult
+            found = sorted(self.runs_dir.glob("**/result.json")) if not self.skipped else []
+            self._runs = [RunResult.load(f.parent) for f in found]
+        return self._runs
+
+    def run_of(self, variant: str, args: tuple = (), nproc: int = 2, check: bool = False,
+               stall_s: float | None = None, **knobs):
+        """The notebook's run of ``variant`` launched as the test would launch it, or None (the test
+        then runs it itself): the same knob values once the script's own parser has read both
+        command lines (so ``max_k=8`` given matches the default 8 not given), the same ranks,
+        --check, and stall window (the lab's own unless given)."""
+        from ddplab.course import contract
+        from ddplab.origins import catalog
+        from ddplab.rank import lab_args
+        lab = catalog.find_lab(self.path.name[:2])
+        parser = lab_args.parser({"variants": [v.name for v in lab.variants],
+                                  "knobs": contract.declared(lab.number)}, None)
+        argv, rest = contract.script_args(lab.number, knobs)
+        assert not rest, f"not knobs of lab {lab.number}: {sorted(rest)}"
+        want = vars(parser.parse_args(["--variant", variant, *argv, *args]))
+        stall_s = lab.stall_s if stall_s is None else stall_s
+        for r in self.runs():
+            if r.variant != variant or r.nproc != nproc or (r.check is not None) != check or r.stall_s != stall_s:
+                continue
+            script = next((i for i, w in enumerate(r.command) if w.endswith(".py") and Path(w).name == lab.path.name),
+                          None)
+            if script is None:
+                continue
+            try:
+                got = vars(parser.parse_args(list(r.command[script + 1:])))
+            except SystemExit:
+                continue
+            if got == want:
+                return r
+        return None
+
+
+_EXECUTED: dict[str, Executed] = {}
+
+
+def execute(path: Path, runs_dir: Path) -> Executed:
+    """Execute ``path`` once in this process (later calls get the same execution)."""
+    if path.name in _EXECUTED:
+        return _EXECUTED[path.name]
+    need = build.requirement(path.name[:2])      # the build skips the same notebooks, for the same reason
+    runs = runs_dir / path.stem
+    if need is not None:
+        done = Executed(path, runs, skipped=f"{path.stem}: {need}")
+    else:
+        OUT.mkdir(parents=True, exist_ok=True)
+        out = OUT / path.name
+        build.execute_notebook(path, out, runs_dir=runs)
+        nb = json.loads(out.read_text())
+        outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
+        done = Executed(path, runs, errors=[o for o in outputs if o.get("output_type") == "error"],
+                        images=sum("image/png" in o.get("data", {}) for o in outputs),
+                        differ=build.compare_checked(json.loads(path.read_text()), nb))
+    _EXECUTED[path.name] = done
+    return done
+
+
+def notebook_of(lab: str) -> Path:
+    return next(p for p in NOTEBOOKS if p.name[:2] == lab)
 
 
 def execute_and_compare(path: Path, runs_dir: Path) -> None:
-    need = build.requirement(path.name[:2])      # the build skips the same notebooks, for the same reason
-    if need is not None:
-        import pytest
-        pytest.skip(f"{path.stem}: {need}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / path.name
-    build.execute_notebook(path, out, runs_dir=runs_dir / path.stem)
-    nb = json.loads(out.read_text())
-    errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    if path.name[:2] != "00":
-        images = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-        assert images, "a lab notebook plots its measured difference"
-    differ = build.compare_checked(json.loads(path.read_text()), nb)
-    assert not differ, "\n".join(map(str, differ))
-    from conftest import assert_nothing_left
-    assert_nothing_left(str(runs_dir))
+    execute(path, runs_dir).assert_clean()

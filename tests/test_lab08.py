@@ -12,6 +12,7 @@ from ddplab.engine import signatures
 from ddplab.course import lab08
 
 import exercise_cases
+import notebook_check
 
 DATA = Path(__file__).parent / "data"
 
@@ -41,12 +42,27 @@ VARIANTS = ("accumulate-article", "accumulate-fixed", "sampler-no-set-epoch", "s
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below."""
+def notebook(session_runs_dir):
+    """Notebook 08 executed once (it runs each variant)."""
+    return notebook_check.execute(notebook_check.notebook_of("08"), session_runs_dir)
+
+
+@pytest.mark.notebook
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_notebook_executes_once_and_its_checked_cells_match(notebook):
+    notebook.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def runs(notebook, tmp_path_factory):
+    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below:
+    the notebook's own where it ran the variant with the same knobs (loaded from its result.json),
+    else started here."""
     root = tmp_path_factory.mktemp("lab08")
     out = {}
     for v in VARIANTS:
-        r = lab08.run_variant(v, run_root=root)
+        r = notebook.run_of(v) or lab08.run_variant(v, run_root=root)
         assert r.leftover == (), f"{v}: launcher reported leftovers: {r.leftover}"
         out[v] = r
     assert_nothing_left(str(root))

@@ -11,6 +11,7 @@ from ddplab.course import claims
 from ddplab.course import lab10
 
 import exercise_cases
+import notebook_check
 
 VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
             "rank-init", "dp-custom-layer")
@@ -25,12 +26,26 @@ def test_an_unknown_variant_is_rejected_before_any_rank_starts(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below."""
+def notebook(session_runs_dir):
+    """Notebook 10 executed once (it runs each variant as ``run_variant(v)`` does)."""
+    return notebook_check.execute(notebook_check.notebook_of("10"), session_runs_dir)
+
+
+@pytest.mark.notebook
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_notebook_executes_once_and_its_checked_cells_match(notebook):
+    notebook.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def runs(notebook, tmp_path_factory):
+    """One real 2-rank run of each variant, shared by the assertions and the exercise checkers below:
+    the notebook's own where it made it (loaded from its result.json), else started here."""
     root = tmp_path_factory.mktemp("lab10")
     out = {}
     for v in VARIANTS:
-        r = lab10.run_variant(v, run_root=root, progress=None)
+        r = notebook.run_of(v) or lab10.run_variant(v, run_root=root, progress=None)
         assert r.leftover == (), f"{v}: launcher reported leftovers: {r.leftover}"
         out[v] = r
     assert_nothing_left(str(root))

@@ -10,13 +10,32 @@ from ddplab.course import claims
 from ddplab.course import lab11
 
 import exercise_cases
+import notebook_check
 
 from conftest import assert_nothing_left
 
-STEPS = 4     # enough for the scaler variants (inf at step 2) and two timed steps
+STEPS = 6     # the notebook's own (its runs serve these tests): the scaler variants need the inf at step 2 and two timed steps
 
 
-def _run(tmp_path_factory, variant, **kw):
+@pytest.fixture(scope="module")
+def notebook(session_runs_dir):
+    """Notebook 11 executed once."""
+    return notebook_check.execute(notebook_check.notebook_of("11"), session_runs_dir)
+
+
+@pytest.mark.notebook
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_notebook_executes_once_and_its_checked_cells_match(notebook):
+    notebook.assert_clean()
+
+
+def _run(tmp_path_factory, variant, notebook=None, **kw):
+    """The notebook's run of ``variant`` with these knobs (loaded from its result.json), else one
+    started here."""
+    found = notebook.run_of(variant, **kw) if notebook is not None else None
+    if found is not None:
+        return found
     root = tmp_path_factory.mktemp(f"lab11-{variant}")
     r = lab11.run_variant(variant, run_root=root, progress=None, **kw)
     assert r.leftover == ()
@@ -25,23 +44,23 @@ def _run(tmp_path_factory, variant, **kw):
 
 
 @pytest.fixture(scope="module")
-def ramp(tmp_path_factory):
-    return _run(tmp_path_factory, "amp", steps=STEPS)
+def ramp(tmp_path_factory, notebook):
+    return _run(tmp_path_factory, "amp", notebook, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
-def r_sync(tmp_path_factory):
-    return _run(tmp_path_factory, "scaler-inf", steps=STEPS)
+def r_sync(tmp_path_factory, notebook):
+    return _run(tmp_path_factory, "scaler-inf", notebook, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
-def r_unsynced(tmp_path_factory):
-    return _run(tmp_path_factory, "scaler-inf-unsynced", steps=STEPS)
+def r_unsynced(tmp_path_factory, notebook):
+    return _run(tmp_path_factory, "scaler-inf-unsynced", notebook, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
-def r_slow(tmp_path_factory):
-    return _run(tmp_path_factory, "slow-loader")
+def r_slow(tmp_path_factory, notebook):
+    return _run(tmp_path_factory, "slow-loader", notebook)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +73,8 @@ def r_stopped(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def r_sweep(tmp_path_factory):
-    return _run(tmp_path_factory, "loader-sweep")
+def r_sweep(tmp_path_factory, notebook):
+    return _run(tmp_path_factory, "loader-sweep", notebook)
 
 
 @pytest.mark.parametrize("steps", [2, 101, True, "4", 4.0])

@@ -14,6 +14,7 @@ from ddplab.result import RunResult
 from ddplab.course import lab12
 
 import exercise_cases
+import notebook_check
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 # each script after a real report, and the findings --check must give for it (all of them, no more)
@@ -27,10 +28,25 @@ SILENT = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One real checked run of every lab 12 variant."""
+def notebook(session_runs_dir):
+    """Notebook 12 executed once (it runs every variant, checked, as ``run_all`` does)."""
+    return notebook_check.execute(notebook_check.notebook_of("12"), session_runs_dir)
+
+
+@pytest.mark.notebook
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_notebook_executes_once_and_its_checked_cells_match(notebook):
+    notebook.assert_clean()
+
+
+@pytest.fixture(scope="module")
+def runs(notebook, tmp_path_factory):
+    """One real checked run of every lab 12 variant: the notebook's own where it made it (loaded
+    from its result.json), else started here."""
     root = tmp_path_factory.mktemp("lab12")
-    out = lab12.run_all(run_root=root, progress=None)
+    out = {v: notebook.run_of(v, check=True) or lab12.run_variant(v, run_root=root, progress=None)
+           for pair in lab12.pairs() for v in pair}
     assert all(r.leftover == () for r in out.values())
     assert_nothing_left(str(root))
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.course import build
-from notebook_check import FIRST, LATER, NOTEBOOKS, ROOT, execute_and_compare
+from notebook_check import ELSEWHERE, FIRST, LATER, NOTEBOOKS, ROOT, execute_and_compare
 
 
 def test_every_lab_has_a_notebook():
@@ -38,8 +38,12 @@ def test_notebook_executes_once_and_its_checked_cells_match(path, session_runs_d
     execute_and_compare(path, session_runs_dir)       # 07-11: tests/test_notebooks_later.py
 
 
-def test_the_two_halves_execute_every_notebook():
-    assert FIRST and LATER and sorted(FIRST + LATER) == NOTEBOOKS
+def test_every_notebook_is_executed_by_one_test_file():
+    # the two halves here, and the labs whose own test file executes the notebook and reads its runs
+    assert FIRST and LATER and sorted(FIRST + LATER + ELSEWHERE) == NOTEBOOKS
+    for p in ELSEWHERE:
+        test = ROOT / "tests" / f"test_lab{p.name[:2]}.py"
+        assert "notebook_check.execute(" in test.read_text(), f"{test.name} must execute {p.name}"
 
 
 # --- the checker of marked cells, on made-up notebooks ------------------------------------------
