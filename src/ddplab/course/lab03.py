@@ -205,6 +205,10 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",
             errors=all(r.status == "failed" for r in (bare, model, dtype)),
             hang="hung" in (bare.status, model.status, dtype.status)),
+        "uneven-data": claims.evidence(
+            f"rows per rank {g['rows']}: DDP's averaged gradient differs from the {sum(g['rows'])}-row gradient by "
+            f"{100 * g['rel_err_naive']:.1f}% (each rank's mean weighted equally, not by its rows)",
+            unequal_shares_skew_the_update=g["rel_err_naive"] > 0.01),
         "cryptic-errors": claims.evidence(
             f"bare gloo: {_gloo_words(rep)} (names shapes or the collective: {'yes' if names_shapes else 'no'}); "
             f"with TORCH_DISTRIBUTED_DEBUG=DETAIL: "
