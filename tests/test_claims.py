@@ -453,3 +453,21 @@ def test_a_later_lab_is_not_cited_but_counts():
     assert "m03" in text and "later-measured-text" not in text and not re.search(r"\b[Ll]ab 12\b", text)
     assert "replicas diverge (later): holds" in repr(t) and "a later notebook" in text
     assert claims.unreached("Lab 12's run and lab 03's", "03") == "A later notebook's run and lab 03's"
+
+
+def test_lab01_indefinite_is_judged_against_the_default_timeout():
+    """01: 'indefinite' is about PyTorch's default timeout: a shorter one that ended the job settles nothing;
+    a job that outlived a timeout no longer than the default hangs indefinitely; the default's own end fails it."""
+    from dataclasses import dataclass
+
+    from ddplab.course import lab01
+
+    @dataclass
+    class Run:
+        status: str
+
+    judge = lambda default, pg, status: lab01._indefinite(lab01.TimeToAnswer(default, pg, Run(status), Run("hung")))
+    assert judge(1800.0, 10.0, "failed").state == claims.NOT_ESTABLISHED       # the build's run: 10 s, raised
+    assert "30 min" in judge(1800.0, 10.0, "failed").text()
+    assert judge(1800.0, 10.0, "hung").state == claims.HOLDS
+    assert judge(1800.0, 1800.0, "failed").state == claims.FAILS

@@ -220,7 +220,9 @@ def _indefinite(tta: TimeToAnswer) -> claims.Part:
     """The claim's 'indefinite' is about PyTorch's default timeout: a run with another timeout shows what
     that timeout does, and a run ddplab stopped before the default ran out shows nothing about its end."""
     timed = tta.with_timeout
-    if tta.pg_timeout_s == tta.default_timeout_s and timed.status != "hung":
+    if timed.status == "hung" and tta.pg_timeout_s <= tta.default_timeout_s:
+        return claims.fact(True)            # not even a timeout as short as the default, or shorter, ended it
+    if tta.pg_timeout_s >= tta.default_timeout_s:
         return claims.fact(False)           # the default's own timeout ended it: not indefinite
     return claims.not_established(
         f"the default ({tta.default_timeout_s / 60:g} min for gloo) was not sat out: ddplab stopped the bare job when "
