@@ -471,3 +471,24 @@ def test_lab01_indefinite_is_judged_against_the_default_timeout():
     assert "30 min" in judge(1800.0, 10.0, "failed").text()
     assert judge(1800.0, 10.0, "hung").state == claims.HOLDS
     assert judge(1800.0, 1800.0, "failed").state == claims.FAILS
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_uneven_data_discrepancy_from_a_real_run_of_unequal_shares(tmp_path):
+    """12's row, lab 03's part, from a real run: the article's Example 3 (10 and 20 rows into DDP) ends ok
+    with an averaged gradient far from the 30-row one: unequal shares skew the update; with lab 12's
+    equal shards that stay in step, the row is "partly", not "wrong"."""
+    from conftest import assert_nothing_left
+
+    from ddplab.course import lab03
+    r = lab03.run_variant("article-example", run_root=tmp_path / "run")
+    assert r.leftover == ()
+    assert_nothing_left(str(tmp_path))
+    ev = lab03.uneven_evidence(r)
+    assert r.status == "ok" and lab03.grad_check(r)["rel_err_naive"] > 0.05
+    assert ev.parts["unequal_shares_skew_the_update"].state == claims.HOLDS
+    equal_in_step = claims.Inputs("12", {"uneven-data": claims.evidence("rank-split", replicas_diverge=False)})
+    row = claims.judge(claims.register()["uneven-data"], {"03": claims.Inputs("03", {"uneven-data": ev}),
+                                                          "12": equal_in_step})
+    assert row.verdict == "partly" and row.parts["replicas_diverge"].state == claims.NOT_SHOWN
