@@ -405,8 +405,8 @@ class ClaimTable:
             rows.append(
                 f"<tr><td style='color:{self.COLOURS.get(r.verdict, '#6e7781')};white-space:nowrap'>"
                 f"<b>{e(r.verdict)}</b></td><td style='text-align:left'>“{e(r.claim.quote)}” "
-                f"<small>{e(r.claim.source)}</small><details><summary><small>why: {e(self._tally(parts))}"
-                "</small></summary><small><ul>"
+                f"<small>(article {e(r.claim.article)})</small><details><summary><small>why: {e(self._tally(parts))}"
+                f"</small></summary><small>{e(r.claim.source)}<ul>"
                 + "".join(f"<li><b>{e(k)}</b>: {e(t)}</li>" for k, _, t in parts)
                 + f"</ul><b>it holds if</b> {e(unreached(r.claim.criterion, self.lab))}<ul>"
                 + "".join(f"<li>{e(m)}</li>" for m in self._measured(r))
