@@ -14,7 +14,7 @@ Adding a lab's claims (lab NN):
 3. A part no run can measure goes in ``unmeasured`` with the reason; the part the sentence asserts
    (not its hedge) goes in ``decisive`` when a run can show it false; a part the sentence says only
    "can" (might, potentially, suggests) happen goes in ``hedged`` with that word. Frequency words
-   ("primary", "typically", ...) need nothing: ``claims.judge`` adds them, not measured.
+   ("primary reason", "typically", ...) need nothing: ``claims.judge`` adds them, not measured.
 4. ``tests/test_claims.py`` then checks the quotation, that no sentence is registered twice, and that
    the notebook shows the rows (after it is executed).
 """

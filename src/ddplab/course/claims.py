@@ -20,7 +20,7 @@ Rules of judgement (written here once; DESIGN.md states them):
   false, or a decisive one), "not established" (something measured, nothing settled) or "not tested here";
 - a part the sentence hedges ("can", "might", "potentially", "suggests": ``Claim.hedged``) is not
   refuted by the settings a lab measured: shown false there, it is "not shown", never "fails";
-- a frequency word in the quotation ("primary", "typically", "a common issue", ...) is a part no run
+- a frequency word in the quotation ("primary reason", "typically", "a common issue", ...) is a part no run
   measures: ``judge`` adds it, not measured, to every claim whose quotation has one;
 - a stand-in judges only claims about itself: a part measured on one is made with ``judged_on``
   (or ``stand_in``) and decides nothing about the real thing.
