@@ -12,7 +12,9 @@ Adding a lab's claims (lab NN):
 2. For a new sentence, append a ``Claim``; a ClaimSpec(key, article, quote, criterion, parts) written
    for one lab becomes ``Claim(key, article, quote, criterion, {"NN": parts})``.
 3. A part no run can measure goes in ``unmeasured`` with the reason; the part the sentence asserts
-   (not its hedge) goes in ``decisive`` when a run can show it false.
+   (not its hedge) goes in ``decisive`` when a run can show it false; a part the sentence says only
+   "can" (might, potentially, suggests) happen goes in ``hedged`` with that word. Frequency words
+   ("primary reason", "typically", ...) need nothing: ``claims.judge`` adds them, not measured.
 4. ``tests/test_claims.py`` then checks the quotation, that no sentence is registered twice, and that
    the notebook shows the rows (after it is executed).
 """
@@ -31,7 +33,10 @@ FASTER = 1.25        # "significantly": at least 1.25x less time per step
 class Claim:
     """One article sentence, once. ``parts``: {lab: part names that lab's runs supply};
     ``unmeasured``: {part: why no lab can measure it}; ``decisive``: the parts that, shown false,
-    make the claim wrong; ``shown_in``: further notebooks that quote it without supplying a part."""
+    make the claim wrong; ``hedged``: {part: the quotation's word that says it only can happen ("can",
+    "might", "potentially", "suggests")}: shown false in the settings measured, such a part is "not
+    shown", not refuted; ``shown_in``: further notebooks that quote it without supplying a part. A
+    frequency word in the quotation is a part no run measures: ``claims.judge`` adds it."""
     key: str
     article: str            # "000".."003" (ddplab.course.articles)
     quote: str              # one sentence, or a contiguous part of one, word for word
@@ -39,6 +44,7 @@ class Claim:
     parts: dict
     unmeasured: dict = field(default_factory=dict)
     decisive: tuple = ()
+    hedged: dict = field(default_factory=dict)
     shown_in: tuple = ()
 
     @property
@@ -61,8 +67,7 @@ REGISTER: tuple[Claim, ...] = (
         "I've observed this issue most frequently arises from neglecting the intricacies of data movement across "
         "multiple processes, and less frequently from deadlocks caused by improper barrier synchronization.",
         "a statement of how often each cause occurs in practice; no run counts that",
-        parts={}, shown_in=("01",),
-        unmeasured={"frequency": "how often each cause occurs in real jobs: a frequency no lab run counts"}),
+        parts={}, shown_in=("01",)),
     Claim(
         "custom-loop-deadlock", "000",
         "This is less frequent with PyTorch's higher-level APIs, but can occur in custom implementations of "
@@ -74,16 +79,17 @@ REGISTER: tuple[Claim, ...] = (
         "buffer broadcast), and the same loop evaluating model.module completes",
         parts={"01": ("custom_loops_deadlock", "higher_level_apis_finish"),
                "10": ("eval_on_rank0_deadlocks", "eval_on_module_completes")},
-        unmeasured={"less_frequent": "how often each kind of API hangs: a frequency no lab run counts"}),
+        hedged={"custom_loops_deadlock": "can", "eval_on_rank0_deadlocks": "can"}),
     Claim(
         "indefinite-sync", "000",
         "The primary reason for indefinite hangs in PyTorch's DataParallel and DistributedDataParallel (DDP) "
         "implementations stems from improper handling of inter-process communication and synchronization, "
         "particularly concerning gradient aggregation and model state updates.",
-        "two parts: (1) the hang is a synchronization error at gradient aggregation: a rank waits in DDP's "
-        "gradient all-reduce while its peer is in another collective; (2) it is indefinite: the job does not end "
-        "by itself, i.e. the run with init_process_group(timeout=...) also hangs instead of raising PyTorch's "
-        "timeout error",
+        "'primary reason' says how often, a frequency no run counts. Two measured parts: (1) the hang is a "
+        "synchronization error at gradient aggregation: a rank waits in DDP's gradient all-reduce while its peer is "
+        "in another collective; (2) it is indefinite: with PyTorch's default timeout (30 minutes for gloo) the job "
+        "does not end by itself. A run with a shorter timeout shows what that timeout does, not the default: "
+        "then, and when the default's wait is not sat out, (2) is not established",
         parts={"01": ("sync_at_gradient_aggregation", "indefinite")}),
     Claim(
         "oom-hangs-silently", "000",
@@ -104,11 +110,12 @@ REGISTER: tuple[Claim, ...] = (
     Claim(
         "smaller-batch-fixes", "000",
         "The solution involves reducing the batch size or increasing the GPU memory available.",
-        "(1) a smaller (micro-)batch fits where the full batch did not (fixed-accumulate finishes ok, its peak under the "
-        "cap, the full batch's over it): under a host-memory cap, a stand-in for the GPU's memory; (2) accumulating "
-        "the micro-batches gives the full batch's gradient (max |diff| <= 1e-5), so the smaller batch changes nothing "
-        "else; (3) more GPU memory: not measured without a GPU",
-        parts={"02": ("smaller_batch_fits", "same_gradient")},
+        "two parts, both about GPU memory: (1) a smaller (micro-)batch fits where the full batch did not "
+        "(fixed-accumulate finishes ok, its peak under the cap, the full batch's over it): under a host-memory cap, a "
+        "stand-in for the GPU's memory; (2) more GPU memory: not measured without a GPU. That accumulating the "
+        "micro-batches gives the full batch's gradient is ddplab's own check of the fix, shown, not a part: the "
+        "article does not say it",
+        parts={"02": ("smaller_batch_fits",)},
         unmeasured={"more_gpu_memory": "no GPU here; lifting a host cap shows only that the full batch's peak is above it"}),
     Claim(
         "example3-hang", "000",
@@ -128,8 +135,11 @@ REGISTER: tuple[Claim, ...] = (
         "(an all_reduce of float32 on rank 0, float64 on rank 1). Two parts: (1) errors in the collective "
         "operations: all three runs fail with an error raised in or around the collective; (2) the hang: any of "
         "them ends hung. dtype-silent (float64 against int64, as many bytes) is shown beside them, not a part: "
-        "'can lead to' is not contradicted by a mismatch that raises nothing",
-        parts={"03": ("errors", "hang")}),
+        "'can lead to' is not contradicted by a mismatch that raises nothing, nor by runs that do not hang: gloo "
+        "checks sizes; NCCL, which has no such check and can hang, is not run here",
+        parts={"03": ("errors", "hang")}, hedged={"errors": "can", "hang": "can"},
+        unmeasured={"hang_with_nccl": "NCCL has no size check like gloo's (a ragged all_gather can hang until its "
+                                      "watchdog's timeout): no GPUs here, so not run"}),
     Claim(
         "cryptic-errors", "000",
         "PyTorch's error handling in this area can sometimes be cryptic.",
@@ -145,7 +155,8 @@ REGISTER: tuple[Claim, ...] = (
         "at the lowest link cap takes at least twice the uncapped step; (2) potentially appearing as a hang: the job "
         "with a share of node 1's packets dropped is judged hung (no rank made progress for the stall window). Lab "
         "07's all-reduce on loopback is shown, not judged: loopback is no network",
-        parts={"07": (), "09": ("delayed_on_a_slow_link", "looks_hung_on_a_lossy_link")}),
+        parts={"07": (), "09": ("delayed_on_a_slow_link", "looks_hung_on_a_lossy_link")},
+        hedged={"looks_hung_on_a_lossy_link": "potentially"}),
     Claim(
         "bandwidth-impedes", "000",
         "Insufficient network bandwidth or latency between machines in a DDP setup can significantly impede "
@@ -160,8 +171,9 @@ REGISTER: tuple[Claim, ...] = (
         "'dropped' half holds if the lossy job's steps are slower (every timed step, the slowest rank's time at "
         f"each; a one-sided rank-sum test, p <= {P_LEVEL}: the delays of retransmission are in the slow steps, "
         "which a fastest step would hide); the 'stall indefinitely' half holds if the job is judged hung (no rank "
-        "made progress for the stall window)",
-        parts={"09": ("slower", "stalls")}),
+        "made progress for the stall window). Both are what 'might' happen: one loss rate that shows neither "
+        "refutes them",
+        parts={"09": ("slower", "stalls")}, hedged={"slower": "might", "stalls": "might"}),
     Claim(
         "illusion-of-hang", "000",
         "If the transfer speed is significantly slower than the computation speed, processes will spend "
@@ -227,13 +239,17 @@ REGISTER: tuple[Claim, ...] = (
         "uneven-data", "001",
         "Uneven data distribution among workers can cause discrepancies in model updates, leading to divergence "
         "and inaccurate results.",
-        "judged on lab 12's rank-split (each rank a random half of the data, split with its rank as seed: some "
-        "samples on both ranks, some on none) against rank-split-fixed (DistributedSampler), the same seed. The "
-        "decisive part: divergence, i.e. `--check` finds the ranks' replicas different after the run. Inaccurate "
-        "results would need many seeds: one broken and one fixed run's validation losses are shown, not judged",
-        parts={"12": ("divergence",)}, decisive=("divergence",),
-        unmeasured={"inaccurate": "the validation loss of one seed's broken and fixed runs is shown, not judged: "
-                                  "a difference between two single runs is no test"}),
+        "all three are what 'can' happen: a setting that shows none refutes nothing. (1) discrepancies in model "
+        "updates: lab 03's ranks with unequal shares (10 and 20 rows) get a DDP-averaged gradient more than 1% "
+        "(relative) from the gradient of all their rows; (2) divergence (lab 12): a run whose ranks read data "
+        "distributed differently ends with the ranks' replicas different (`--check`: replicas-differ or "
+        "buffers-differ): rank-split (equal random halves, overlapping) or bn-unsynced (each rank its own source, "
+        "DDP's buffer sync off); (3) inaccurate results: one broken and one fixed run's validation losses are "
+        "shown, not judged",
+        parts={"03": ("unequal_shares_skew_the_update",), "12": ("replicas_diverge",)},
+        hedged={"unequal_shares_skew_the_update": "can", "replicas_diverge": "can"},
+        unmeasured={"inaccurate_results": "the validation loss of one seed's broken and fixed runs is shown, not "
+                                          "judged: a difference between two single runs is no test"}),
     Claim(
         "accumulation-misuse", "001",
         "Incorrectly handling gradient accumulation (e.g., in scenarios with limited batch sizes) can result in "
@@ -257,8 +273,7 @@ REGISTER: tuple[Claim, ...] = (
         f"sign test rules out chance, p <= {P_LEVEL}); and a runtime error (unused-params fails with DDP's own "
         "RuntimeError)",
         parts={"10": ("deadlock", "states_apart_past_the_wrapper", "states_apart_from_rank_init", "slow_training",
-                      "runtime_error")},
-        unmeasured={"typically": "how often real DDP issues show each way: a frequency no lab run counts"}),
+                      "runtime_error")}),
     Claim(
         "wrong-backend", "001",
         "This includes using the wrong backend (e.g., Gloo for single-machine multi-GPU, NCCL for multi-node "
@@ -302,11 +317,11 @@ REGISTER: tuple[Claim, ...] = (
         "model-parallelism", "002",
         "It is crucial to remember that the model's parameters remain in the primary process's memory, while only "
         "copies are used on the worker GPUs, making it a form of model parallelism, while primarily data parallelism.",
-        "two parts, from the replicas the run made (DataParallel's replicate() and the CPU emulation both copy the "
-        "whole module to every replica): (1) primarily data parallelism: each batch's rows are split across the "
-        "replicas; (2) a form of model parallelism: the model's layers or parameters are split across devices (each "
-        "replica holds only part of them). (2) is what the sentence asserts: replicas that each hold every "
-        "parameter show it wrong",
+        "two parts, from the replicas real nn.DataParallel makes on 2 GPUs: (1) primarily data parallelism: each "
+        "batch's rows are split across the replicas; (2) a form of model parallelism: the model's layers or "
+        "parameters are split across devices (each replica holds only part of them). (2) is what the sentence "
+        "asserts: replicas that each hold every parameter show it wrong. The CPU emulation is a stand-in: it judges "
+        "only itself, not what nn.DataParallel does",
         parts={"04": ("data_split", "model_split")}, decisive=("model_split",)),
     Claim(
         "custom-layer", "002",
@@ -321,11 +336,13 @@ REGISTER: tuple[Claim, ...] = (
         "The DistributedDataParallel class generally handles the process of distributed data parallelism more "
         "gracefully, because it uses separate processes instead of threads, making the whole setup less prone to the "
         "limitations above mentioned.",
-        "judged on real DDP runs (2 gloo processes) with the same kind of padded variable-length data: (1) padded "
-        "variable-length batches train: each process pads its own batch, nothing is split after padding (bucketing "
-        "ends ok); (2) 'because it uses separate processes instead of threads': the cause is not isolated by any run. "
-        "The lab's own ragged all_gather (ddp-broken) is a mistake in the lab's code, not DDP's, and judges nothing",
-        parts={"04": ("padded_batches_train",)},
+        "'generally' says how often, a frequency no run counts. (1) more gracefully: a comparison with "
+        "nn.DataParallel on the same padded variable-length data: DDP trains it (bucketing, 2 gloo processes, "
+        "ends ok) where real nn.DataParallel fails (the LSTM extension on 2 GPUs). DataParallel's side runs here "
+        "only on the CPU emulation, a stand-in: then the comparison is not judged, whatever DDP's side did; "
+        "(2) 'because it uses separate processes instead of threads': no run isolates the cause. The lab's own "
+        "ragged all_gather (ddp-broken) is a mistake in the lab's code, not DDP's, and judges nothing",
+        parts={"04": ("more_gracefully_than_dataparallel",)},
         unmeasured={"because_processes": "no run separates processes from threads as the cause"}),
     Claim(
         "dp-transfer-dominates", "002",
@@ -379,8 +396,10 @@ REGISTER: tuple[Claim, ...] = (
         "A timeout at this stage suggests a failure at one or more of these steps.",
         "two parts: (1) every initialization that failed here failed inside those steps (in init_process_group, "
         "while forming the process group, before any parameter was broadcast); (2) a timeout there means one of them "
-        "failed: no run with nothing broken (only a rank arriving late, within what the job could wait for) timed out",
-        parts={"06": ("failed_inside_these_steps", "only_when_a_step_failed")}),
+        "failed: no run with nothing broken (only a rank arriving late, within what the job could wait for) timed out. "
+        "'suggests' is a hint, not a rule: a late rank timing out under one short timeout does not refute it",
+        parts={"06": ("failed_inside_these_steps", "only_when_a_step_failed")},
+        hedged={"only_when_a_step_failed": "suggests"}),
     Claim(
         "firewall", "003",
         "Firewalls might be blocking the necessary ports used by the chosen communication backend (e.g., ports "
@@ -410,8 +429,7 @@ REGISTER: tuple[Claim, ...] = (
         "rank-side pre-flight compares every rank's torch, Python and NCCL versions before init_process_group, "
         "which a unit test on records checks, not a run",
         parts={}, shown_in=("09",),
-        unmeasured={"common": "how often versions differ across real clusters: a frequency no lab run counts",
-                    "mismatch_breaks_init": "one torch build (and no NCCL) is installed here, so ranks with two "
+        unmeasured={"mismatch_breaks_init": "one torch build (and no NCCL) is installed here, so ranks with two "
                                             "versions cannot be started on this machine"}),
     Claim(
         "slow-network-default", "003",

@@ -216,6 +216,20 @@ def _deadlocked(r: RunResult) -> bool:
     return r.status == "hung" and r.divergence is not None and r.divergence.kind == "different-op"
 
 
+def _indefinite(tta: TimeToAnswer) -> claims.Part:
+    """The claim's 'indefinite' is about PyTorch's default timeout: a run with another timeout shows what
+    that timeout does, and a run ddplab stopped before the default ran out shows nothing about its end."""
+    timed = tta.with_timeout
+    if timed.status == "hung" and tta.pg_timeout_s <= tta.default_timeout_s:
+        return claims.fact(True)            # not even a timeout as short as the default, or shorter, ended it
+    if tta.pg_timeout_s >= tta.default_timeout_s:
+        return claims.fact(False)           # the default's own timeout ended it: not indefinite
+    return claims.not_established(
+        f"the default ({tta.default_timeout_s / 60:g} min for gloo) was not sat out: ddplab stopped the bare job when "
+        f"no rank made progress, and init_process_group(timeout={tta.pg_timeout_s:g} s) shows what that "
+        "shorter timeout does, not the default's")
+
+
 def claim_inputs(runs: Mapping[str, RunResult]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
     Keys read: "broken", "fixed-sampler" and/or "fixed-join" (the higher-level APIs' runs), "time-to-answer"
@@ -239,7 +253,7 @@ def claim_inputs(runs: Mapping[str, RunResult]) -> claims.Inputs:
             + (f" [{timed.signature}] after {timed.wall_s:.1f} s: {_short(timed)}" if timed.status != "hung" else "")
             + f" (PyTorch's default for gloo is {tta.default_timeout_s / 60:g} min, read from torch, not waited for)",
             sync_at_gradient_aggregation=_deadlocked(broken) and bool(in_grad) and bool(others),
-            indefinite=timed.status == "hung"),
+            indefinite=_indefinite(tta)),
     })
 
 

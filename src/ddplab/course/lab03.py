@@ -174,6 +174,16 @@ def plot(bare, detail, guard_raise, guard_ok):
     return fig
 
 
+def uneven_evidence(article: "ddplab.RunResult") -> claims.Evidence:
+    """Article 001's 'uneven data distribution ... can cause discrepancies in model updates', from the
+    article-example run: its ranks hold 10 and 20 rows, and DDP averages their mean gradients as equals."""
+    g = grad_check(article)
+    return claims.evidence(
+        f"rows per rank {g['rows']}: DDP's averaged gradient differs from the {sum(g['rows'])}-row gradient by "
+        f"{100 * g['rel_err_naive']:.1f}% (each rank's mean weighted equally, not by its rows)",
+        unequal_shares_skew_the_update=g["rel_err_naive"] > 0.01)
+
+
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
     Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-silent",
@@ -205,6 +215,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",
             errors=all(r.status == "failed" for r in (bare, model, dtype)),
             hang="hung" in (bare.status, model.status, dtype.status)),
+        "uneven-data": uneven_evidence(article),
         "cryptic-errors": claims.evidence(
             f"bare gloo: {_gloo_words(rep)} (names shapes or the collective: {'yes' if names_shapes else 'no'}); "
             f"with TORCH_DISTRIBUTED_DEBUG=DETAIL: "

@@ -106,20 +106,24 @@ def plot(runs: dict):
 
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What the runs measured for the register's claims (ddplab.course.claim_register); judged there."""
-    rs, rsf = runs["rank-split"], runs["rank-split-fixed"]
+    rs, rsf, bn = runs["rank-split"], runs["rank-split-fixed"], runs["bn-unsynced"]
     ne, nef = runs["no-set-epoch"], runs["no-set-epoch-fixed"]
     ns, nsf = runs["step-in-no-sync"], runs["step-in-no-sync-fixed"]
     b, f = final(rs), final(rsf)
     over = rs.check.of_kind("samples-overlap")
     never = rs.check.of_kind("samples-dropped")
     unsynced = ns.check.of_kind("step-in-no-sync")
+    apart = {"replicas-differ", "buffers-differ"}
+    fb = final(bn)
     return claims.Inputs(LAB, {
         "uneven-data": claims.evidence(
             f"rank-split, epoch 0: {over[0].count if over else 0} samples on both ranks, "
             f"{never[0].count if never else 0} on none; replicas different: "
-            f"{'yes' if 'replicas-differ' in rs.check.kinds() else 'no (DDP averaged every gradient)'}; final validation "
-            f"loss {b['val_loss']:.4f} against {f['val_loss']:.4f} with DistributedSampler (one seed: shown, not judged)",
-            divergence="replicas-differ" in rs.check.kinds()),
+            f"{'yes' if apart & rs.check.kinds() else 'no (DDP averaged every gradient)'}; final validation "
+            f"loss {b['val_loss']:.4f} against {f['val_loss']:.4f} with DistributedSampler (one seed: shown, not judged). "
+            f"bn-unsynced (each rank its own source, buffer sync off): --check {_kinds(bn)}; the ranks' final "
+            f"validation losses {fb['spread']:.2f} apart",
+            replicas_diverge=bool(apart & (rs.check.kinds() | bn.check.kinds()))),
         "sampler-reset": claims.evidence(
             f"--check without set_epoch: {_kinds(ne)}; with it: {_kinds(nef)}",
             check_finds_same_order="same-order" in ne.check.kinds(),
