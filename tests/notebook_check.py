@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
 # labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
-READ_BY_LAB_TESTS = ("08", "10", "11", "12")
+READ_BY_LAB_TESTS = ("08", "09", "10", "11", "12")
 SPLIT = "07"     # about half of the stored execution's seconds on each side
 ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
 FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
@@ -116,6 +116,29 @@ def execute(path: Path, runs_dir: Path) -> Executed:
 
 def notebook_of(lab: str) -> Path:
     return next(p for p in NOTEBOOKS if p.name[:2] == lab)
+
+
+def notebook_fixture(lab: str):
+    """The module fixture ``notebook`` of tests/test_lab<lab>.py: the lab's notebook executed once."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def notebook(session_runs_dir):
+        return execute(notebook_of(lab), session_runs_dir)
+    return notebook
+
+
+def _marked(test):
+    import pytest
+    for mark in (pytest.mark.notebook, pytest.mark.multiprocess, pytest.mark.timeout(600)):
+        test = mark(test)
+    return test
+
+
+@_marked
+def test_notebook_executes_once_and_its_checked_cells_match(notebook):
+    """Imported by each lab test file that reads its notebook's runs (pytest collects it there)."""
+    notebook.assert_clean()
 
 
 def execute_and_compare(path: Path, runs_dir: Path) -> None:

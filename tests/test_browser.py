@@ -126,24 +126,29 @@ def _wait_for_server(proc, url, logfile) -> None:
         time.sleep(0.2)
 
 
+def _open_and_run_all(page, url: str) -> None:
+    """Open the notebook at ``url``, wait for its kernel, press Run All Cells."""
+    page.goto(url)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+    if page.locator(".jp-Dialog", has_text="Error Loading Theme").count():
+        # a loaded CI machine (CI at 592547c): the server did not deliver the theme's stylesheet
+        # in time and JupyterLab left its error dialog up, with no status bar. Load the page again.
+        page.reload()
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+    # the kernel is connected when the status bar names it idle (the toolbar's indicator says
+    # idle before the kernel is there, and Run All then does nothing)
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
 def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
     base, token, _ = jupyterlab
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
-            if page.locator(".jp-Dialog", has_text="Error Loading Theme").count():
-                # a loaded CI machine (CI at 592547c): the server did not deliver the theme's stylesheet
-                # in time and JupyterLab left its error dialog up, with no status bar. Load the page again.
-                page.reload()
-                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
-            # the kernel is connected when the status bar names it idle (the toolbar's indicator says
-            # idle before the kernel is there, and Run All then does nothing)
-            page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            _open_and_run_all(page, f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
 
             # the widget panel renders: its title, the variant picker and the Run button
             run_button = page.locator(".jp-OutputArea button.jupyter-button", has_text="Run")
@@ -253,16 +258,9 @@ def test_ddplab_cell_runs_is_interrupted_and_the_kernel_goes_on(jupyterlab, sess
     name = _magic_notebook(folder)
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/{name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
-            if page.locator(".jp-Dialog", has_text="Error Loading Theme").count():
-                page.reload()
-                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
-            page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            _open_and_run_all(page, f"{base}/lab/tree/{name}?token={token}")
 
             # the spinning job runs: its live status line names both ranks
             page.wait_for_function(

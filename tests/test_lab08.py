@@ -13,6 +13,7 @@ from ddplab.course import lab08
 
 import exercise_cases
 import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 
@@ -41,17 +42,8 @@ def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
 VARIANTS = ("accumulate-article", "accumulate-fixed", "sampler-no-set-epoch", "sampler-set-epoch", "no-master-env")
 
 
-@pytest.fixture(scope="module")
-def notebook(session_runs_dir):
-    """Notebook 08 executed once (it runs each variant)."""
-    return notebook_check.execute(notebook_check.notebook_of("08"), session_runs_dir)
-
-
-@pytest.mark.notebook
-@pytest.mark.multiprocess
-@pytest.mark.timeout(600)
-def test_notebook_executes_once_and_its_checked_cells_match(notebook):
-    notebook.assert_clean()
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("08")
 
 
 @pytest.fixture(scope="module")

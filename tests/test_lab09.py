@@ -12,16 +12,30 @@ from ddplab.errors import DdplabError
 from ddplab.course import lab09
 
 import exercise_cases
+import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 pytestmark = pytest.mark.skipif(cluster.requirement() is not None, reason=str(cluster.requirement()))
 
 
+STEPS = 8     # the notebook's own steps: its runs of the same variants serve these tests
+
+
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("09")
+
+
+def _run(notebook, root, variant, **kw):
+    """The notebook's run of ``variant`` with these knobs (loaded from its result.json), else one started here."""
+    return notebook.run_of(variant, **kw) or lab09.run_variant(variant, run_root=root, progress=None, **kw)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(notebook, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab09")
-    out = {v: lab09.run_variant(v, steps=2, run_root=root, progress=None,
-                                # the fix's run also times the fp16 hook beside it (the sweep's pairing)
-                                compare=("fp16",) if v == "fixed-interface" else ())
+    out = {v: _run(notebook, root, v, steps=STEPS,
+                   # the fix's run also times the fp16 hook beside it (the sweep's pairing)
+                   **({"compare": ("fp16",)} if v == "fixed-interface" else {}))
            for v in ("firewall", "wrong-interface", "fixed-interface")}
     for r in out.values():
         assert r.leftover == ()
@@ -116,12 +130,12 @@ def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
 # ---- nodes that disagree on WORLD_SIZE: the job, and the rank-side pre-flight on the same launch ----
 
 @pytest.fixture(scope="module")
-def disagree(tmp_path_factory):
+def disagree(notebook, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab09-disagree")
     out = {"launch": lab09.launch_check("nodes-disagree", run_root=root, progress=None),
-           "job": lab09.run_variant("nodes-disagree", steps=2, run_root=root, progress=None),
+           "job": _run(notebook, root, "nodes-disagree", steps=STEPS),
            "fixed-launch": lab09.launch_check("fixed-world-size", run_root=root, progress=None),
-           "fixed": lab09.run_variant("fixed-world-size", steps=2, run_root=root, progress=None)}
+           "fixed": _run(notebook, root, "fixed-world-size", steps=STEPS)}
     assert out["job"].leftover == () and out["fixed"].leftover == ()
     assert_nothing_left(str(root))
     return out

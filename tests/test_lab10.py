@@ -12,6 +12,7 @@ from ddplab.course import lab10
 
 import exercise_cases
 import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
             "rank-init", "dp-custom-layer")
@@ -25,17 +26,8 @@ def test_an_unknown_variant_is_rejected_before_any_rank_starts(tmp_path):
     assert not job_processes(str(tmp_path)), "a rank was started"
 
 
-@pytest.fixture(scope="module")
-def notebook(session_runs_dir):
-    """Notebook 10 executed once (it runs each variant as ``run_variant(v)`` does)."""
-    return notebook_check.execute(notebook_check.notebook_of("10"), session_runs_dir)
-
-
-@pytest.mark.notebook
-@pytest.mark.multiprocess
-@pytest.mark.timeout(600)
-def test_notebook_executes_once_and_its_checked_cells_match(notebook):
-    notebook.assert_clean()
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("10")
 
 
 @pytest.fixture(scope="module")

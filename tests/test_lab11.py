@@ -11,23 +11,15 @@ from ddplab.course import lab11
 
 import exercise_cases
 import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 from conftest import assert_nothing_left
 
 STEPS = 6     # the notebook's own (its runs serve these tests): the scaler variants need the inf at step 2 and two timed steps
 
 
-@pytest.fixture(scope="module")
-def notebook(session_runs_dir):
-    """Notebook 11 executed once."""
-    return notebook_check.execute(notebook_check.notebook_of("11"), session_runs_dir)
-
-
-@pytest.mark.notebook
-@pytest.mark.multiprocess
-@pytest.mark.timeout(600)
-def test_notebook_executes_once_and_its_checked_cells_match(notebook):
-    notebook.assert_clean()
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("11")
 
 
 def _run(tmp_path_factory, variant, notebook=None, **kw):

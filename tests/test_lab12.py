@@ -15,6 +15,7 @@ from ddplab.course import lab12
 
 import exercise_cases
 import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 # each script after a real report, and the findings --check must give for it (all of them, no more)
@@ -27,17 +28,8 @@ SILENT = {
 }
 
 
-@pytest.fixture(scope="module")
-def notebook(session_runs_dir):
-    """Notebook 12 executed once (it runs every variant, checked, as ``run_all`` does)."""
-    return notebook_check.execute(notebook_check.notebook_of("12"), session_runs_dir)
-
-
-@pytest.mark.notebook
-@pytest.mark.multiprocess
-@pytest.mark.timeout(600)
-def test_notebook_executes_once_and_its_checked_cells_match(notebook):
-    notebook.assert_clean()
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("12")
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_every_notebook_is_executed_by_one_test_file():
     assert FIRST and LATER and sorted(FIRST + LATER + ELSEWHERE) == NOTEBOOKS
     for p in ELSEWHERE:
         test = ROOT / "tests" / f"test_lab{p.name[:2]}.py"
-        assert "notebook_check.execute(" in test.read_text(), f"{test.name} must execute {p.name}"
+        assert "notebook_check.notebook_fixture(" in test.read_text(), f"{test.name} must execute {p.name}"
 
 
 # --- the checker of marked cells, on made-up notebooks ------------------------------------------
