@@ -1,4 +1,4 @@
-"""One notebook executed once (papermill) and its NBVAL_CHECK_OUTPUT cells compared with the stored
+"""One notebook executed once (papermill) and its cells tagged nbval-check-output compared with the stored
 outputs: shared by tests/test_notebooks.py (00-06) and tests/test_notebooks_later.py (07-11), two
 files so that pytest-xdist's --dist loadfile puts the executions on both workers."""
 import json
