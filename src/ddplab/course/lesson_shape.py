@@ -227,8 +227,8 @@ LESSONS: dict[str, Lesson] = {
              "they were its own type. Nothing raises; a guard that gathers the dtype with the shape, or one cast at "
              "load on every rank, catches or prevents it."),
             ("What could a ragged gather do on NCCL, where there is no size check like gloo's?",
-             "Hang until the watchdog's timeout, or complete with garbage (not measured here: no GPUs). That is why "
-             "the guard or `DETAIL` matters more on GPUs."),
+             "Hang until the watchdog's timeout, or complete with garbage (not measured here: no GPUs), so on GPUs "
+             "a shape guard, or `DETAIL` while debugging, is worth more than on gloo."),
         )),
     "04": Lesson(
         teaching=20, exercises=15,
@@ -598,7 +598,8 @@ LESSONS: dict[str, Lesson] = {
              "every rank, not just the one that looks stuck."),
             ("Why did more DataLoader workers help here although the machine has 2 cores?",
              "Most of a sample's time was a wait on storage (a sleep), which uses no core, so two workers wait for "
-             "two batches at once. Pure CPU decoding would gain nothing from more workers than free cores."),
+             "two batches at once. Had the time been decoding (CPU work), workers beyond the free cores would add "
+             "nothing."),
             ("What kind of loader wait would ddplab's stall rule mistake for a hang, and what would you do?",
              "One that uses no CPU and is not in the kernel's uninterruptible disk wait: a `time.sleep` or a socket "
              "read from an object store, filling the whole stall window in every process of a rank. Give such a job "
