@@ -166,6 +166,25 @@ def test_the_script_shapes_a_notebook_and_a_second_run_changes_nothing(tmp_path)
     assert [c.get("metadata", {}).get("ddplab", {}).get("lesson") for c in nb["cells"][-2:]] == ["keypoints", "recap"]
 
 
+def test_an_executed_notebook_shapes_to_itself(tmp_path):
+    """What an execution adds to the lesson's cells (papermill's metadata) stays, and the cells move back
+    to the end when someone appended a cell after them."""
+    path = _made_up(tmp_path)
+    ls.main([str(path.parent)])
+    nb = nbformat.read(path, as_version=4)
+    for c in nb.cells:
+        c.metadata["papermill"] = {"status": "completed"}
+    nb.cells.append(nbformat.v4.new_markdown_cell("## On a real cluster", id="late-cell"))
+    nbformat.write(nb, path)
+    ls.main([str(path.parent)])
+    nb = nbformat.read(path, as_version=4)
+    assert [c.get("id") for c in nb.cells[-3:]] == ["late-cell", "ddplab-lesson-keypoints", "ddplab-lesson-recap"]
+    assert all(c.metadata.get("papermill") for c in nb.cells[-2:])
+    once = path.read_text()
+    ls.main([str(path.parent)])
+    assert path.read_text() == once
+
+
 def test_a_term_is_linked_once_where_it_is_prose():
     """Not in a heading, a quotation, code, an existing link, or a hyphenated word; a code-span term
     (`--check`) is linked whole."""

@@ -729,14 +729,19 @@ def _lesson_kind(cell) -> str | None:
 
 
 def shape_end(nb, lesson: Lesson, solutions_name: str) -> None:
-    """Key points and recap questions as the notebook's last two cells (metadata.ddplab.lesson), the
-    ones an earlier run wrote removed first, wherever they now stand."""
+    """Key points and recap questions as the notebook's last two cells (metadata.ddplab.lesson). A cell
+    an earlier run wrote is moved to the end, wherever it now stands, with its new text and the metadata
+    an execution gave it (papermill's), so a stored, executed notebook shapes to itself."""
     import nbformat
 
+    earlier = {_lesson_kind(c): c for c in nb.cells if _lesson_kind(c) in ("keypoints", "recap")}
     nb.cells = [c for c in nb.cells if _lesson_kind(c) not in ("keypoints", "recap")]
     for kind, text in (("keypoints", keypoints_text(lesson)), ("recap", recap_text(lesson, solutions_name))):
-        cell = nbformat.v4.new_markdown_cell(text, metadata={"ddplab": {"lesson": kind}})
-        cell["id"] = f"ddplab-lesson-{kind}"       # fixed: a second run writes the same file
+        cell = earlier.get(kind)
+        if cell is None:
+            cell = nbformat.v4.new_markdown_cell(text, metadata={"ddplab": {"lesson": kind}})
+            cell["id"] = f"ddplab-lesson-{kind}"       # fixed: a second run writes the same file
+        cell.source = text
         nb.cells.append(cell)
 
 
