@@ -393,8 +393,8 @@ LESSONS: dict[str, Lesson] = {
             "Each fix was measured against the baseline of the same round: a larger per-rank batch raised samples "
             "per second the most; compression (fp16, bf16) halved the bytes but changed samples per second by only "
             "a few per cent on loopback.",
-            "At a batch of 8, two ranks processed fewer samples per second than one; at 256, more: scaling needs "
-            "enough compute per step to hide the all-reduce.",
+            "At a batch of 8, two ranks gained little or nothing over one rank's samples per second; at 256 they "
+            "gained much more: scaling needs enough compute per step to hide the all-reduce.",
             "Without GPUs the DataParallel table is a model fed with this machine's measurements, labelled so, and "
             "the DataParallel claims read \"not tested here\".",
         ),
@@ -485,8 +485,8 @@ LESSONS: dict[str, Lesson] = {
             "pre-flight named the disagreement before the job.",
             "On a link capped at 100 Mbit/s the all-reduce became most of the step, and fp16 compression and "
             "PowerSGD bought time back there (fp16 about halved the step); uncapped, both made the step slower.",
-            "A link dropping 5 % of packets gave a few slow steps (TCP retransmits) but no hang, and in this "
-            "execution no significant difference in the median step.",
+            "A link dropping 5 % of packets gave a few much slower steps (TCP retransmits) but no hang: the job "
+            "ended `ok`.",
         ),
         recap=(
             ("Why is opening the rendezvous port in a firewall not enough for a torchrun job?",
@@ -617,7 +617,7 @@ LESSONS: dict[str, Lesson] = {
             "for their fixed twins.",
             "Training through `model.module` and `optimizer.step()` inside `no_sync()` left the ranks with different "
             "models at the end; the data variants (no `set_epoch`, rank-seeded splits) left the replicas identical, "
-            "so no loss curve or replica comparison reveals them.",
+            "so comparing the replicas does not reveal them, nor, on this task, the loss curve: `--check` did.",
             "With buffer sync on, every forward starts from rank 0's BatchNorm buffers and then updates them from "
             "each rank's own batch: the ranks' losses still differed a little. Only `SyncBatchNorm` gives the whole "
             "batch's statistics.",
