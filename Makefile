@@ -76,7 +76,7 @@ notebooks: $(STAMP)
 # Three workers (pytest-xdist, one file at a time each) on 2 cores: most of a multi-process test is
 # waiting (torch imports, stall windows). Two workers took 1056 s on a fresh clone here (1960 s of
 # tests); the notebooks (630 s) execute once, in tests/test_notebooks.py (00-06) and
-# tests/test_notebooks_later.py (07-12), which also check their NBVAL_CHECK_OUTPUT cells, while the
+# tests/test_notebooks_later.py (07-12), which also check their cells tagged nbval-check-output, while the
 # third worker runs the rest. TEST_WORKERS=2 for the old split.
 TEST_WORKERS ?= 3
 test: $(TEST_STAMP)

@@ -1,5 +1,5 @@
-"""One notebook executed once (papermill) and its NBVAL_CHECK_OUTPUT cells compared with the stored
-outputs.
+"""One notebook executed once (papermill) and its cells tagged nbval-check-output
+compared with the stored outputs.
 
 A lab whose test file reads the notebook's own runs (``READ_BY_LAB_TESTS``) executes its notebook in
 that file (``execute``: once per worker process), and its tests assert on the runs the notebook

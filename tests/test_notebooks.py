@@ -1,5 +1,5 @@
 """Every notebook executes once, headless, under papermill with its CI-sized parameters (into
-build/test-notebooks/); on that one execution the cells marked NBVAL_CHECK_OUTPUT are compared with
+build/test-notebooks/); on that one execution the cells tagged nbval-check-output are compared with
 the outputs stored in notebooks/ (ddplab.course.build.compare_checked). The stored outputs must
 come from one commit that is not older than the notebook's lab script or workbook module."""
 import json
@@ -25,7 +25,7 @@ def test_notebook_structure(path):
     assert "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
     src = "\n".join("".join(c["source"]) for c in code)
     assert "multiprocessing" not in src and "mp.spawn" not in src and "subprocess" not in src
-    checked = [c for c in code if build.CHECK_MARK in "".join(c["source"])]
+    checked = [c for c in code if build.is_checked(c)]
     assert checked, "at least one deterministic cell is checked against its stored output"
     assert all(c.get("outputs") for c in checked), "checked cells are committed with their outputs"
 
@@ -48,7 +48,12 @@ def test_every_notebook_is_executed_by_one_test_file():
 
 # --- the checker of marked cells, on made-up notebooks ------------------------------------------
 def _nb(*cells):
-    return {"cells": [{"cell_type": "code", "source": src, "metadata": {}, "outputs": outs} for src, outs in cells]}
+    """Code cells (source, outputs); a source that starts with "checked:" is tagged nbval-check-output."""
+    def cell(src, outs):
+        tagged = src.startswith("checked:")
+        return {"cell_type": "code", "source": src.removeprefix("checked:"),
+                "metadata": {"tags": [build.CHECK_TAG]} if tagged else {}, "outputs": outs}
+    return {"cells": [cell(src, outs) for src, outs in cells]}
 
 
 def _out(text, name="stdout"):
@@ -56,9 +61,9 @@ def _out(text, name="stdout"):
 
 
 def test_compare_checked_finds_a_changed_value_and_ignores_unmarked_cells():
-    stored = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 0]\n")]), ("print(t)", [_out("3.1 s\n")]))
-    same = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok ", ), _out("[0, 0]  \n")]), ("print(t)", [_out("9.9 s\n")]))
-    other = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 1]\n")]), ("print(t)", [_out("3.1 s\n")]))
+    stored = _nb(("checked:print(x)", [_out("ok [0, 0]\n")]), ("print(t)", [_out("3.1 s\n")]))
+    same = _nb(("checked:print(x)", [_out("ok ", ), _out("[0, 0]  \n")]), ("print(t)", [_out("9.9 s\n")]))
+    other = _nb(("checked:print(x)", [_out("ok [0, 1]\n")]), ("print(t)", [_out("3.1 s\n")]))
     assert build.compare_checked(stored, same) == []          # streams joined, trailing spaces ignored
     (bad,) = build.compare_checked(stored, other)
     assert bad.index == 0 and bad.source == "print(x)"
@@ -72,13 +77,26 @@ def test_compare_checked_finds_a_changed_value_and_ignores_unmarked_cells():
     [{"output_type": "error", "ename": "ValueError", "evalue": "", "traceback": []}],
 ])
 def test_compare_checked_rejects_near_misses(executed):
-    stored = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok [0, 0]\n")]))
-    assert build.compare_checked(stored, _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", executed)))
+    stored = _nb(("checked:print(x)", [_out("ok [0, 0]\n")]))
+    assert build.compare_checked(stored, _nb(("checked:print(x)", executed)))
 
 
 def test_compare_checked_counts_the_marked_cells():
-    stored = _nb(("# NBVAL_CHECK_OUTPUT\n1", [_out("1")]))
+    stored = _nb(("checked:1", [_out("1")]))
     assert build.compare_checked(stored, _nb(("2", [_out("1")])))
+
+
+def test_checked_cells_are_selected_by_the_tag_not_by_a_comment():
+    """nbval's cell tag selects a cell; the old comment in the source no longer does (the learner's code
+    carries no test marker), and a markdown cell or papermill's injected parameters are never compared."""
+    tagged = _nb(("checked:print(x)", [_out("ok\n")]))
+    commented = _nb(("# NBVAL_CHECK_OUTPUT\nprint(x)", [_out("ok\n")]))
+    assert [build.is_checked(c) for c in tagged["cells"] + commented["cells"]] == [True, False]
+    assert build.compare_checked(tagged, commented)                  # one checked cell against none
+    injected = {"cell_type": "code", "source": "x = 1", "outputs": [],
+                "metadata": {"tags": ["injected-parameters", build.CHECK_TAG]}}
+    markdown = {"cell_type": "markdown", "source": "x", "metadata": {"tags": [build.CHECK_TAG]}}
+    assert build._checked_cells({"cells": [injected, markdown]}) == []
 
 
 # --- one commit --------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
 
 Each notebook (notebooks/NN_*.ipynb, found by glob) runs once under papermill with its runs in a
 folder of its own (build/runs/NN_name/, given to the kernel as DDPLAB_RUNS_DIR); its seconds are
-printed as it finishes, and the cells marked NBVAL_CHECK_OUTPUT are compared with the stored
-notebook. The summary table (lab, variant, expected, status, signature, where it was run) is then
+printed as it finishes, and the cells tagged ``nbval-check-output`` (nbval's own cell tag, kept in the
+cell's metadata so the learner never sees it) are compared with the stored notebook. The summary table (lab, variant, expected, status, signature, where it was run) is then
 built from the result.json files those runs saved. A catalog variant that no notebook ran, or
 that no notebook ran with the outcome the catalog expects (a notebook may turn a knob on purpose),
 is run once more here with the lab's defaults (build/runs/_build/), so every variant is in the
@@ -39,7 +39,9 @@ from ddplab.origins.launch import run
 from ddplab.result import RunResult
 
 NOTEBOOK_DIR = catalog.REPO_DIR / "notebooks"
-CHECK_MARK = "NBVAL_CHECK_OUTPUT"
+# nbval's cell tag for "compare this cell's output" (nbval/plugin.py's metadata_tags: NBVAL_CHECK_OUTPUT
+# lower-cased, dashes for underscores). A tag, not the comment: the learner's code stays free of test markers.
+CHECK_TAG = "nbval-check-output"
 
 
 # --- the notebooks ----------------------------------------------------------------------------
@@ -91,9 +93,14 @@ def execute_notebook(nb: Path, out: Path, parameters: dict | None = None, runs_d
                             extra_arguments=["--IPKernelApp.log_level=ERROR"])
 
 
-# --- the marked cells: compared with the stored notebook ----------------------------------------
+# --- the checked cells (tagged nbval-check-output): compared with the stored notebook ----------------------------------------
+def is_checked(cell: dict) -> bool:
+    """A code cell whose outputs are compared with the stored notebook: tagged ``nbval-check-output``."""
+    return cell.get("cell_type") == "code" and CHECK_TAG in (cell.get("metadata") or {}).get("tags", [])
+
+
 def _checked_cells(nb: dict) -> list[dict]:
-    return [c for c in nb["cells"] if c["cell_type"] == "code" and CHECK_MARK in "".join(c["source"])
+    return [c for c in nb["cells"] if is_checked(c)
             and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
 
 
@@ -126,8 +133,8 @@ def comparable_outputs(cell: dict) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Mismatch:
-    index: int          # the marked cell's position among the marked cells
-    source: str         # its first line that is not the marker
+    index: int          # the checked cell's position among the checked cells
+    source: str         # its first line that is not blank
     stored: list
     executed: list
 
@@ -136,15 +143,15 @@ class Mismatch:
 
 
 def compare_checked(stored: dict, executed: dict) -> list[Mismatch]:
-    """The marked cells whose outputs differ between the stored notebook and this execution."""
+    """The checked cells whose outputs differ between the stored notebook and this execution."""
     a, b = _checked_cells(stored), _checked_cells(executed)
     if len(a) != len(b):
-        return [Mismatch(-1, f"{len(a)} marked cells stored, {len(b)} executed", [], [])]
+        return [Mismatch(-1, f"{len(a)} checked cells stored, {len(b)} executed", [], [])]
     bad = []
     for i, (x, y) in enumerate(zip(a, b)):
         ox, oy = comparable_outputs(x), comparable_outputs(y)
         if ox != oy:
-            first = next((l for l in _text(x["source"]).splitlines() if CHECK_MARK not in l and l.strip()), "")
+            first = next((l for l in _text(x["source"]).splitlines() if l.strip()), "")
             bad.append(Mismatch(i, first[:80], ox, oy))
     return bad
 
@@ -324,7 +331,7 @@ def shown_by_stored(chosen: list[Path]) -> list[tuple[str, str]] | None:
 
 def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["NotebookRun", list[dict]]:
     """Execute one notebook into out/notebooks/ with its runs under out/runs/<notebook>/, compare its
-    marked cells, record metadata.ddplab; its NotebookRun and the results its runs saved. A notebook
+    checked cells, record metadata.ddplab; its NotebookRun and the results its runs saved. A notebook
     whose lab this machine cannot run (``requirement``) is not executed: its run says what is missing."""
     import nbformat
 
