@@ -65,6 +65,7 @@ class Executed:
         command lines (so ``max_k=8`` given matches the default 8 not given), the same ranks,
         --check, and stall window (the lab's own unless given)."""
         from ddplab.course import contract
+        from ddplab.defaults import Status
         from ddplab.origins import catalog
         from ddplab.rank import lab_args
         lab = catalog.find_lab(self.path.name[:2])
@@ -76,6 +77,8 @@ class Executed:
         stall_s = lab.stall_s if stall_s is None else stall_s
         for r in self.runs():
             if r.variant != variant or r.nproc != nproc or (r.check is not None) != check or r.stall_s != stall_s:
+                continue
+            if r.status == Status.INTERRUPTED:      # ended by the notebook on purpose (lab 11 stops one mid-wait)
                 continue
             script = next((i for i, w in enumerate(r.command) if w.endswith(".py") and Path(w).name == lab.path.name),
                           None)

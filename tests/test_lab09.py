@@ -58,7 +58,7 @@ def test_step_times_are_every_timed_step_of_the_slowest_rank(runs):
     by_hook = {h: [x["all_ms"] for x in r.records_of("steps") if x["hook"] == h] for h in ("none", "fp16")}
     assert {x["hook"] for x in r.records_of("steps")} == {"none", "fp16"}
     for hook, rows in by_hook.items():
-        assert len(rows) == 2 and all(len(x) == 2 for x in rows)      # steps=2 on each of the 2 ranks
+        assert len(rows) == 2 and all(len(x) == STEPS for x in rows)      # every timed step on each of the 2 ranks
         assert lab09.step_times(r, hook) == [max(a, b) for a, b in zip(*rows)]
     assert lab09.step_times(r) == lab09.step_times(r, "none")          # the run's own model: plain
     assert lab09.step_facts(r, "fp16")["hook"] == "fp16" and lab09.step_facts(r)["hook"] == "none"
