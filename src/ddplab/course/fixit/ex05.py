@@ -50,9 +50,11 @@ if os.environ["RANK"] == "0":                             # the other job on thi
         other_job = socket.create_server(("127.0.0.1", 29500))
 '''
 
-REFERENCE = BROKEN.replace(_INIT, "# FIX: join the store torchrun runs for this job, at the address and free port it gave "
-                                  "every rank\n# (MASTER_ADDR, MASTER_PORT)\n"
-                                  'dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)\n')
+REFERENCE = BROKEN.replace(_INIT, """\
+# FIX: join the store torchrun runs for this job, at the address and free port it gave every rank
+# (MASTER_ADDR, MASTER_PORT)
+dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+""")
 
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:

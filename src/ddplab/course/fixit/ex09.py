@@ -47,7 +47,8 @@ lab.record("final", params=[p.detach().flatten().tolist() for p in model.paramet
 lab.teardown()
 '''
 
-_IFNAME = 'os.environ["GLOO_SOCKET_IFNAME"] = "ib0"                  # from the cluster\'s job script: the fast network\n'
+_IFNAME = ('os.environ["GLOO_SOCKET_IFNAME"] = "ib0"                  '
+           "# from the cluster's job script: the fast network\n")
 
 REFERENCE = BROKEN.replace(_IFNAME, '''\
 # FIX: an interface THIS machine has, on the network its ranks share: here every rank is on this machine,
@@ -125,7 +126,8 @@ EXERCISE = Exercise(
             "with 'Unable to find address for: <ip>')"),
         WrongFix(
             "nccl-ifname",
-            (Edit(_IFNAME, _IFNAME + 'os.environ["NCCL_SOCKET_IFNAME"] = "lo"                  # the network to use\n'),),
+            (Edit(_IFNAME, _IFNAME + 'os.environ["NCCL_SOCKET_IFNAME"] = "lo"                  '
+                                     "# the network to use\n"),),
             lambda a: not a.ok and bool(env_values(a.tree, "NCCL_SOCKET_IFNAME"))
             and bool(env_values(a.tree, "GLOO_SOCKET_IFNAME")),
             "NCCL_SOCKET_IFNAME is read by NCCL only; this job runs on gloo, which reads GLOO_SOCKET_IFNAME, still "

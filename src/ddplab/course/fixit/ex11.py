@@ -162,5 +162,6 @@ EXERCISE = Exercise(
             "https://github.com/huggingface/accelerate/issues/113 (the scaler did not know the optimizer was "
             "unscaled: 'the gradient get unscaled again')"),
     ),
-    sources=("https://github.com/harubaru/waifu-diffusion/issues/64", "https://github.com/pytorch/examples/issues/1196"),
+    sources=("https://github.com/harubaru/waifu-diffusion/issues/64",
+             "https://github.com/pytorch/examples/issues/1196"),
 )
