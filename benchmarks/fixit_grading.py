@@ -1,9 +1,9 @@
 """Fix-it grading: how long from start to verdict for a hung attempt, against the stall window plus start-up?
 
-    python benchmarks/fixit_grading.py [--rounds 2]
+    python benchmarks/fixit_grading.py [--rounds 2] [--only 02,05]
 
-For every exercise, each attempt that hangs (its broken script, or a known wrong fix, when the run is
-judged hung) is graded for real, ``rounds`` times, and timed from the grade() call to the Grade
+For every exercise whose failure is a hang, each attempt that hangs (its broken script, or a known wrong
+fix, when the run is judged hung) is graded for real, ``rounds`` times, and timed from the grade() call to the Grade
 (the whole grader: the script written, torchrun started, the stall rule, the evidence read, the job
 ended, the grade made). Start-up is measured in the same rounds, the same way (``run_source`` with the
 exercise's ranks and ``--check``), on a script that joins the process group and leaves at once. The
@@ -14,6 +14,8 @@ numbers to read:
 what the stall rule's confirmation, the evidence and the ending of the job cost beyond the window itself
 (it also holds the hung script's own work before it stalls), and ``after last progress`` = the run's
 ``wall_s - stall.since_s`` (as benchmarks/verdict_latency.py): the window plus the verdict's own cost.
+For an exercise whose broken script fails or ends ok, its broken script is graded the same way and
+listed apart (verdict against start-up: what the run's own work and the grader's evidence cost).
 Every number is from this one execution on this machine; nothing here is a test.
 """
 from __future__ import annotations
@@ -50,16 +52,36 @@ def timed(exercise_id: str, source: str):
     return time.monotonic() - t0, g
 
 
+def not_hung(ex, rounds: int) -> dict:
+    """The broken script of an exercise that does not hang, graded ``rounds`` times, with start-up."""
+    verdicts, ref, outcome = [], [], ""
+    for _ in range(rounds):
+        t, g = timed(ex.id, ex.broken)
+        outcome = f"{g.result.status}/{g.outcome}"
+        verdicts.append(t)
+        ref.append(startup(ex.nproc))
+    row = {"exercise": ex.id, "outcome": outcome, "verdict_s": statistics.median(verdicts),
+           "startup_s": statistics.median(ref), "n": rounds}
+    print(f"{ex.id} broken {outcome}: verdict {row['verdict_s']:5.1f} s; start-up {row['startup_s']:4.1f} s "
+          f"({rounds} rounds)", flush=True)
+    return row
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2, help="gradings of each attempt (default 2)")
+    p.add_argument("--only", default="", help="comma-separated exercise ids (default: all)")
     a = p.parse_args()
+    only = {i.strip() for i in a.only.split(",") if i.strip()}
     os.environ.setdefault("DDPLAB_RUNS_DIR", tempfile.mkdtemp(prefix="ddplab-fixit-bench-"))
     from ddplab.course import fixit
-    rows = []
+    rows, others = [], []
     for ex in fixit.exercises():
+        if only and ex.id not in only:
+            continue
         if not ex.failure.startswith("hang"):
-            continue        # its broken script fails or ends ok: nothing of it hangs
+            others.append(not_hung(ex, a.rounds))     # its broken script fails or ends ok: nothing of it hangs
+            continue
         attempts = [("broken", ex.broken)] + [(w.key, w.write(ex.broken)) for w in ex.wrong_fixes]
         for key, source in attempts:
             hung, ref = [], []
@@ -87,6 +109,12 @@ def main() -> int:
     for r in rows:
         print(f"{r['exercise']:>3} {r['attempt']:<16} {r['verdict_s']:10.1f} {r['stall_s'] + r['startup_s']:15.1f} "
               f"{r['verdict_s'] / (r['stall_s'] + r['startup_s']):6.2f}")
+    if others:
+        print()
+        print(f"{'ex':>3} {'broken script':<16} {'verdict s':>10} {'start-up s':>11} {'ratio':>6}")
+        for r in others:
+            print(f"{r['exercise']:>3} {r['outcome']:<16} {r['verdict_s']:10.1f} {r['startup_s']:11.1f} "
+                  f"{r['verdict_s'] / r['startup_s']:6.2f}")
     print(f"cores: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -7,7 +7,7 @@ from ddplab.course.fixit.exercise import Exercise
 from ddplab.errors import DdplabError
 
 # One module per exercise, in lab order.
-MODULES = ("ex01", "ex03", "ex04", "ex06", "ex08", "ex10", "ex12")
+MODULES = ("ex01", "ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "ex12")
 
 
 def exercises() -> tuple[Exercise, ...]:
