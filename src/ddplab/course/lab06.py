@@ -310,6 +310,57 @@ def backend_report(r) -> dict:
             "error": f"{r.cause.type}: {r.cause.message}" if r.cause else None, "in_init": _failed_in_init(r)}
 
 
+def rank_report(r) -> dict:
+    """duplicate-rank / rank-outside-world / rank-from-env: the rank each process (torchrun's rank) asked
+    init_process_group for, how the run ended, and whether the all-reduce of the ranks summed as a
+    world of 0..N-1 must."""
+    sums = r.records_of("ranks_sum")
+    return {"status": r.status, "signature": r.signature,
+            "asked": {a["rank"]: a["asked_rank"] for a in r.records_of("asked")},
+            "sum_right": bool(sums) and all(s["sum"] == s["expected"] for s in sums)}
+
+
+def fd_report(r) -> dict:
+    """fd-limit / fd-limit-raised: the master's (rank 0's) descriptors open before init_process_group, the
+    soft limit it ran with, the hard limit, and how many it had open after init and one all-reduce (None
+    where init failed)."""
+    lim = (r.records_of("fd_limit") or [{}])[0]
+    used = (r.records_of("fd_used") or [{}])[0].get("open_after")
+    return {"status": r.status, "signature": r.signature, "open_before": lim.get("open_before"),
+            "limit": lim.get("soft"), "hard": lim.get("hard"), "headroom": lim.get("headroom"), "used": used}
+
+
+def plot_fixes(pairs: Sequence[tuple]):
+    """Each init failure against its fix: how many ranks completed a collective in each run (from the
+    ranks' ledgers; ddplab.views.plots.fix_pairs). ``pairs``: (broken run, fixed run) tuples."""
+    from ddplab.views import plots
+
+    return plots.fix_pairs(pairs, title="Ranks that formed a working group: each init failure against its fix")
+
+
+def plot_descriptors(broken, fixed):
+    """fd-limit against fd-limit-raised, on the master: descriptors open before init_process_group, the soft
+    limit the broken run had, and what the fixed run had open after init and one all-reduce (measured)."""
+    import matplotlib.pyplot as plt
+
+    b, f = fd_report(broken), fd_report(fixed)
+    labels = ["open before init (fd-limit)", "soft limit (fd-limit)", "open after init (fd-limit-raised)"]
+    values = [b["open_before"], b["limit"], f["used"]]
+    fig, ax = plt.subplots(figsize=(7.5, 2.4))
+    colours = ["#8c959f", "#cf222e", "#2da44e"]
+    for i, (v, c) in enumerate(zip(values, colours)):
+        ax.barh(i, v or 0, color=c)
+        ax.text(v or 0, i, f"  {v}" if v is not None else "  not measured", va="center", fontsize=8)
+    ax.set_yticks(range(3), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(v or 0 for v in values) * 1.25 + 1)
+    ax.set_xlabel("file descriptors of the master (rank 0)")
+    ax.set_title(f"The master's store needs more descriptors than the limit left ({b['status']} vs {f['status']})",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
     Keys read: "missing-rank", "unreachable-master", "article-sleep" (runs of those variants),

@@ -45,3 +45,82 @@ def run_outcomes(results, title: str = "Outcome of each run"):
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def completed_collectives(result) -> dict[int, list[float]]:
+    """{rank: seconds, since the run's first collective, at which each of its completed collectives was
+    issued}, from each rank's flight-recorder ledger (the last snapshot: a long run keeps its newest
+    entries). A rank that completed none has an empty list."""
+    starts = [c.created_ns for k in result.ranks for c in k.ledger if c.created_ns]
+    t0 = min(starts) if starts else 0
+    return {k.rank: sorted((c.created_ns - t0) / 1e9 for c in k.ledger if c.completed and c.created_ns)
+            for k in result.ranks}
+
+
+def ranks_in_group(result) -> int:
+    """How many ranks completed at least one collective: the process group formed and worked on them."""
+    return sum(1 for xs in completed_collectives(result).values() if xs)
+
+
+def progress(results, title: str = "Collectives each rank completed, broken against fixed"):
+    """One panel per run (broken first, then its fix): each rank's count of completed collectives against
+    seconds since the run's first collective, from the ranks' own ledgers. A hung run's line stops where
+    the ranks stopped; its stall window is shaded. Nothing here is drawn by hand: a run whose ranks
+    completed no collective says so."""
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results) + 0.6, 3.6), sharey=True, squeeze=False)
+    top = max([len(xs) for r in results for xs in completed_collectives(r).values()] + [1])
+    for ax, r in zip(axes[0], results):
+        done = completed_collectives(r)
+        last = 0.0
+        for rank, xs in sorted(done.items()):
+            if xs:
+                ax.step([0.0, *xs], [0, *range(1, len(xs) + 1)], where="post", lw=1.8, label=f"rank {rank}")
+                last = max(last, xs[-1])
+        if not any(done.values()):
+            ax.text(0.5, 0.5, "no rank completed\na collective", transform=ax.transAxes, ha="center", va="center",
+                    color=STATUS_COLOURS.get(r.status, "#57606a"))
+        if r.stall is not None:
+            ax.axvspan(last, last + r.stall.idle_s, color=STATUS_COLOURS["hung"], alpha=0.15,
+                       label=f"no progress {r.stall.idle_s:.1f} s")
+            ax.set_xlim(left=0, right=last + r.stall.idle_s * 1.05)
+        name = r.variant or r.target
+        sig = f"\n[{r.signature}]" if r.signature else ""
+        ax.set_title(f"{name}: {r.status}{sig}", fontsize=9, color=STATUS_COLOURS.get(r.status, "#24292f"))
+        ax.set_xlabel("seconds since the first collective")
+        ax.grid(color="#eaeef2")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("collectives completed")
+    axes[0][0].set_ylim(0, top * 1.15)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def fix_pairs(pairs, title: str = "Ranks that formed a working group, each failure against its fix"):
+    """One row per run, each broken run above its fix: how many of its ranks completed a collective
+    (ranks_in_group, from the ledgers), coloured by how the run ended, with its signature beside it.
+    ``pairs``: (broken RunResult, fixed RunResult) tuples."""
+    rows = [r for pair in pairs for r in pair]
+    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.42 * len(rows)))
+    y = 0.0
+    ticks, labels = [], []
+    for broken, fixed in pairs:
+        for r in (broken, fixed):
+            n = ranks_in_group(r)
+            ax.barh(y, n, color=STATUS_COLOURS.get(r.status, "#8c959f"), height=0.7)
+            ax.text(n, y, f"  {n} of {r.nproc}: {r.status}" + (f" [{r.signature}]" if r.signature else ""),
+                    va="center", fontsize=8)
+            ticks.append(y)
+            labels.append(r.variant or r.target)
+            y += 1
+        y += 0.5
+    ax.set_yticks(ticks, labels)
+    ax.invert_yaxis()
+    most = max(r.nproc for r in rows)
+    ax.set_xlim(0, most * 2.6)
+    ax.set_xticks(range(most + 1))
+    ax.set_xlabel("ranks that completed a collective (from each rank's flight-recorder ledger)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
