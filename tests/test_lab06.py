@@ -309,10 +309,11 @@ def test_fix_figures_are_made_from_the_runs(jobs):
     from ddplab.views import plots
     run = lambda v: jobs[f"variant:{v}"].result()
     pairs = [(run("duplicate-rank"), run("rank-from-env")), (run("rank-outside-world"), run("rank-from-env")),
-             (run("fd-limit"), run("fd-limit-raised")), (run("missing-rank"), run("fixed"))]
+             (run("fd-limit"), run("fd-limit-raised")), (run("missing-rank"), run("fixed")),
+             (run("wrong-backend"), run("fixed-backend"))]
     fig = lab06.plot_fixes(pairs)
     widths = [p.get_width() for p in fig.axes[0].patches]
-    assert widths == [plots.ranks_in_group(r) for pair in pairs for r in pair] == [0, 2] * 4
+    assert widths == [plots.ranks_in_group(r) for pair in pairs for r in pair] == [0, 2] * 5
     fig = lab06.plot_descriptors(run("fd-limit"), run("fd-limit-raised"))
     b, f = lab06.fd_report(run("fd-limit")), lab06.fd_report(run("fd-limit-raised"))
     assert [p.get_width() for p in fig.axes[0].patches] == [b["open_before"], b["limit"], f["used"]]

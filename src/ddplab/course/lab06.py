@@ -355,7 +355,7 @@ def plot_descriptors(broken, fixed):
     ax.invert_yaxis()
     ax.set_xlim(0, max(v or 0 for v in values) * 1.25 + 1)
     ax.set_xlabel("file descriptors of the master (rank 0)")
-    ax.set_title(f"The master's store needs more descriptors than the limit left ({b['status']} vs {f['status']})",
+    ax.set_title(f"The master's descriptors: fd-limit ended {b['status']}, fd-limit-raised {f['status']}",
                  fontsize=10)
     fig.tight_layout()
     return fig

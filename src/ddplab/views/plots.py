@@ -5,6 +5,7 @@ quoted default, a model's prediction) is drawn hatched and says so in its label.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -17,17 +18,18 @@ STATUS_COLOURS = {"ok": "#2da44e", "failed": "#cf222e", "hung": "#bf8700", "inte
 def time_to_answer(labels: Sequence[str], seconds: Sequence[float], measured: Sequence[bool],
                    title: str = "Seconds until the learner knows what happened", log: bool = True):
     """Horizontal bars, one per way of finding out; unmeasured (quoted) values are hatched."""
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(labels)))
+    # labels wrapped, and a height per bar that fits two lines: long labels no longer squash the axes
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.75 * len(labels)))
     for i, (lab, s, m) in enumerate(zip(labels, seconds, measured)):
         ax.barh(i, s, color="#0969da" if m else "white", edgecolor="#0969da", hatch=None if m else "//")
         ax.text(s, i, f"  {s:,.1f} s" + ("" if m else " (quoted, not run)"), va="center")
-    ax.set_yticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), [textwrap.fill(lab, 34) for lab in labels])
     ax.invert_yaxis()
     if log:
         ax.set_xscale("log")
     ax.set_xlabel("seconds (log scale)" if log else "seconds")
     ax.set_title(title)
-    ax.set_xlim(right=max(seconds) * (8 if log else 1.4))
+    ax.set_xlim(right=max(seconds) * (60 if log else 1.6))   # room for the longest bar's label
     fig.tight_layout()
     return fig
 
