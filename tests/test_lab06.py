@@ -246,7 +246,8 @@ def test_claim_check_is_computed_from_the_runs(jobs):
         "missing-rank": jobs["variant:missing-rank"].result(), "timeout-sweep": jobs["sweep"].result(),
         "unreachable-master": unreachable, "silent-master": master, "article-sleep": jobs["variant:article-sleep"].result(),
         "env-mismatch": {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()},
-        "wrong-backend": jobs["variant:wrong-backend"].result(), "fixed-backend": jobs["variant:fixed-backend"].result()}),
+        "wrong-backend": jobs["variant:wrong-backend"].result(), "fixed-backend": jobs["variant:fixed-backend"].result(),
+        "fd-limit": jobs["variant:fd-limit"].result(), "fd-limit-raised": jobs["variant:fd-limit-raised"].result()}),
         others={})
     v = cc.verdicts()
     states = lambda key: {k: p.state for k, p in cc.row(key).parts.items()}
@@ -271,6 +272,9 @@ def test_claim_check_is_computed_from_the_runs(jobs):
                                        "world_size_mismatch_fails": "holds", "gloo_single_machine_multi_gpu": "not measured",
                                        "nccl_multi_node": "not measured"}
     assert v["wrong-backend"] == "partly"
+    # the master's open-files limit stopped init, raised it initialized; memory and CPU were not limited
+    assert states("resource-limits-init") == {"fd_limit_stops_init": "holds", "raised_limit_initializes": "holds",
+                                              "memory_or_cpu": "not measured"}
 
 
 @pytest.mark.multiprocess

@@ -365,7 +365,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
     Keys read: "missing-rank", "unreachable-master", "article-sleep" (runs of those variants),
     "timeout-sweep" (timeout_sweep()'s Sweep), "silent-master" (run_unreachable()'s SilentMaster),
-    "env-mismatch": {"port": run, "world-size": run} of env-mismatch, "wrong-backend" and "fixed-backend"."""
+    "env-mismatch": {"port": run, "world-size": run} of env-mismatch, "wrong-backend", "fixed-backend",
+    "fd-limit" and "fd-limit-raised"."""
     missing, unreachable, article = runs["missing-rank"], runs["unreachable-master"], runs["article-sleep"]
     sweep: Sweep = runs["timeout-sweep"]
     master: SilentMaster = runs["silent-master"]
@@ -388,6 +389,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
     world_size_fails = mm.get("world-size", (None, None, False))[2]   # lab 06's part of two claims
     wrong, right = backend_report(runs["wrong-backend"]), backend_report(runs["fixed-backend"])
+    fd_low, fd_raised = fd_report(runs["fd-limit"]), fd_report(runs["fd-limit-raised"])
+    fd_in_init = _failed_in_init(runs["fd-limit"]) and fd_low["signature"] == "fd-limit"
     return claims.Inputs(LAB, {
         "timeout-at-these-steps": claims.evidence(
             "failed inside init_process_group: " + ", ".join(f"{name} [{r.signature}]: {_failed_in_init(r)}"
@@ -425,6 +428,12 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
                                                                                       "no-backend-for-device"),
             right_backend_runs=right["status"] == "ok",
             world_size_mismatch_fails=world_size_fails),
+        "resource-limits-init": claims.evidence(
+            f"the master with {fd_low['open_before']} descriptors open and a soft limit of {fd_low['limit']}: "
+            f"{fd_low['status']} [{fd_low['signature']}] in init_process_group: {fd_in_init}; the same limit raised to "
+            f"the hard one ({fd_raised['limit']}): {fd_raised['status']}, {fd_raised['used']} descriptors open after "
+            f"init and one all-reduce",
+            fd_limit_stops_init=fd_in_init, raised_limit_initializes=fd_raised["status"] == "ok"),
         "slow-network-default": claims.evidence(
             f"a rank arriving late stood in for a slow network: init answered after at most "
             f"{max((p['seconds'] for p in oks), default=float('nan')):.2f} s whenever the timeout exceeded the delay "
