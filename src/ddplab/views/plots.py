@@ -10,7 +10,14 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 
-from ddplab.views.timeline import figure as timeline   # noqa: F401  (a run's collectives on a timeline: ddplab.views.plots.timeline(result))
+from ddplab.views import timeline as _timeline
+
+def timeline(result, by: str = "auto", width: float = 9.0):
+    """A run's collectives on a timeline (ddplab.views.timeline.figure), drawn into a pyplot figure: a
+    notebook shows it at the end of the cell like every other figure here (the Agg-only figure that
+    timeline.save writes was never shown: notebook 01 promised "the hang as a picture" and showed none)."""
+    return _timeline.figure(result, by=by, width=width, fig=plt.figure())
+
 
 STATUS_COLOURS = {"ok": "#2da44e", "failed": "#cf222e", "hung": "#bf8700", "interrupted": "#8c959f"}
 

@@ -1,0 +1,53 @@
+"""Figures made from real runs (ddplab.views.plots): each test checks that what a figure draws is the
+runs' own numbers (each rank's ledger, its status), not that its pixels look a certain way."""
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ddplab.views import plots  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def lab01_runs(tmp_path_factory):
+    """Lab 01's deadlock and its fix (DistributedSampler), one real 2-rank run each."""
+    import ddplab
+    from conftest import assert_nothing_left
+
+    root = tmp_path_factory.mktemp("plots")
+    runs = [ddplab.run("01", variant=v, run_root=root / v) for v in ("broken", "fixed-sampler")]
+    assert all(r.leftover == () for r in runs)
+    assert_nothing_left(str(root))
+    return runs
+
+
+@pytest.mark.timeout(180)
+def test_timeline_is_a_figure_the_notebook_shows_and_marks_every_collective(lab01_runs):
+    broken, _ = lab01_runs
+    fig = plots.timeline(broken)
+    # pyplot holds it, so the notebook's inline backend shows it at the end of the cell (notebook 01, cell 11)
+    assert fig.number in plt.get_fignums()
+    marks = sum(len(line.get_xdata()) for line in fig.axes[0].get_lines() if line.get_linestyle() == "None"
+                and line.get_marker() in ("o", "X") and line.get_markersize() in (6, 11))
+    assert marks == sum(1 for k in broken.ranks for c in k.ledger if c.created_ns)
+    plt.close(fig)
+
+
+@pytest.mark.timeout(180)
+def test_progress_draws_each_ranks_completed_collectives_broken_against_fixed(lab01_runs):
+    broken, fixed = lab01_runs
+    fig = plots.progress([broken, fixed])
+    for ax, r in zip(fig.axes, (broken, fixed)):
+        done = plots.completed_collectives(r)
+        ends = sorted(int(line.get_ydata()[-1]) for line in ax.get_lines())
+        assert ends == sorted(len(xs) for xs in done.values() if xs)
+        assert r.status in ax.get_title()
+    # the measured difference: the deadlocked ranks stopped short of what the fixed ranks completed
+    b, f = plots.completed_collectives(broken), plots.completed_collectives(fixed)
+    assert broken.status == "hung" and fixed.status == "ok"
+    assert max(len(xs) for xs in b.values()) < min(len(xs) for xs in f.values())
+    assert fig.axes[0].patches, "the broken run's stall window is shaded"
+    plt.close(fig)
