@@ -430,8 +430,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             world_size_mismatch_fails=world_size_fails),
         "resource-limits-init": claims.evidence(
             f"the master with {fd_low['open_before']} descriptors open and a soft limit of {fd_low['limit']}: "
-            f"{fd_low['status']} [{fd_low['signature']}] in init_process_group: {fd_in_init}; the same limit raised to "
-            f"the hard one ({fd_raised['limit']}): {fd_raised['status']}, {fd_raised['used']} descriptors open after "
+            f"{fd_low['status']} [{fd_low['signature']}] in init_process_group: {fd_in_init}; the same limit "
+            f"raised to the hard one ({fd_raised['limit']}): {fd_raised['status']}, {fd_raised['used']} descriptors open after "
             f"init and one all-reduce",
             fd_limit_stops_init=fd_in_init, raised_limit_initializes=fd_raised["status"] == "ok"),
         "slow-network-default": claims.evidence(
