@@ -51,3 +51,20 @@ def test_progress_draws_each_ranks_completed_collectives_broken_against_fixed(la
     assert max(len(xs) for xs in b.values()) < min(len(xs) for xs in f.values())
     assert fig.axes[0].patches, "the broken run's stall window is shaded"
     plt.close(fig)
+
+
+@pytest.mark.timeout(300)
+def test_lab12_figure_shows_each_runs_curves_and_what_check_found(tmp_path):
+    """Lab 12's figure: the top panel's lines are the ranks' own validation records, the bottom panel's
+    bars what --check counted for the pair's finding: the broken run's harm against the fix's none."""
+    from ddplab.course import lab12
+
+    runs = {v: lab12.run_variant(v, run_root=tmp_path / v) for v in ("bn-unsynced", "bn-unsynced-fixed")}
+    fig = lab12.plot(runs)
+    top, bottom = fig.axes[0], fig.axes[1]
+    lines = [list(line.get_ydata()) for line in top.get_lines()]
+    assert lines == [[p["val_loss"] for p in c] for v in runs for c in lab12.curves(runs[v]).values()]
+    heights = [p.get_height() for p in bottom.patches]
+    assert heights == [lab12.harm(runs[v], "buffers-differ") for v in runs]
+    assert heights[0] > 0 and heights[1] == 0
+    plt.close(fig)
