@@ -68,3 +68,37 @@ def test_lab12_figure_shows_each_runs_curves_and_what_check_found(tmp_path):
     assert heights == [lab12.harm(runs[v], "buffers-differ") for v in runs]
     assert heights[0] > 0 and heights[1] == 0
     plt.close(fig)
+
+
+@pytest.mark.timeout(300)
+def test_lab04_replica_lengths_are_the_runs_records(tmp_path):
+    """Lab 04's DataParallel figure: every bar is a length the runs recorded, the failing step is marked,
+    and the legend sits under the panels (it covered step 0's bars)."""
+    from ddplab.course import lab04
+
+    broken, fixed = (lab04.run_variant(v, run_root=tmp_path / v) for v in ("dp-broken", "dp-fixed"))
+    fig = lab04.plot_dp(broken, fixed)
+    for ax, r in zip(fig.axes, (broken, fixed)):
+        s = lab04.dp_summary(r)
+        want = sorted(x for st in s["steps"] for x in [st["padded_len"], *(st["replica_out_lengths"] or [])])
+        assert sorted(p.get_height() for p in ax.patches) == want
+        marked = [t.get_text() for t in ax.texts if t.get_text() == "gather fails"]
+        assert len(marked) == (s["failed_at_step"] is not None)
+        assert ax.get_legend() is None
+    assert s["failed_at_step"] is None and lab04.dp_summary(broken)["failed_at_step"] is not None
+    assert fig.legends
+    plt.close(fig)
+
+
+@pytest.mark.timeout(300)
+def test_lab11_loader_bars_are_the_ranks_records(tmp_path):
+    """Lab 11's slow-loader figure: each rank's bars are its own seconds waiting and computing."""
+    from ddplab.course import lab11
+
+    r = lab11.run_variant("slow-loader", run_root=tmp_path)
+    fig = lab11.plot_loader(r)
+    rows = lab11.loader(r)
+    widths = [round(p.get_width(), 9) for p in fig.axes[0].patches]
+    assert widths == [round(x, 9) for k in (0, 1) for x in (rows[k]["data_wait_s"], rows[k]["compute_s"])]
+    assert fig.axes[0].get_legend() is None and fig.legends   # under the axes, off rank 1's bar
+    plt.close(fig)
