@@ -321,3 +321,16 @@ def test_fix_figures_are_made_from_the_runs(jobs):
     fig = lab06.plot_descriptors(run("fd-limit"), run("fd-limit-raised"))
     b, f = lab06.fd_report(run("fd-limit")), lab06.fd_report(run("fd-limit-raised"))
     assert [p.get_width() for p in fig.axes[0].patches] == [b["open_before"], b["limit"], f["used"]]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_time_to_answer_bars_are_the_runs_seconds(jobs):
+    """The 'seconds until a missing rank is reported' figure: the measured bars are the ranks' own init
+    seconds (missing-rank) and the longest wait of article-sleep; the quoted one is 30 min + 60 s."""
+    missing, article = jobs["variant:missing-rank"].result(), jobs["variant:article-sleep"].result()
+    fig = lab06.time_to_answer(missing, article, 3.0)
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    clear = max(f["seconds"] for f in lab06.init_failures(missing) if f["seconds"] is not None)
+    assert widths == [clear, lab06.waited_without_answer(article), lab06.DEFAULT_PG_TIMEOUT_S + lab06.ARTICLE_SLEEP_S]
+    assert all("\n" in t.get_text() for t in fig.axes[0].get_yticklabels())   # wrapped: the axes keep their width
