@@ -102,3 +102,40 @@ def test_lab11_loader_bars_are_the_ranks_records(tmp_path):
     assert widths == [round(x, 9) for k in (0, 1) for x in (rows[k]["data_wait_s"], rows[k]["compute_s"])]
     assert fig.axes[0].get_legend() is None and fig.legends   # under the axes, off rank 1's bar
     plt.close(fig)
+
+
+@pytest.mark.timeout(300)
+def test_lab07_step_breakdown_is_the_grids_timings(tmp_path):
+    """Lab 07's breakdown: each bar segment is the summarized timing of its configuration; the legend is
+    under the axes, not on the longest bars."""
+    from ddplab.course import lab07
+
+    r = lab07.run_grid(widths=(256,), batches=(8, 64), nproc=2, steps=2, run_root=tmp_path)
+    rows = lab07.summarize(r)
+    fig = lab07.plot_breakdown(rows)
+    got = [round(p.get_width(), 6) for p in fig.axes[0].patches]
+    want = [round(x, 6) for row in rows for x in (max(0.0, row["compute_s"] - row["overlap_s"]) * 1e3,
+                                                  row["overlap_s"] * 1e3, row["exposed_s"] * 1e3)]
+    assert got == want and len(rows) == 2
+    assert fig.axes[0].get_legend() is None and fig.legends
+    plt.close(fig)
+
+
+@pytest.mark.timeout(300)
+def test_lab10_consequences_are_the_runs_measurements(tmp_path):
+    """Lab 10's four panels: the step times, the batchnorm errors and the replica differences are the
+    runs' own; the two legends sit above the tallest bars (headroom), not on them."""
+    from ddplab.course import lab10
+
+    rs = {v: lab10.run_variant(v, run_root=tmp_path / v) for v in ("unused-fixed", "batchnorm", "module-forward",
+                                                                    "rank-init")}
+    fig = lab10.plot_consequences(rs["unused-fixed"], rs["batchnorm"], rs["module-forward"], rs["rank-init"])
+    cost = lab10.unused_cost(rs["unused-fixed"])
+    assert [p.get_height() for p in fig.axes[0].patches] == [c["ms_per_step"] for c in cost.values()]
+    bn = lab10.bn_summary(rs["batchnorm"])
+    want = sorted(bn[m][k][rank] for k in ("mean_error", "var_error") for rank in (0, 1) for m in bn)
+    assert sorted(p.get_height() for p in fig.axes[1].patches) == want
+    for ax in (fig.axes[1], fig.axes[3]):
+        top = max(p.get_y() + p.get_height() for p in ax.patches)
+        assert ax.get_ylim()[1] > top * 1.4      # the legend's room above the data
+    plt.close(fig)
