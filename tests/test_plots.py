@@ -139,3 +139,21 @@ def test_lab10_consequences_are_the_runs_measurements(tmp_path):
         top = max(p.get_y() + p.get_height() for p in ax.patches)
         assert ax.get_ylim()[1] > top * 1.4      # the legend's room above the data
     plt.close(fig)
+
+
+@pytest.mark.timeout(400)
+def test_lab09_firewall_against_its_fix_is_the_ranks_ledgers(tmp_path):
+    """Notebook 09's fix figure: behind the firewall no rank completes a collective; with the subnet open
+    every rank completes its steps' collectives (each rank's own ledger)."""
+    from ddplab.course import lab09
+
+    if lab09.requirement():
+        pytest.skip(lab09.requirement())
+    firewall, fixed = (lab09.run_variant(v, steps=2, run_root=tmp_path / v) for v in ("firewall", "fixed-firewall"))
+    fig = plots.progress([firewall, fixed])
+    assert firewall.status == "hung" and fixed.status == "ok"
+    assert plots.ranks_in_group(firewall) == 0 and not fig.axes[0].get_lines()
+    assert plots.ranks_in_group(fixed) == fixed.nproc
+    ends = sorted(int(line.get_ydata()[-1]) for line in fig.axes[1].get_lines())
+    assert ends == sorted(len(xs) for xs in plots.completed_collectives(fixed).values())
+    plt.close(fig)
