@@ -28,6 +28,11 @@ Variants:
                       fires.
   timeout-sweep       late-rank once per --sweep-timeouts x --sweep-delays trial, in one job (ends
                       ok).
+  duplicate-rank      both processes ask for rank 0 (RANK=0 copied onto every launch line).
+  rank-outside-world  ranks counted from 1: the last asks for rank WORLD_SIZE, outside the world.
+  rank-from-env       the fix: each process asks for the RANK torchrun gave it.
+  fd-limit            the master's file-descriptor limit (ulimit -n) leaves its store no room.
+  fd-limit-raised     the fix: the master raises its soft limit to the hard limit first.
 
 On a real cluster the fix is torchrun's own rendezvous, with the join timeout and restarts set:
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $MASTER:29500 \
@@ -35,6 +40,7 @@ On a real cluster the fix is torchrun's own rendezvous, with the join timeout an
 """
 import datetime
 import os
+import resource
 import socket
 import threading
 import time
@@ -94,6 +100,30 @@ LAB = {
             "about": "late-rank once per (timeout, delay) trial in one job: each trial's outcome "
                      "is recorded, the job ends ok",
         },
+        "duplicate-rank": {
+            "expect": "hung", "signature": "rendezvous-ranks-conflict",
+            "about": "both processes ask init_process_group for rank 0: the rendezvous waits "
+                     "for a rank 1 that no process will be",
+        },
+        "rank-outside-world": {
+            "expect": "failed", "signature": "rank-outside-world",
+            "about": "ranks counted from 1: the last process asks for rank WORLD_SIZE, which is "
+                     "not in 0..WORLD_SIZE-1",
+        },
+        "rank-from-env": {
+            "expect": "ok", "signature": None,
+            "about": "each process asks for the RANK and WORLD_SIZE torchrun gave it",
+        },
+        "fd-limit": {
+            "expect": "failed", "signature": "fd-limit",
+            "about": "the master's soft limit on open files (ulimit -n) leaves its store no "
+                     "descriptor to start with",
+        },
+        "fd-limit-raised": {
+            "expect": "ok", "signature": None,
+            "about": "the same low limit, raised to the hard limit by the master before "
+                     "init_process_group",
+        },
     },
     "knobs": {
         "timeout_s": {
@@ -127,6 +157,11 @@ LAB = {
             "help": "timeout-sweep: rank 1's delays, e.g. 1,3 (each 0.3 s or more from every "
                     "timeout)",
         },
+        "fd_headroom": {
+            "type": "int", "default": 8, "range": [0, 100000],
+            "help": "fd-limit: descriptors the master may open beyond those open before "
+                    "init_process_group (its soft RLIMIT_NOFILE)",
+        },
     },
 }
 
@@ -136,7 +171,9 @@ LAB = {
 DEFAULTS = {"missing-rank": (3.0, 0.0), "late-rank": (2.0, 4.0), "unreachable-master": (3.0, 0.0),
             "env-mismatch": (3.0, 0.0), "article-sleep": (None, 0.0), "fixed": (10.0, 1.0),
             "timeout-sweep": (None, 0.0), "wrong-backend": (10.0, 0.0),
-            "fixed-backend": (10.0, 0.0)}
+            "fixed-backend": (10.0, 0.0), "duplicate-rank": (None, 0.0),
+            "rank-outside-world": (10.0, 0.0), "rank-from-env": (10.0, 0.0),
+            "fd-limit": (3.0, 0.0), "fd-limit-raised": (10.0, 0.0)}
 # the store key of two fresh ports: one for this lab's own store, one where nothing listens
 PORTS = "lab06/ports"
 # a failed rank stays 2 s so the others' errors reach their logs too (see report())
@@ -228,20 +265,62 @@ def fixed(rank: int, world: int, addr: str, a) -> None:
     dist.barrier()
 
 
+def wrong_rank(rank: int, world: int, addr: str, a) -> None:
+    """torchrun's own store (as every torchrun job uses it); only the rank each process asks for
+    differs. duplicate-rank keeps PyTorch's default timeout, as a script that sets none does."""
+    if a.variant == "duplicate-rank":
+        asked = 0  # BROKEN: RANK=0 copied onto every launch line
+    elif a.variant == "rank-outside-world":
+        asked = rank + 1  # BROKEN: counted from 1, so the last rank is WORLD_SIZE
+    else:
+        asked = int(os.environ["RANK"])  # FIX: the RANK torchrun gave this process
+    lab.record("asked", asked_rank=asked, world_size=world)
+    kw = {"timeout": datetime.timedelta(seconds=a.timeout_s)} if a.timeout_s else {}
+    dist.init_process_group("gloo", rank=asked, world_size=world, **kw)
+    got = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(got)   # every rank 0..world-1 took part: the sum is 0 + 1 + ... + world-1
+    lab.record("ranks_sum", sum=got.item(), expected=world * (world - 1) / 2)
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open (Linux: /proc/self/fd; macOS: /dev/fd)."""
+    return len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+
+
+def fd_limit(rank: int, world: int, addr: str, a) -> None:
+    """Rank 0 hosts the store (the master, as in init()); its soft RLIMIT_NOFILE is set to what is
+    open now plus --fd-headroom, standing in for a low `ulimit -n` on the master node."""
+    port = shared_ports(rank, PORTS)[0]
+    if rank == 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        before = open_fds()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (before + a.fd_headroom, hard))  # BROKEN
+        if a.variant == "fd-limit-raised":
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # FIX: soft up to hard
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        lab.record("fd_limit", open_before=before, soft=soft, hard=hard, headroom=a.fd_headroom)
+    init(rank, world, addr, port, a.timeout_s)
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:
+        lab.record("fd_used", open_after=open_fds())
+
+
 VARIANTS = {"missing-rank": missing_rank, "late-rank": late_rank,
             "unreachable-master": unreachable_master,
             "env-mismatch": env_mismatch, "article-sleep": article_sleep, "fixed": fixed,
-            "wrong-backend": backend_choice, "fixed-backend": backend_choice}
+            "wrong-backend": backend_choice, "fixed-backend": backend_choice,
+            "duplicate-rank": wrong_rank, "rank-outside-world": wrong_rank,
+            "rank-from-env": wrong_rank, "fd-limit": fd_limit, "fd-limit-raised": fd_limit}
 
 
 def main(variant: str, *, timeout_s: float | None, late_s: float | None, master_addr: str,
          mismatch: str, sleep_s: float, sweep_timeouts: list[float],
-         sweep_delays: list[float]) -> None:
+         sweep_delays: list[float], fd_headroom: int) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr = os.environ["MASTER_ADDR"]
     # the knobs, with the variant's own timeout and delay where none was given
     a = SimpleNamespace(variant=variant, master_addr=master_addr, mismatch=mismatch,
-                        sleep_s=sleep_s,
+                        sleep_s=sleep_s, fd_headroom=fd_headroom,
                         timeout_s=DEFAULTS[variant][0] if timeout_s is None else timeout_s,
                         late_s=DEFAULTS[variant][1] if late_s is None else late_s)
     lab.record("start", variant=variant, world_size=world, torch=torch.__version__,

@@ -122,6 +122,38 @@ def test_variant_outcome(jobs, variant):
     if variant == "fixed":
         done = r.records_of("init_done")
         assert sorted(d["rank"] for d in done) == [0, 1] and all(d["world_size"] == 2 for d in done)
+    asked = {a["rank"]: a["asked_rank"] for a in r.records_of("asked")}
+    if variant == "duplicate-rank":  # both asked for rank 0 (the script's own record and the hook's reading agree)
+        assert asked == {0: 0, 1: 0} and not fails
+        assert [k.where.kind for k in r.ranks] == ["rendezvous"] * 2
+        assert {k.rank: (k.asked or {}).get("rank") for k in r.ranks} == {0: 0, 1: 0}
+    if variant == "rank-outside-world":  # rank 1 asked for rank 2 of a world of 2, and gloo refused it at once
+        assert asked == {0: 1, 1: 2}
+        assert r.first_failure == 1 and fails[1]["error"] == "RuntimeError" and "rank < size" in fails[1]["message"]
+    if variant == "rank-from-env":   # each asked for its own rank, and the all-reduce of the ranks summed 0 + 1
+        assert asked == {0: 0, 1: 1}
+        assert [(s["sum"], s["expected"]) for s in r.records_of("ranks_sum")] == [(1.0, 1.0)] * 2
+    if variant in ("fd-limit", "fd-limit-raised"):
+        lim = r.records_of("fd_limit")[0]
+        assert lim["rank"] == 0 and lim["headroom"] == 8
+    if variant == "fd-limit":        # the master's own store could not get a descriptor, in the OS's words
+        assert lim["soft"] == lim["open_before"] + 8
+        assert r.first_failure == 0 and fails[0]["error"] in ("DistNetworkError", "RuntimeError")
+        assert any(w in fails[0]["message"] for w in ("EMFILE", "Too many open files", "too many open files"))
+    if variant == "fd-limit-raised":  # the same limit raised to the hard one: the group formed and reduced
+        assert lim["soft"] == lim["hard"] and len(r.records_of("fd_used")) == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_the_master_needed_more_descriptors_than_the_broken_limit_left(jobs):
+    """The measured difference between fd-limit and its fix: the fixed master's descriptors after init and one
+    all-reduce exceed the soft limit the broken run set (open before init + the headroom)."""
+    broken, fixed = jobs["variant:fd-limit"].result(), jobs["variant:fd-limit-raised"].result()
+    need = lab06.fd_report(fixed)
+    short = lab06.fd_report(broken)
+    assert need["used"] > short["limit"] and short["used"] is None
+    assert need["status"] == "ok" and short["status"] == "failed"
 
 
 @pytest.mark.multiprocess
@@ -233,7 +265,8 @@ def test_claim_check_is_computed_from_the_runs(jobs):
         "missing-rank": jobs["variant:missing-rank"].result(), "timeout-sweep": jobs["sweep"].result(),
         "unreachable-master": unreachable, "silent-master": master, "article-sleep": jobs["variant:article-sleep"].result(),
         "env-mismatch": {"port": jobs["variant:env-mismatch"].result(), "world-size": jobs["mismatch:world-size"].result()},
-        "wrong-backend": jobs["variant:wrong-backend"].result(), "fixed-backend": jobs["variant:fixed-backend"].result()}),
+        "wrong-backend": jobs["variant:wrong-backend"].result(), "fixed-backend": jobs["variant:fixed-backend"].result(),
+        "fd-limit": jobs["variant:fd-limit"].result(), "fd-limit-raised": jobs["variant:fd-limit-raised"].result()}),
         others={})
     v = cc.verdicts()
     states = lambda key: {k: p.state for k, p in cc.row(key).parts.items()}
@@ -260,6 +293,9 @@ def test_claim_check_is_computed_from_the_runs(jobs):
                                        "world_size_mismatch_fails": "holds", "gloo_single_machine_multi_gpu": "not measured",
                                        "nccl_multi_node": "not measured"}
     assert v["wrong-backend"] == "partly"
+    # the master's open-files limit stopped init and, raised, let it initialize: one limit shows the "can"
+    assert states("resource-limits-init") == {"fd_limit_stops_init": "holds", "raised_limit_initializes": "holds"}
+    assert v["resource-limits-init"] == "holds"
 
 
 @pytest.mark.multiprocess
@@ -288,3 +324,34 @@ def test_check_unreachable_error(jobs):
                              neighbour="DistStoreError", shown=3.0,
                              wrong=["distnetworkerror", "Network", "TimeoutError", "DistNetworkError: timed out"])
     assert "DistNetworkError" not in lab06.check_unreachable_error.check("DistStoreError", r).message
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_fix_figures_are_made_from_the_runs(jobs):
+    """The init fix figure's bars are each run's ranks that completed a collective (their ledgers), and the
+    descriptor figure's are the master's own counts: broken 0 of 2 against fixed 2 of 2, measured."""
+    from ddplab.views import plots
+    run = lambda v: jobs[f"variant:{v}"].result()
+    pairs = [(run("duplicate-rank"), run("rank-from-env")), (run("rank-outside-world"), run("rank-from-env")),
+             (run("fd-limit"), run("fd-limit-raised")), (run("missing-rank"), run("fixed")),
+             (run("wrong-backend"), run("fixed-backend"))]
+    fig = lab06.plot_fixes(pairs)
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    assert widths == [plots.ranks_in_group(r) for pair in pairs for r in pair] == [0, 2] * 5
+    fig = lab06.plot_descriptors(run("fd-limit"), run("fd-limit-raised"))
+    b, f = lab06.fd_report(run("fd-limit")), lab06.fd_report(run("fd-limit-raised"))
+    assert [p.get_width() for p in fig.axes[0].patches] == [b["open_before"], b["limit"], f["used"]]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_time_to_answer_bars_are_the_runs_seconds(jobs):
+    """The 'seconds until a missing rank is reported' figure: the measured bars are the ranks' own init
+    seconds (missing-rank) and the longest wait of article-sleep; the quoted one is 30 min + 60 s."""
+    missing, article = jobs["variant:missing-rank"].result(), jobs["variant:article-sleep"].result()
+    fig = lab06.time_to_answer(missing, article, 3.0)
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    clear = max(f["seconds"] for f in lab06.init_failures(missing) if f["seconds"] is not None)
+    assert widths == [clear, lab06.waited_without_answer(article), lab06.DEFAULT_PG_TIMEOUT_S + lab06.ARTICLE_SLEEP_S]
+    assert all("\n" in t.get_text() for t in fig.axes[0].get_yticklabels())   # wrapped: the axes keep their width

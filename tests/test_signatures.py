@@ -46,6 +46,8 @@ EXPECTED = {
     "real_accelerator_index_cpu.txt": "accelerator-index-on-cpu",
     "real_accelerator_none.txt": "no-accelerator-none",
     "real_device_count_zero.txt": "no-gpu-device-count-zero",
+    "real_fd_limit.txt": "fd-limit",
+    "real_rank_outside_world.txt": "rank-outside-world",
 }
 
 

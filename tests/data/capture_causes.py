@@ -53,6 +53,20 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.init_process_group("gloo")                           # a second time (a helper that also initialises)
 """),
+    "fd_limit": (0, """
+import os, resource, socket, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 6, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)     # the master with `ulimit -n` too low for its store
+"""),
+    "rank_outside_world": (2, """
+import os, torch.distributed as dist
+rank = int(os.environ["RANK"]) + 1                        # ranks counted from 1: the last one is WORLD_SIZE
+dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+"""),
     "nccl_without_gpu": (2, """
 import torch, torch.distributed as dist
 dist.init_process_group("nccl")                           # NCCL on a machine (or torch) with no GPU

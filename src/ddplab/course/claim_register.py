@@ -444,4 +444,14 @@ REGISTER: tuple[Claim, ...] = (
         "link cap as uncapped and at least 1 s longer (a difference a learner notices, above this shared machine's "
         "scheduling noise); latency: a link with added latency does the same",
         parts={"09": ("init_slower_at_low_bandwidth",)}, unmeasured={"latency": LATENCY}),
+    Claim(
+        "resource-limits-init", "003",
+        "Beyond network considerations, resource limitations on individual nodes can also impede DDP "
+        "initialization.",
+        "a \"can\": holds if a resource limit on one node stops init_process_group and lifting it lets the same job "
+        "initialize. Lab 06: the master's soft limit on open files (ulimit -n, set a few descriptors above what it "
+        "has open) makes init_process_group fail on the master, and the same limit raised to the hard limit lets "
+        "both ranks form the group and all-reduce. One limit shown is enough for a \"can\"; the article's next "
+        "sentences (insufficient memory on the master, CPU taken by other processes) are not run and not judged here",
+        parts={"06": ("fd_limit_stops_init", "raised_limit_initializes")}),
 )

@@ -101,15 +101,18 @@ def plot_dp(broken: RunResult, fixed: RunResult):
             for k, n in enumerate(st["replica_out_lengths"] or []):
                 ax.bar(st["step"] - 0.1 + 0.2 * k, n, 0.2, color=["#0969da", "#bf8700", "#2da44e", "#cf222e"][k % 4],
                        label=f"replica {k} output length" if st["step"] == 0 else None)
-            if st["gathered"] is None:
-                ax.text(st["step"], st["padded_len"] + 0.5, "gather\nfails", ha="center", color="#cf222e")
+            if st["gathered"] is None:   # inside the axes, under its top (it collided with the title)
+                ax.annotate("gather fails", (st["step"], st["padded_len"]), xytext=(0, 4), textcoords="offset points",
+                            ha="center", va="bottom", color="#cf222e", fontsize=9)
         ax.set_title(f"{r.variant}: {r.status}")
         ax.set_xlabel("step")
         ax.set_xticks(range(len(s["steps"])))
+        ax.set_ylim(top=max(st["padded_len"] for st in s["steps"]) * 1.25)   # room for the annotation
     axes[0].set_ylabel("time steps")
-    axes[0].legend(fontsize=8, loc="lower left")
+    # under both panels: inside, it covered step 0's bars
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=3, frameon=False)
     fig.suptitle(f"Lab 04, {dp_label(broken)}: output length per replica")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
@@ -284,7 +287,8 @@ def check_padding_fraction(answer: float, bucketing: RunResult, tolerance: float
     if answer in _padding(bucketing, tolerance)[0]:
         return Check(True, f"measured {got:.1%} (you said {answer:.1%})")
     return Check(False, f"not within {tolerance:.0%} of the measured value: per batch, padding slots = rows x the "
-                        "batch's longest length - the real tokens; look at the length histogram")
+                        "batch's longest length - the real tokens; with log-normal lengths (median about 20, tail "
+                        "to 160), how long is the longest of 16?")
 
 
 EXERCISES = answers.exercises(check_failing_step, check_global_length, check_padding_fraction)

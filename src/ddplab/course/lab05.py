@@ -278,7 +278,9 @@ def plot(pairs_by_variant: dict, times: dict):
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.4]})
     names = list(pairs_by_variant)
-    ticks = [f"{n}\nn = {len(pairs_by_variant[n])} pair{'s' if len(pairs_by_variant[n]) != 1 else ''}" for n in names]
+    # the variant's name broken at its parenthesis: side by side, two long names ran into each other
+    pairs_n = {n: len(pairs_by_variant[n]) for n in names}
+    ticks = [n.replace(" (", "\n(") + f"\nn = {pairs_n[n]} pair{'s' if pairs_n[n] != 1 else ''}" for n in names]
     bottoms = [0] * len(names)
     for o in OUTCOMES:
         vals = [counts(pairs_by_variant[n])[o] for n in names]

@@ -231,11 +231,63 @@ def backend_report(r) -> dict:
             "error": f"{r.cause.type}: {r.cause.message}" if r.cause else None, "in_init": _failed_in_init(r)}
 
 
+def rank_report(r) -> dict:
+    """duplicate-rank / rank-outside-world / rank-from-env: the rank each process (torchrun's rank) asked
+    init_process_group for, how the run ended, and whether the all-reduce of the ranks summed as a
+    world of 0..N-1 must."""
+    sums = r.records_of("ranks_sum")
+    return {"status": r.status, "signature": r.signature,
+            "asked": {a["rank"]: a["asked_rank"] for a in r.records_of("asked")},
+            "sum_right": bool(sums) and all(s["sum"] == s["expected"] for s in sums)}
+
+
+def fd_report(r) -> dict:
+    """fd-limit / fd-limit-raised: the master's (rank 0's) descriptors open before init_process_group, the
+    soft limit it ran with, the hard limit, and how many it had open after init and one all-reduce (None
+    where init failed)."""
+    lim = (r.records_of("fd_limit") or [{}])[0]
+    used = (r.records_of("fd_used") or [{}])[0].get("open_after")
+    return {"status": r.status, "signature": r.signature, "open_before": lim.get("open_before"),
+            "limit": lim.get("soft"), "hard": lim.get("hard"), "headroom": lim.get("headroom"), "used": used}
+
+
+def plot_fixes(pairs: Sequence[tuple]):
+    """Each init failure against its fix: how many ranks completed a collective in each run (from the
+    ranks' ledgers; ddplab.views.plots.fix_pairs). ``pairs``: (broken run, fixed run) tuples."""
+    from ddplab.views import plots
+
+    return plots.fix_pairs(pairs, title="Ranks that formed a working group: each init failure against its fix")
+
+
+def plot_descriptors(broken, fixed):
+    """fd-limit against fd-limit-raised, on the master: descriptors open before init_process_group, the soft
+    limit the broken run had, and what the fixed run had open after init and one all-reduce (measured)."""
+    import matplotlib.pyplot as plt
+
+    b, f = fd_report(broken), fd_report(fixed)
+    labels = ["open before init (fd-limit)", "soft limit (fd-limit)", "open after init (fd-limit-raised)"]
+    values = [b["open_before"], b["limit"], f["used"]]
+    fig, ax = plt.subplots(figsize=(7.5, 2.4))
+    colours = ["#8c959f", "#cf222e", "#2da44e"]
+    for i, (v, c) in enumerate(zip(values, colours)):
+        ax.barh(i, v or 0, color=c)
+        ax.text(v or 0, i, f"  {v}" if v is not None else "  not measured", va="center", fontsize=8)
+    ax.set_yticks(range(3), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(v or 0 for v in values) * 1.25 + 1)
+    ax.set_xlabel("file descriptors of the master (rank 0)")
+    ax.set_title(f"The master's descriptors: fd-limit ended {b['status']}, fd-limit-raised {f['status']}",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
     Keys read: "missing-rank", "unreachable-master", "article-sleep" (runs of those variants),
     "timeout-sweep" (timeout_sweep()'s Sweep), "silent-master" (run_unreachable()'s SilentMaster),
-    "env-mismatch": {"port": run, "world-size": run} of env-mismatch, "wrong-backend" and "fixed-backend"."""
+    "env-mismatch": {"port": run, "world-size": run} of env-mismatch, "wrong-backend", "fixed-backend",
+    "fd-limit" and "fd-limit-raised"."""
     missing, unreachable, article = runs["missing-rank"], runs["unreachable-master"], runs["article-sleep"]
     sweep: Sweep = runs["timeout-sweep"]
     master: SilentMaster = runs["silent-master"]
@@ -258,6 +310,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     mm = {k: (r.status, r.signature, _failed_in_init(r)) for k, r in mismatches.items()}
     world_size_fails = mm.get("world-size", (None, None, False))[2]   # lab 06's part of two claims
     wrong, right = backend_report(runs["wrong-backend"]), backend_report(runs["fixed-backend"])
+    fd_low, fd_raised = fd_report(runs["fd-limit"]), fd_report(runs["fd-limit-raised"])
+    fd_in_init = _failed_in_init(runs["fd-limit"]) and fd_low["signature"] == "fd-limit"
     return claims.Inputs(LAB, {
         "timeout-at-these-steps": claims.evidence(
             "failed inside init_process_group: " + ", ".join(f"{name} [{r.signature}]: {_failed_in_init(r)}"
@@ -295,6 +349,12 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
                                                                                       "no-backend-for-device"),
             right_backend_runs=right["status"] == "ok",
             world_size_mismatch_fails=world_size_fails),
+        "resource-limits-init": claims.evidence(
+            f"the master with {fd_low['open_before']} descriptors open and a soft limit of {fd_low['limit']}: "
+            f"{fd_low['status']} [{fd_low['signature']}] in init_process_group: {fd_in_init}; the same limit "
+            f"raised to the hard one ({fd_raised['limit']}): {fd_raised['status']}, {fd_raised['used']} descriptors open after "
+            f"init and one all-reduce",
+            fd_limit_stops_init=fd_in_init, raised_limit_initializes=fd_raised["status"] == "ok"),
         "slow-network-default": claims.evidence(
             f"a rank arriving late stood in for a slow network: init answered after at most "
             f"{max((p['seconds'] for p in oks), default=float('nan')):.2f} s whenever the timeout exceeded the delay "

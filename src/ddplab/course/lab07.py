@@ -360,7 +360,7 @@ def dp_measured(result) -> Table:
 def plot_breakdown(rows, title="Where the step goes (measured, per configuration)"):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.45 * len(rows)))
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * len(rows)))
     for i, r in enumerate(rows):
         comp = max(0.0, r["compute_s"] - r["overlap_s"]) * 1e3
         ov, ex = r["overlap_s"] * 1e3, r["exposed_s"] * 1e3
@@ -373,9 +373,10 @@ def plot_breakdown(rows, title="Where the step goes (measured, per configuration
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (median, mean over ranks)")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    # under the axes: inside, it covered the longest bars
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=3, frameon=False)
     ax.set_xlim(right=ax.get_xlim()[1] * 1.2)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))
     return fig
 
 

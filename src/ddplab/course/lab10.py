@@ -230,7 +230,8 @@ def plot_consequences(r_cost, r_bn, r_module, r_init):
     ax.set_ylabel("max |stat - global batch's stat|")
     ax.set_title("batchnorm: running stats vs the global batch's\n(the global batch's = what SyncBatchNorm computes)",
                  fontsize=10)
-    ax.legend(fontsize=7)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.45)   # headroom: the legend sits above the tallest bars, not on them
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
 
     ax = axes[1][0]
     rows = replicas(r_module)
@@ -257,7 +258,9 @@ def plot_consequences(r_cost, r_bn, r_module, r_init):
     ax.set_xticks(range(len(cases)), cases, fontsize=8)
     ax.set_ylabel("max |rank 0 - rank 1|")
     ax.set_title(f"rank-init: what differs across ranks (bottom: <= {floor:g}, equal)", fontsize=10)
-    ax.legend(fontsize=7)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(top=hi * (hi / lo) ** 0.45)   # log axis: headroom for the legend above the tallest bars
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.suptitle("Measured in this execution (2 gloo ranks on CPU); nothing here is modelled", fontsize=11)
     fig.tight_layout()
     return fig

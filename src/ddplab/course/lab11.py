@@ -240,7 +240,7 @@ def plot_loader(r_slow: RunResult):
     import matplotlib.pyplot as plt
 
     rows = loader(r_slow)
-    fig, ax = plt.subplots(figsize=(7, 2.8))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     for rank in (0, 1):
         x = rows[rank]
         ax.barh(rank, x["data_wait_s"], color="#bf8700", label="waiting for its DataLoader" if rank == 0 else None)
@@ -255,8 +255,9 @@ def plot_loader(r_slow: RunResult):
     ax.invert_yaxis()
     ax.set_xlabel("seconds (measured, wall time)")
     ax.set_title("Measured: where each rank's time went in slow-loader", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    # under the axes: inside, it covered rank 1's bar
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))
     return fig
 
 

@@ -84,23 +84,63 @@ def summary(runs: dict) -> list[dict]:
 # Figure and claim check
 # ----------------------------------------------------------------------------------------------
 
+def harm(result, kind: str) -> int:
+    """How much of the lab's finding ``kind`` --check reported for this run: the findings' own counts
+    (steps, samples, tensors), or one per finding that has no count; 0 when it found none."""
+    found = result.check.of_kind(kind) if result.check else []
+    return sum(f.count if f.count is not None else 1 for f in found)
+
+
+def _mean_final(result) -> float:
+    ends = [c[-1]["val_loss"] for c in curves(result).values()]
+    return sum(ends) / len(ends)
+
+
+def loss_effect(runs: dict) -> list[dict]:
+    """Per pair: each run's final validation loss averaged over its ranks, and whether the fix ended
+    lower. On this small task the loss is not where most of these mistakes show (see notebook 12)."""
+    rows = []
+    for broken, fixed in (p for p in pairs() if all(v in runs for v in p)):
+        b, f = (_mean_final(runs[v]) for v in (broken, fixed))
+        rows.append({"pair": broken, "broken": b, "fixed": f, "fix_lower": f < b})
+    return rows
+
+
 def plot(runs: dict):
-    """Validation loss against steps, each rank's own replica: broken (red) and fixed (blue), the
-    same seed, the same data. Where the ranks' replicas differ, the ranks' lines part."""
+    """Top: validation loss against steps, each rank's own replica, broken (red) and fixed (blue), the
+    same seed and data; where the ranks' replicas differ, their lines part. Bottom: the harm each fix
+    removes, as --check measured it in these runs (the lab's finding for the pair: steps, samples or
+    tensors), broken against fixed."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     ps = [p for p in pairs() if all(v in runs for v in p)]
-    fig, axes = plt.subplots(1, len(ps), figsize=(3.3 * len(ps), 3.2), sharey=True, squeeze=False)
+    want = broken_variants()
+    fig, axes = plt.subplots(2, len(ps), figsize=(3.3 * len(ps), 5.8), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.6, 1]})
     for ax, (broken, fixed) in zip(axes[0], ps):
         for variant, colour in ((broken, "#cf222e"), (fixed, "#0969da")):
             for rank, c in curves(runs[variant]).items():
                 ax.plot([p["step"] for p in c], [p["val_loss"] for p in c], color=colour,
-                        linestyle="-" if rank == 0 else "--", label=f"{'broken' if variant == broken else 'fixed'}, rank {rank}")
+                        linestyle="-" if rank == 0 else "--")
         ax.set_title(broken, fontsize=10)
-        ax.set_xlabel("optimizer steps")
-    axes[0][0].set_ylabel("validation loss (measured, each rank's replica)")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+        ax.set_xlabel("optimizer steps", fontsize=8)
+    for ax, (broken, fixed) in zip(axes[1], ps):
+        kind = want[broken]
+        vals = [harm(runs[broken], kind), harm(runs[fixed], kind)]
+        bars = ax.bar([0, 1], vals, color=["#cf222e", "#0969da"])
+        ax.bar_label(bars, labels=[str(v) for v in vals], fontsize=8)
+        ax.set_xticks([0, 1], ["broken", "fixed"], fontsize=8)
+        ax.set_ylim(0, max(vals + [1]) * 1.3)
+        ax.set_title(f"--check: {kind}", fontsize=9)
+    axes[0][0].set_ylabel("validation loss\n(each rank's replica)", fontsize=9)
+    axes[1][0].set_ylabel("found by --check\n(steps, samples, tensors)", fontsize=9)
+    handles = [Line2D([], [], color=c, ls=ls, label=f"{name}, rank {r}")
+               for name, c in (("broken", "#cf222e"), ("fixed", "#0969da")) for r, ls in ((0, "-"), (1, "--"))]
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=4, frameon=False)   # under the panels, off the data
+    fig.suptitle("Measured in this execution: what each mistake did to the loss (top) and what --check found (bottom)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 

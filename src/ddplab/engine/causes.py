@@ -148,6 +148,25 @@ CAUSES: tuple[Cause, ...] = (
         "Initialise once: `if not dist.is_initialized(): dist.init_process_group(...)`.",
         sources=("https://github.com/NVIDIA/Megatron-LM/pull/521", "https://github.com/intel/torch-xpu-ops/issues/1525")),
     Cause(
+        "fd-limit", "A process ran out of file descriptors (its open-files limit, ulimit -n)",
+        ("DistNetworkError", "DistStoreError", "RuntimeError", "OSError"),
+        (r"EMFILE|too many open files|errno:? ?24\b",),
+        "A process hit its soft limit on open files (ulimit -n): every socket is a file descriptor, and the master's "
+        "store holds one per rank that connects, gloo one per peer, so a low limit stops init_process_group.\n"
+        "Raise the limit where the job starts (ulimit -n 65536, or resource.setrlimit(RLIMIT_NOFILE, (hard, hard)) "
+        "before init_process_group); check it on every node with `ulimit -n` or /proc/<pid>/limits.",
+        lab="06", sources=("https://github.com/pytorch/pytorch/issues/11201",
+                           "https://github.com/pytorch/tensorpipe/issues/460")),
+    Cause(
+        "rank-outside-world", "A process asked for a rank outside 0..world_size-1",
+        ("RuntimeError", "ValueError"),
+        (r"rank < size\. \d+ vs \d+",),
+        "init_process_group was given a rank that is not in 0..world_size-1 (ranks counted from 1, or a RANK from "
+        "another numbering), and gloo refused it.\n"
+        "Under torchrun leave rank and world_size out of init_process_group (it reads RANK and WORLD_SIZE); if you pass "
+        "them, take rank=int(os.environ['RANK']), counted from 0.",
+        lab="06", sources=("https://github.com/pytorch/pytorch/pull/49131",)),
+    Cause(
         "nccl-without-gpu", "NCCL asked for on a torch or machine without it",
         ("RuntimeError", "ValueError", "AssertionError"),
         (r"doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs|NCCL is not available",),

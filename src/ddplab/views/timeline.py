@@ -37,8 +37,9 @@ def _rows(result: "RunResult", by: str) -> list[tuple[str, object, bool]]:
     return [(f"rank {r.rank}", r, r.rank in odd) for r in sorted(result.ranks, key=lambda r: r.rank)]
 
 
-def figure(result: "RunResult", by: str = "auto", width: float = 9.0):
-    """The timeline as a matplotlib Figure (Agg canvas: works with or without pyplot)."""
+def figure(result: "RunResult", by: str = "auto", width: float = 9.0, fig=None):
+    """The timeline as a matplotlib Figure (Agg canvas: works with or without pyplot). ``fig``: an empty
+    figure to draw into instead (ddplab.views.plots.timeline passes a pyplot one, which a notebook shows)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -46,8 +47,10 @@ def figure(result: "RunResult", by: str = "auto", width: float = 9.0):
     rows = _rows(result, by)
     starts = [c.created_ns for _, r, _ in rows for c in r.ledger if c.created_ns]
     t0 = min(starts) if starts else 0
-    fig = Figure(figsize=(width, 1.4 + 0.42 * len(rows)))
-    FigureCanvasAgg(fig)
+    if fig is None:
+        fig = Figure()
+        FigureCanvasAgg(fig)
+    fig.set_size_inches(width, 1.4 + 0.42 * len(rows))
     ax = fig.add_subplot()
     d = result.divergence
     ops_seen: dict[str, str] = {}
