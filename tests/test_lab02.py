@@ -110,7 +110,7 @@ def test_skip_batch_on_one_rank_hangs_in_the_all_reduce(skip):
 def test_check_waiting_rank(skip):
     exercise_cases.check_all(lab02.check_waiting_rank, skip, right=0, neighbour=-1, other_rank=1, shown=48,
                              wrong=["rank 0", 2])
-    assert "rank 0 waits" not in lab02.check_waiting_rank.check(1, skip).message
+    assert "rank 0 waits" not in lab02.check_waiting_rank._verdict(1, skip).message
 
 
 @pytest.mark.multiprocess
@@ -133,7 +133,7 @@ def test_check_accum_wants_the_fewest_micro_batches_that_fit(probe24):
                              wrong=[a for a in lab02.ACCUM_CHOICES if a != best] + [3, 0, -4])
     for wrong in smaller[-1:] + bigger[:1]:
         # a wrong answer is not told which way to go: no search by halving
-        msg = lab02.check_accum.check(wrong, probe=probe24).message
+        msg = lab02.check_accum._verdict(wrong, probe=probe24).message
         assert f"accum={best}" not in msg and "fewer" not in msg and "does not fit" not in msg
 
 

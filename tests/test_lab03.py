@@ -195,7 +195,7 @@ def test_check_failing_right_wrong_and_adversarial(runs):
         neighbour={"gather-ragged", "fixed-guard"},            # what the guard's raise run shows: not its default
         wrong=[set(), {"gather-ragged"}, right | {"article-example"}, set(lab03.SHAPES),
                {"gather"}, {"ragged", "model"}, "gather-ragged,model-mismatch", {1, 2}, {"": 1}])
-    c = lab03.check_failing.check({"gather-ragged"}, results)
+    c = lab03.check_failing._verdict({"gather-ragged"}, results)
     assert "model-mismatch" not in c.message
 
 
@@ -207,7 +207,7 @@ def test_check_three_ranks_against_a_real_three_rank_run(runs):
     assert sorted(x["rows"] for x in r.records_of("start")) == [15, 15, 15]
     exercise_cases.check_all(lab03.check_three_ranks, right=["ok", " ok "], neighbour="failed", shown=20,
                              wrong=["hung", "OK", "o", "okay"], result=r)
-    assert "ended ok" not in lab03.check_three_ranks.check("hung", result=r).message
+    assert "ended ok" not in lab03.check_three_ranks._verdict("hung", result=r).message
 
 
 def test_claim_verdicts_follow_the_parts():

@@ -172,15 +172,15 @@ def test_claim_check_on_the_emulation_tests_no_dataparallel_claim(runs):
 def test_exercise_checkers_right_wrong_and_adversarial(runs):
     b, d, k = runs("dp-broken"), runs("ddp-fixed"), runs("bucketing")
     exercise_cases.check_all(lab04.check_failing_step, b, right=1, neighbour=2, wrong=[0, -1, 3])
-    assert "step 1:" not in lab04.check_failing_step.check(2, b).message
+    assert "step 1:" not in lab04.check_failing_step._verdict(2, b).message
     # 12: rank 0's own longest; 256: the parameters cell's n_seqs
     exercise_cases.check_all(lab04.check_global_length, d, right=17, neighbour=18, shown=256, wrong=[12, 16, 0])
-    assert "17 =" not in lab04.check_global_length.check(16, d).message
+    assert "17 =" not in lab04.check_global_length._verdict(16, d).message
     s = lab04.bucketing_summary(k)
     got = s["random"]["padding_fraction"]
     exercise_cases.check_all(lab04.check_padding_fraction, k, right=[round(got, 2), got + 0.04], neighbour=got + 0.1,
                              shown=256, wrong=[s["bucketed"]["padding_fraction"], got - 0.1, 1 - got, 1.5, -0.1])
-    assert f"{got:.1%}" not in lab04.check_padding_fraction.check(got + 0.1, k).message
+    assert f"{got:.1%}" not in lab04.check_padding_fraction._verdict(got + 0.1, k).message
 
 
 def test_padding_fraction_counts_the_first_prediction_only():

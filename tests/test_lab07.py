@@ -132,7 +132,7 @@ def test_check_best_fix(runs):
                              neighbour=far[0] if far else "none", shown="1024",
                              wrong=far[1:] + ["bat", best["fix"][:-1], best["label"], "none"])
     for fix in far:
-        assert best["label"] not in L.check_best_fix.check(fix, frows).message   # a hint, not the answer
+        assert best["label"] not in L.check_best_fix._verdict(fix, frows).message   # a hint, not the answer
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +151,10 @@ def test_check_batch_for_fraction_wants_the_smallest_batch(batch_grid):
     frac = {r["batch"]: r["comm_frac"] for r in L.summarize(batch_grid)}
     for b in (512, 1024, 2048, 4096):
         want = frac[b] < 0.25 <= frac[b // 2]
-        c = L.check_batch_for_fraction.check(b, width=1024, result=batch_grid)
+        c = L.check_batch_for_fraction._verdict(b, width=1024, result=batch_grid)
         assert c.passed is want, (b, frac, c)
     if frac[2048] < 0.25:
-        assert not L.check_batch_for_fraction.check(4096, width=1024, result=batch_grid).passed
+        assert not L.check_batch_for_fraction._verdict(4096, width=1024, result=batch_grid).passed
 
 
 @pytest.mark.multiprocess

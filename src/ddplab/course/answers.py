@@ -1,19 +1,26 @@
-"""Answers to the workbook's exercises: one place that parses every kind of answer, says in one
-wording what is wrong with an answer that is not of the kind asked for, and names the answers a
-checker accepts, as data.
+"""Answers to the workbook's exercises: one place that parses every kind of answer (and reads the
+spellings and types a learner may write: "OK" for "ok", "allreduce" for "all_reduce", a module-qualified
+name, numpy integers, 17.0 for 17), says in one wording what is wrong with an answer that is not of the
+kind asked for, and names the answers a checker accepts, as data.
 
 A checker is an `Exercise`: the kind of answer it takes (`Whole`, `Rank`, `Ranks`, `Number`,
 `Choice`, `Options`, `Pair`), a judge that compares the parsed answer with this execution's runs,
-and `accepted(*runs)`, the answers that pass. The notebook calls the exercise; its `Check` carries
-the accepted answers in the output's metadata (not shown by Jupyter, nbviewer or GitHub), so
-`tests/test_exercises_hidden.py` can find that no output above a checker shows one of them, using
-each kind's `needles` (how that answer would read in an output) and never the checker's prose.
+and `accepted(*runs)`, the answers that pass. One answer counts (DESIGN.md, "One answer counts"): the
+first well-formed answer to an exercise is recorded in the runs folder and is the one judged from then
+on, whatever is given later, re-run or restarted; after it, a wrong verdict shows the answer.
+The notebook's output names the exercise only; the accepted answers go to a file beside the runs
+(`answers.json`, outside the notebook), which `tests/test_exercises_hidden.py` reads to find that no
+cell above a checker shows one of them, using each kind's `needles` (how that answer would read in a
+text) and never the checker's prose.
 """
 from __future__ import annotations
 
+import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ddplab.engine import stacks
@@ -50,8 +57,36 @@ def _blank(answer) -> bool:
     return False
 
 
-def _is_whole(answer) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
+def _is_bool(answer) -> bool:
+    return isinstance(answer, bool) or type(answer).__name__ in ("bool_", "bool")
+
+
+def as_whole(answer) -> int | None:
+    """A whole number as a learner may write it (3, numpy's int64(3), 3.0), else None (True is no number)."""
+    if _is_bool(answer) or not isinstance(answer, numbers.Real):
+        return None
+    if isinstance(answer, numbers.Integral):
+        return int(answer)
+    x = float(answer)
+    return int(x) if math.isfinite(x) and x.is_integer() else None
+
+
+def as_number(answer) -> float | None:
+    """A finite number (int, float, numpy's scalars), else None."""
+    if _is_bool(answer) or not isinstance(answer, numbers.Real):
+        return None
+    x = float(answer)
+    return x if math.isfinite(x) else None
+
+
+def fold(text: str) -> str:
+    """A name as it is compared: case, spaces, '_' and '-' do not matter, nor a module before it or '()'
+    after it ("torch.distributed.DistNetworkError" -> "distnetworkerror", "dist.all_reduce()" and
+    "AllReduce" -> "allreduce", "timed out" -> "timedout")."""
+    t = text.strip().lower()
+    t = re.sub(r"\(\s*\)$", "", t)
+    t = re.sub(r"^(?:[a-z_][a-z0-9_]*\.)+(?=[a-z_])", "", t)
+    return re.sub(r"[\s_\-]+", "", t)
 
 
 def _number_token(v: float) -> str:
@@ -94,8 +129,9 @@ class Whole(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if not _is_whole(answer):
+        if as_whole(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_whole(answer)
         if not self.lo <= answer <= self.hi or (self.only and answer not in self.only):
             allowed = ", ".join(map(str, self.only)) if self.only else f"from {self.lo} to {self.hi}"
             raise Rejected(out_of_range(name, answer, f"it is {allowed}"))
@@ -117,8 +153,9 @@ class Rank(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if not _is_whole(answer):
+        if as_whole(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_whole(answer)
         if not 0 <= answer < self.nproc:
             raise Rejected(out_of_range(name, answer, f"this job has ranks 0 to {self.nproc - 1}"))
         return answer
@@ -154,11 +191,12 @@ class Number(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        if as_number(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_number(answer)
         if not self.lo <= answer <= self.hi:
             raise Rejected(out_of_range(name, answer, f"it is from {self.lo:g} to {self.hi:g}"))
-        return float(answer)
+        return answer
 
     def needles(self, value):
         label = [rf"(?i)\b{self.label}"] if self.label else []
@@ -178,16 +216,31 @@ class Interval:
         return {"interval": [self.lo, self.hi]}
 
 
+def _match(got: str, options: Sequence[str]) -> str | None:
+    """The option ``got`` names, read with `fold` (one reading for every checker), or None."""
+    return next((o for o in options if fold(o) == fold(got)), None)
+
+
+def _distinct(options: Sequence[str]) -> None:
+    folded = [fold(o) for o in options]
+    assert len(set(folded)) == len(folded), f"two options read as one: {options}"
+
+
 @dataclass(frozen=True)
 class Choice(Kind):
-    """One of ``options`` (strings). ``labels`` say how an option is written in outputs, where that
-    differs from the option; ``normalise`` maps what a learner may type onto an option."""
+    """One of ``options`` (strings), read with `fold`. ``labels`` say how an option is written in outputs,
+    where that differs from the option; ``normalise`` maps what a learner may type onto an option before
+    that; ``reveals`` (option -> regular expression) are the other words that point to an option (a run
+    signature such as "port-in-use" points to EADDRINUSE): above its checker no text may hold one, for
+    any option (the right one gives it away, a wrong one misleads)."""
     options: tuple[str, ...]
     what: str = ""
     labels: dict = field(default_factory=dict)
     normalise: Callable[[str], str] | None = None
+    reveals: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        _distinct(self.options)
         if not self.what:
             object.__setattr__(self, "what", "one of " + ", ".join(f'"{o}"' for o in self.options))
 
@@ -196,8 +249,8 @@ class Choice(Kind):
         if not isinstance(answer, str):
             raise Rejected(wrong_type(name, self.what, answer))
         got = answer.strip()
-        got = self.normalise(got) if self.normalise else got
-        if got not in self.options:
+        got = _match(self.normalise(got) if self.normalise else got, self.options)
+        if got is None:
             raise Rejected(out_of_range(name, answer, "write " + self.what))
         return got
 
@@ -207,9 +260,12 @@ class Choice(Kind):
 
 @dataclass(frozen=True)
 class Options(Kind):
-    """Some of ``options`` (a set, list or tuple of strings), returned as a frozenset."""
+    """Some of ``options`` (a set, list or tuple of strings, each read with `fold`), returned as a frozenset."""
     options: tuple[str, ...]
     what: str = "a set of names"
+
+    def __post_init__(self):
+        _distinct(self.options)
 
     def parse(self, answer, name):
         if isinstance(answer, (set, frozenset, list, tuple)) and len(answer) == 0:
@@ -217,11 +273,10 @@ class Options(Kind):
         self._unset(answer, name)
         if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(a, str) for a in answer):
             raise Rejected(wrong_type(name, self.what, answer))
-        got = frozenset(a.strip() for a in answer)
-        unknown = sorted(got - set(self.options))
+        unknown = sorted(a for a in answer if _match(a, self.options) is None)
         if unknown:
             raise Rejected(out_of_range(name, unknown, "the names are " + ", ".join(self.options)))
-        return got
+        return frozenset(_match(a, self.options) for a in answer)
 
     def needles(self, value):
         return [r"(?<![\w-])" + re.escape(v) + r"(?![\w-])" for v in sorted(value)]
@@ -251,13 +306,9 @@ class Pair(Kind):
 COLLECTIVES = tuple(sorted(c for c in stacks.COLLECTIVES if not c.startswith("_")))   # the names stacks show
 
 
-def _collective_name(text: str) -> str:
-    return text.lower().removeprefix("torch.distributed.").removeprefix("dist.").removesuffix("()")
-
-
 def collective(what: str = 'a torch.distributed collective\'s name, like "barrier"') -> Choice:
-    """A collective's torch.distributed name ("all_reduce"; "dist.all_reduce()" is read as the same)."""
-    return Choice(COLLECTIVES, what=what, normalise=_collective_name)
+    """A collective's torch.distributed name ("all_reduce"; "dist.all_reduce()" and "allreduce" read the same)."""
+    return Choice(COLLECTIVES, what=what)
 
 
 STATUSES = ("ok", "failed", "hung")
@@ -270,13 +321,14 @@ STATUSES = ("ok", "failed", "hung")
 
 @dataclass(frozen=True, repr=False)
 class Checked(Check):
-    """A checker's verdict; the output's metadata names the exercise and the answers it accepts."""
+    """A checker's verdict. Its output's metadata names the lab and the exercise, never an answer: what
+    is stored in a notebook is there for anyone to copy (the accepted answers go to `ANSWERS_FILE`)."""
     exercise: str = ""
-    accepted: tuple = ()
+    lab: str = ""
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return ({"text/plain": repr(self), "text/html": self._repr_html_()},
-                {"ddplab": {"exercise": self.exercise, "accepted": [to_json(a) for a in self.accepted]}})
+                {"ddplab": {"exercise": self.exercise, "lab": self.lab}})
 
 
 def to_json(value):
@@ -299,61 +351,136 @@ def from_json(value):
     return value
 
 
+def describe(value) -> str:
+    """An accepted answer as the reveal writes it (after the one answer that counts)."""
+    if isinstance(value, Interval):
+        return f"from {value.lo:g} to {value.hi:g}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(repr(v) for v in sorted(value)) + "}"
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The records beside the runs: the one answer that counts, and the answers each checker accepted
+# ---------------------------------------------------------------------------------------------
+
+ATTEMPTS_FILE = "attempts.json"   # {"01/timeout-seconds": the first well-formed answer, as JSON}
+ANSWERS_FILE = "answers.json"     # {"01/timeout-seconds": [accepted answers, as JSON]}: the last call's
+
+
+def records_dir() -> Path:
+    """Where the records go: the runs folder ($DDPLAB_RUNS_DIR, else runs/), never the notebook."""
+    from ddplab.origins.job import runs_root
+    return runs_root()
+
+
+def _read(name: str) -> dict:
+    path = records_dir() / name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(name: str, data: dict) -> None:
+    path = records_dir() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def recorded_answers(folder: Path) -> dict[str, list]:
+    """The accepted answers the checkers of one execution wrote into ``folder`` (its runs folder)."""
+    try:
+        data = json.loads((Path(folder) / ANSWERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: [from_json(a) for a in v] for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One exercise's checker. ``judge(value, *runs, **kw) -> Check`` sees the parsed answer;
     ``accepted(*runs, **kw)`` lists the answers that pass (an `Interval` for a tolerance), or none
-    where the checker runs the learner's answer itself (nothing above it could show that run).
-    ``once``: a prediction counts once per run: a later, different answer is judged as the first.
-    ``runs_answer``: the checker runs the learner's answer itself (no run above it can show the answer)."""
+    where the checker runs the learner's answer itself (``runs_answer``: no run above it can show it).
+    Calling it (or `.check`) judges the one answer that counts: the first well-formed one recorded."""
     key: str
     kind: Kind
     judge: Callable[..., Check]
     accepted: Callable[..., Sequence] = lambda *runs, **kw: ()
     name: str = "answer"
-    once: bool = False
     runs_answer: bool = False
-    _first: dict = field(default_factory=dict, compare=False)
 
     @property
     def __name__(self) -> str:
         return self.judge.__name__
 
-    def check(self, answer, *runs, **kw) -> Check:
-        """The verdict on ``answer`` (stateless: the tests call this)."""
+    @property
+    def lab(self) -> str:
+        """The lab number of the workbook module that defines the judge ("01" for ddplab.course.lab01)."""
+        m = re.search(r"lab(\d\d)$", getattr(self.judge, "__module__", "") or "")
+        return m.group(1) if m else ""
+
+    @property
+    def record_key(self) -> str:
+        return f"{self.lab}/{self.key}"
+
+    def _verdict(self, answer, *runs, **kw) -> Check:
+        """The verdict on ``answer``, recorded nowhere: the tests' way to try many answers. The notebooks
+        call the exercise itself, which judges only the first answer."""
         try:
             value = self.kind.parse(answer, self.name)
         except Rejected as e:
             return Check(False, str(e))
         return self.judge(value, *runs, **kw)
 
-    def __call__(self, answer, *runs, **kw) -> Checked:
+    def _accepted(self, runs, kw) -> tuple:
         try:
-            accepted = tuple(self.accepted(*runs, **kw))
-        except Exception:  # a run that lacks what the answer is read from: the checker says so
-            accepted = ()
-        c = self._committed(answer, runs, kw) if self.once else self.check(answer, *runs, **kw)
-        return Checked(c.passed, c.message, self.key, accepted)
+            return tuple(self.accepted(*runs, **kw))
+        except Exception:  # a run that lacks what the answer is read from: the judge says so
+            return ()
 
-    def _committed(self, answer, runs, kw) -> Check:
-        """The first well-formed answer given for these runs is the one judged, whatever comes later."""
+    def __call__(self, answer, *runs, **kw) -> Checked:
+        accepted = self._accepted(runs, kw)
+        answers = _read(ANSWERS_FILE)
+        answers[self.record_key] = [to_json(a) for a in accepted]
+        _write(ANSWERS_FILE, answers)
+        c = self._committed(answer, runs, kw, accepted)
+        return Checked(c.passed, c.message, self.key, self.lab)
+
+    check = __call__
+
+    def _committed(self, answer, runs, kw, accepted) -> Check:
+        """The first well-formed answer recorded for this exercise is the one judged, whatever comes
+        later; once it is recorded, a wrong verdict shows the answer."""
         try:
             value = self.kind.parse(answer, self.name)
         except Rejected as e:
             return Check(False, str(e))
-        first = self._first.setdefault(tuple(id(r) for r in runs), value)
+        attempts = _read(ATTEMPTS_FILE)
+        if self.record_key not in attempts:
+            attempts[self.record_key] = to_json(value)
+            _write(ATTEMPTS_FILE, attempts)
+        first = from_json(attempts[self.record_key])
+        try:
+            first = self.kind.parse(first, self.name)
+        except Rejected:
+            first = value
         c = self.judge(first, *runs, **kw)
-        if first == value:
-            return c
-        return Check(c.passed, f"you predicted {first!r} first, and a prediction counts once (change it and "
-                               f"you are no longer predicting): {c.message}")
+        message = c.message
+        if first != value:
+            message = f"you answered {describe(first)} first, and one answer counts: {message}"
+        if not c.passed and accepted:
+            message += " The answer in this execution: " + " or ".join(describe(a) for a in accepted) + "."
+        return Check(c.passed, message)
 
 
 def exercise(key: str, kind: Kind, *, accepted: Callable[..., Sequence] | None = None, name: str = "answer",
-             once: bool = False, runs_answer: bool = False) -> Callable[[Callable[..., Check]], Exercise]:
+             runs_answer: bool = False) -> Callable[[Callable[..., Check]], Exercise]:
     """Decorate a judge (``judge(value, *runs)``) into an `Exercise`."""
     def wrap(judge: Callable[..., Check]) -> Exercise:
-        return Exercise(key, kind, judge, accepted or (lambda *runs, **kw: ()), name, once, runs_answer)
+        return Exercise(key, kind, judge, accepted or (lambda *runs, **kw: ()), name, runs_answer)
     return wrap
 
 

@@ -292,7 +292,7 @@ def _error_after(tta: TimeToAnswer) -> list[answers.Interval]:
 
 
 @answers.exercise("timeout-seconds", answers.Number(0, 3600, "a number of seconds", label="timeout"),
-                  accepted=_error_after, once=True, name="error_after_s")
+                  accepted=_error_after, name="error_after_s")
 def check_error_seconds(answer: float, tta: TimeToAnswer) -> Check:
     """Exercise 2 (predicted before the run): with ``init_process_group(timeout=pg_timeout_s)``, how many
     seconds after launch does the broken job end with PyTorch's own timeout error? Right: more than the

@@ -335,7 +335,7 @@ def _fewest(probe=None, **kw) -> list[int]:
 
 
 @answers.exercise("accum", answers.Whole(1, 16, "a number of micro-batches per step", label="accum",
-                                               only=ACCUM_CHOICES), once=True, runs_answer=True,
+                                               only=ACCUM_CHOICES), runs_answer=True,
                   accepted=_fewest)
 def check_accum(answer: int, probe=None, mem_limit_mb: float = EXERCISE_MEM_LIMIT_MB, **kw) -> Check:
     """Exercise 2: under a smaller cap (``mem_limit_mb``, 24 MiB), what is the FEWEST micro-batches per

@@ -496,7 +496,7 @@ def _node1_world_size(launch: LaunchCheck) -> list[int]:
 
 
 @answers.exercise("node-world-size", answers.Whole(1, 64, label="WORLD_SIZE"), accepted=_node1_world_size,
-                  name="predicted_world_size", once=True)
+                  name="predicted_world_size")
 def check_world_size(answer: int, launch: LaunchCheck) -> Check:
     """Exercise "node-world-size" (predicted before the pre-flight, once): node 0's torchrun starts 1 rank,
     node 1's starts 2, both with TORCH_ELASTIC_WORKER_IDENTICAL=1 (torchrun's fast path for nodes that are
