@@ -7,7 +7,7 @@ A checker is an `Exercise`: the kind of answer it takes (`Whole`, `Rank`, `Ranks
 `Choice`, `Options`, `Pair`), a judge that compares the parsed answer with this execution's runs,
 and `accepted(*runs)`, the answers that pass. One answer counts (DESIGN.md, "One answer counts"): the
 first well-formed answer to an exercise is recorded in the runs folder and is the one judged from then
-on, whatever is given later, re-run or restarted; after it, a wrong verdict shows the answer.
+on, whatever is given later, re-run or restarted; no verdict shows an accepted answer.
 The notebook's output names the exercise only; the accepted answers go to a file beside the runs
 (`answers.json`, outside the notebook), which `tests/test_exercises_hidden.py` reads to find that no
 cell above a checker shows one of them, using each kind's `needles` (how that answer would read in a
@@ -112,6 +112,11 @@ class Kind:
     def needles(self, value) -> list[str]:
         raise NotImplementedError
 
+    def hints(self, value) -> list[str]:
+        """Other words that give ``value`` away (or point to a wrong option): any one of them in a text
+        above the checker is a leak, where the needles must all be in one text."""
+        return []
+
     def _unset(self, answer, name):
         if _blank(answer):
             raise Rejected(unset(name, self.what))
@@ -138,7 +143,11 @@ class Whole(Kind):
         return answer
 
     def needles(self, value):
-        return ([rf"(?i)\b{self.label}"] if self.label else []) + [_number_token(value)]
+        """The number beside the words that name it ("failed at step 1", "(4 ranks)", "WORLD_SIZE=4")."""
+        if not self.label:
+            return [_number_token(value)]
+        num, label = _number_token(value), rf"\b(?:{self.label})"
+        return [rf"(?i){label}[^\n\d]{{0,20}}?{num}|{num}[^\n\d]{{0,3}}{label}"]
 
 
 @dataclass(frozen=True)
@@ -257,12 +266,21 @@ class Choice(Kind):
     def needles(self, value):
         return [r"(?<![\w-])" + re.escape(self.labels.get(value, value)) + r"(?![\w-])"]
 
+    def hints(self, value):
+        return [r for o in self.options for r in _as_list(self.reveals.get(o, ()))]
+
+
+def _as_list(x) -> list:
+    return [x] if isinstance(x, str) else list(x)
+
 
 @dataclass(frozen=True)
 class Options(Kind):
     """Some of ``options`` (a set, list or tuple of strings, each read with `fold`), returned as a frozenset."""
     options: tuple[str, ...]
     what: str = "a set of names"
+    marks: str = ""    # how a text says an option has the property asked for: r"{o}\W{1,3}failed\b"
+    says: str = ""     # a word an option's name must not hold (it would say the answer): "silent"
 
     def __post_init__(self):
         _distinct(self.options)
@@ -280,6 +298,12 @@ class Options(Kind):
 
     def needles(self, value):
         return [r"(?<![\w-])" + re.escape(v) + r"(?![\w-])" for v in sorted(value)]
+
+    def hints(self, value):
+        marked = [self.marks.replace("{o}", re.escape(v)) for v in sorted(value)] if self.marks else []
+        named = [r"(?<![\w-])" + re.escape(v) + r"(?![\w-])" for v in sorted(value)
+                 if self.says and re.search(self.says, v, re.I)]
+        return marked + named
 
 
 @dataclass(frozen=True)
@@ -301,6 +325,9 @@ class Pair(Kind):
 
     def needles(self, value):
         return self.first.needles(value[0]) + self.second.needles(value[1])
+
+    def hints(self, value):
+        return self.first.hints(value[0]) + self.second.hints(value[1])
 
 
 COLLECTIVES = tuple(sorted(c for c in stacks.COLLECTIVES if not c.startswith("_")))   # the names stacks show
@@ -352,7 +379,7 @@ def from_json(value):
 
 
 def describe(value) -> str:
-    """An accepted answer as the reveal writes it (after the one answer that counts)."""
+    """A recorded answer as a verdict quotes it ("you answered ... first")."""
     if isinstance(value, Interval):
         return f"from {value.lo:g} to {value.hi:g}"
     if isinstance(value, (set, frozenset)):
@@ -446,14 +473,15 @@ class Exercise:
         answers = _read(ANSWERS_FILE)
         answers[self.record_key] = [to_json(a) for a in accepted]
         _write(ANSWERS_FILE, answers)
-        c = self._committed(answer, runs, kw, accepted)
+        c = self._committed(answer, runs, kw)
         return Checked(c.passed, c.message, self.key, self.lab)
 
     check = __call__
 
-    def _committed(self, answer, runs, kw, accepted) -> Check:
+    def _committed(self, answer, runs, kw) -> Check:
         """The first well-formed answer recorded for this exercise is the one judged, whatever comes
-        later; once it is recorded, a wrong verdict shows the answer."""
+        later. The verdict never shows an accepted answer (a notebook's outputs are there to copy):
+        after the one answer, the instructor's solutions/NN_topic.md has it."""
         try:
             value = self.kind.parse(answer, self.name)
         except Rejected as e:
@@ -471,8 +499,6 @@ class Exercise:
         message = c.message
         if first != value:
             message = f"you answered {describe(first)} first, and one answer counts: {message}"
-        if not c.passed and accepted:
-            message += " The answer in this execution: " + " or ".join(describe(a) for a in accepted) + "."
         return Check(c.passed, message)
 
 
@@ -513,3 +539,98 @@ def _in_interval(iv: Interval, text: str) -> bool:
         if x in iv:
             return True
     return False
+
+
+def hinted(kind: Kind, value, text: str) -> bool:
+    """Whether ``text`` holds a word that gives ``value`` away, or that points to one of the options."""
+    return any(re.search(h, text, re.I) for h in kind.hints(value))
+
+
+@dataclass(frozen=True)
+class Leak:
+    """An accepted answer (or a word that points to an option) found in a cell above its checker."""
+    cell: int
+    where: str      # "output", "markdown", "source", "own output" (the checker's cell, before its verdict)
+    answer: object
+    text: str       # the line it was found in
+
+    def __str__(self) -> str:
+        return f"cell {self.cell} ({self.where}): {self.answer!r} in {self.text.strip()[:100]!r}"
+
+
+def texts_above(cells: list[dict], index: int, output: int) -> list[tuple[int, str, str]]:
+    """(cell, where, text) for what a reader sees above output ``output`` of cell ``index``: every
+    markdown cell and every output before it (the checker cell's own earlier outputs included), and the
+    code (where variant names are typed)."""
+    out = []
+    for i, c in enumerate(cells[:index + 1]):
+        if c["cell_type"] == "markdown":
+            out.append((i, "markdown", _joined(c["source"])))
+            continue
+        if c["cell_type"] != "code":
+            continue
+        out.append((i, "source", _joined(c["source"])))
+        outputs = c.get("outputs", [])
+        outputs = outputs[:output] if i == index else outputs
+        out += [(i, "own output" if i == index else "output", t) for t in output_texts(outputs)]
+    return out
+
+
+def _joined(v) -> str:
+    return "".join(v) if isinstance(v, list) else (v or "")
+
+
+def output_texts(outputs: list[dict]) -> list[str]:
+    """Each output as the text a reader sees: streams, tracebacks, and a rich output's HTML where it has
+    one (what Jupyter, nbviewer and GitHub show), else its plain text."""
+    import html as _html
+    texts = []
+    for o in outputs:
+        if o["output_type"] == "stream":
+            texts.append(_joined(o["text"]))
+        elif o["output_type"] == "error":
+            texts.append("\n".join(o.get("traceback", [])))
+        elif "text/html" in o.get("data", {}):
+            texts.append(_html.unescape(re.sub(r"<[^>]+>", " ", _joined(o["data"]["text/html"]))))
+        else:
+            texts.append(_joined(o.get("data", {}).get("text/plain", "")))
+    return texts
+
+
+def leaks(cells: list[dict], index: int, output: int, kind: Kind, accepted: Sequence) -> list[Leak]:
+    """Every place above output ``output`` of cell ``index`` (a checker's verdict) that shows one of
+    ``accepted``: all of a kind's needles in one output; in markdown, the needles of a name (not of a
+    number, which the question itself may hold) in a line that is no list of the choices; or a word that
+    gives an option away (its hints) in any text, code included."""
+    numeric = isinstance(kind, (Whole, Number, Rank, Ranks)) or (
+        isinstance(kind, Pair) and isinstance(kind.first, (Whole, Number, Rank)))
+    found = []
+    for i, where, text in texts_above(cells, index, output):
+        for a in accepted:
+            if where in ("output", "own output"):
+                units = [text] if shows(kind, a, text) else []
+            elif where == "markdown" and not numeric:
+                units = [p for p in _paragraphs(text) if shows(kind, a, p) and not _lists_choices(kind, a, p)]
+            else:
+                units = []
+            units += [ln for ln in text.splitlines() if hinted(kind, a, ln)]
+            if units:
+                found.append(Leak(i, where, a, units[0]))
+    return found
+
+
+def _lists_choices(kind: Kind, value, line: str) -> bool:
+    """A line that names two or more options besides ``value`` lists the choices: it is the question."""
+    if isinstance(kind, Pair):
+        kind, value = (kind.second, value[1]) if isinstance(kind.second, (Choice, Options)) else (kind.first, value[0])
+    if not isinstance(kind, (Choice, Options)):
+        return False
+    mine = set(value) if isinstance(value, (set, frozenset)) else {value}
+    others = [o for o in kind.options if o not in mine
+              and re.search(r"(?<![\w-])" + re.escape(o) + r"(?![\w-])", line)]
+    return len(others) >= min(2, len(kind.options) - len(mine))
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Markdown's paragraphs and list items (a question's options may be wrapped over lines)."""
+    return [p for p in re.split(r"\n\s*\n|\n(?=\s*(?:\d+\.|[-*]) )", text) if p.strip()]

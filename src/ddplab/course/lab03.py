@@ -233,7 +233,8 @@ def _failed(results: dict) -> list[frozenset]:
     return [frozenset(v for v, r in results.items() if r.status == "failed")]
 
 
-@answers.exercise("failing-variants", answers.Options(SHAPES, "a set of variant names, like {\"fixed-guard\"}"),
+@answers.exercise("failing-variants", answers.Options(SHAPES, "a set of variant names, like {\"fixed-guard\"}",
+                                                     marks=r"{o}\W{1,3}failed\b"),
                   accepted=_failed, name="failing")
 def check_failing(answer: frozenset, results: dict) -> Check:
     """Exercise 1 (predicted before the runs): which variants end in 'failed' on 2 gloo ranks?
@@ -264,7 +265,8 @@ def _silently_wrong(results: dict) -> list[frozenset]:
                       and not all(x["equal"] for x in dtype_report(r)["ranks"].values()))]
 
 
-@answers.exercise("dtype-silently-wrong", answers.Options(DTYPES, "a set of variant names, like {\"fixed-dtype\"}"),
+@answers.exercise("dtype-silently-wrong", answers.Options(DTYPES, "a set of variant names, like {\"fixed-dtype\"}",
+                                                         marks=r"{o}\W{1,3}ok\b", says=r"silent|wrong"),
                   accepted=_silently_wrong, name="silently_wrong")
 def check_silently_wrong(answer: frozenset, results: dict) -> Check:
     """Exercise 2 (predicted before the runs): which of the dtype variants end 'ok' with statistics that

@@ -413,7 +413,8 @@ def _rank1_error(unreachable) -> list[str]:
     return [f["error"] for f in init_failures(unreachable) if f["rank"] == 1 and f["error"]][:1]
 
 
-@answers.exercise("unreachable-error", answers.Choice(INIT_ERRORS), accepted=_rank1_error,
+@answers.exercise("unreachable-error", answers.Choice(INIT_ERRORS, reveals={"DistNetworkError": r"store-unreachable"}),
+                  accepted=_rank1_error,
                   name="predicted_error")
 def check_unreachable_error(answer: str, unreachable) -> Check:
     """Exercise "unreachable-error" (predicted before the run): rank 1 dials a master address where
