@@ -15,7 +15,7 @@ from ddplab.course.notebook import Check
 
 LAB = "03"
 SHAPES = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
-DTYPES = ("dtype-mismatch", "dtype-silent", "fixed-dtype")
+DTYPES = ("dtype-mismatch", "dtype-same-width", "fixed-dtype")
 VARIANTS = SHAPES + DTYPES
 BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -176,11 +176,11 @@ def plot(bare, detail, guard_raise, guard_ok):
 
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
-    Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-silent",
+    Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-same-width",
     "gather-ragged-detail" (gather-ragged with detail=True) and "fixed-guard-raise" (fixed-guard with
     on_mismatch="raise")."""
     article, bare, model = runs["article-example"], runs["gather-ragged"], runs["model-mismatch"]
-    dtype, silent = runs["dtype-mismatch"], dtype_report(runs["dtype-silent"])
+    dtype, silent = runs["dtype-mismatch"], dtype_report(runs["dtype-same-width"])
     detail, guard_raise = runs["gather-ragged-detail"], runs["fixed-guard-raise"]
     g = grad_check(article)
     d = detail_report(detail)
@@ -199,7 +199,7 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
             f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; dtype-mismatch: "
             f"{dtype.status} [{dtype.signature}], rank(s) {dtype_report(dtype)['aborted_ranks']} aborted; hung: "
-            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, dtype-silent "
+            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, dtype-same-width "
             f"(dtypes of equal size: {', '.join(sorted({v['dtype'] for v in silent['ranks'].values()}))}) ended "
             f"{silent['status']} with no error and sums equal to the single-process ones on "
             f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",
