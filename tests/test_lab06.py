@@ -265,5 +265,10 @@ def test_check_unreachable_error(jobs):
     # DistStoreError: what the missing-rank run above it raised (a store that answers, then waits)
     exercise_cases.check_all(lab06.check_unreachable_error, r, right=["DistNetworkError", " DistNetworkError "],
                              neighbour="DistStoreError", shown=3.0,
-                             wrong=["distnetworkerror", "Network", "TimeoutError", "DistNetworkError: timed out"])
+                             wrong=["Network", "TimeoutError", "DistNetworkError: timed out", "ConnectionRefusedError",
+                                    "builtins.TimeoutError", "DistStore"])
     assert "DistNetworkError" not in lab06.check_unreachable_error._verdict("DistStoreError", r).message
+    # what the article's `except RuntimeError:` catches, and the spellings issue 34 found rejected
+    for also in ("RuntimeError", "runtimeerror", "DistError", "torch.distributed.DistNetworkError",
+                 "torch.distributed.DistError", "distnetworkerror", "dist.DistNetworkError"):
+        assert lab06.check_unreachable_error._verdict(also, r).passed, also
