@@ -30,9 +30,10 @@ def _spelled(kind: answers.Kind, right) -> list:
     """``right`` as a learner may also write it; each must pass as ``right`` does."""
     import numpy as np
     if isinstance(kind, answers.Choice):
-        return [right.upper(), right.replace("_", ""), "torch.distributed." + right, f" {right.title()} "]
+        r = right.strip()
+        return [r.upper(), r.replace("_", ""), "torch.distributed." + r, f" {r.title()} "]
     if isinstance(kind, answers.Options):
-        return [{v.upper() for v in right}, sorted(right)]
+        return [{v.strip().upper() for v in right}, sorted(right)]
     if isinstance(kind, (answers.Whole, answers.Rank)):
         return [np.int64(right), float(right), np.float32(right)]
     if isinstance(kind, answers.Number) and not isinstance(right, str):

@@ -148,6 +148,8 @@ def test_check_error_seconds(tta):
     measured, begins = tta.with_timeout.wall_s, lab01.hang_begins_s(tta)
     assert tta.with_timeout.signature == "collective-timeout" and measured > 10
     predicted = 10 + begins
+    print(f"hang begins {begins} s after launch; timeout error at {measured} s; accepted "
+          f"{lab01.check_error_seconds.accepted(tta)}")
     far = max(predicted, measured) + 2 * lab01.ERROR_AFTER_SLACK_S
     exercise_cases.check_all(lab01.check_error_seconds, tta, right=[round(measured, 1), round(predicted, 1)],
                              neighbour=10.0, shown=10,

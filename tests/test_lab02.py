@@ -131,6 +131,7 @@ def test_check_accum_is_read_off_the_learners_own_plot(plotted):
     under = [m for m, v in peak.items() if v <= share]
     assert under, f"no plotted micro-batch is under {share:.1f} MiB: {peak}"
     best = st["batch"] // max(under)
+    print(f"activation share {share:.1f} MiB; plotted peaks {peak}; fewest micro-batches {best}")
     near = {st["batch"] // m for m, v in peak.items() if abs(v - share) <= lab02.READ_MB}   # read either way
     rights = sorted({best} | (near & {best, best * 2, best // 2}))
     wrongs = [a for a in lab02.ACCUM_CHOICES if a not in rights]

@@ -157,6 +157,7 @@ def test_check_batch_for_fraction_accepts_exactly_the_batch_its_sweep_shows(frac
     frac = {r["batch"]: r["comm_frac"] for r in L.summarize(fraction_grid)}
     sizes = sorted(frac)
     crossings = [(frac[a] + frac[b]) / 2 for a, b in zip(sizes, sizes[1:]) if frac[a] > frac[b]]
+    print("exposed communication per batch:", {b: round(f, 3) for b, f in frac.items()})
     tried = 0
     for target in [0.25] + crossings[:3]:
         under = [b for b in sizes if frac[b] < target]

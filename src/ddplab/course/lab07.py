@@ -610,9 +610,10 @@ def check_batch_for_fraction(answer: int, width: int = 2048, target: float = 0.2
     if smallest_under(rows, target) != answer:
         return Check(False, f"{said}, under {100 * target:.0f}%, but so is a smaller batch in the same sweep: the "
                             "exercise asks for the smallest")
-    half = rows[answer // 2]
-    return Check(True, f"{said}, under {100 * target:.0f}%; batch {answer // 2} was not "
-                       f"({100 * half['comm_frac']:.0f}%), nor any smaller one (one sweep, measured just now)")
+    half = rows.get(answer // 2)
+    return Check(True, f"{said}, under {100 * target:.0f}%"
+                 + (f"; batch {answer // 2} was not ({100 * half['comm_frac']:.0f}%), nor any smaller one" if half else
+                    f"; {answer} is the smallest batch offered") + " (one sweep, measured just now)")
 
 
 EXERCISES = answers.exercises(check_best_fix, check_batch_for_fraction)
