@@ -178,3 +178,19 @@ def test_two_jobs_alone_succeeds(runs):
     assert all(d["same_weights"] for d in r.records_of("done")) and len(r.records_of("done")) == 2
 
 
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_checkers_under_a_cpu_burner(tmp_path):
+    """Both exercises' right answers with a core burning beside the run: the rank that binds the port
+    fails first, with the errno the OS gave (issue 34 read the checkers under load)."""
+    from burner import load
+
+    with load("burner"):
+        taken = lab05.run_variant("port-taken", port=ports.free_port(), run_root=tmp_path, progress=None)
+    assert_nothing_left(str(tmp_path))
+    assert lab05.check_failing_rank.accepted(taken) == [0] and lab05.check_error_answer.accepted(taken) == ["EADDRINUSE"]
+    exercise_cases.check_all(lab05.check_failing_rank, taken, right=0, neighbour=-1, other_rank=1)
+    exercise_cases.check_all(lab05.check_error_answer, taken, right="EADDRINUSE", neighbour="EADDRNOTAVAIL",
+                             wrong=["ECONNREFUSED", "INUSE"])

@@ -272,3 +272,20 @@ def test_check_unreachable_error(jobs):
     for also in ("RuntimeError", "runtimeerror", "DistError", "torch.distributed.DistNetworkError",
                  "torch.distributed.DistError", "distnetworkerror", "dist.DistNetworkError"):
         assert lab06.check_unreachable_error._verdict(also, r).passed, also
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_check_unreachable_error_under_a_cpu_burner(tmp_path):
+    """The same right answer with a core burning beside the run (issue 34 read the checkers under load):
+    the class rank 1 recorded, and its parents up to the article's `except RuntimeError:`."""
+    from burner import load
+
+    with load("burner"):
+        r, master = lab06.run_unreachable(timeout_s=3.0, run_root=tmp_path, progress=None)
+    assert_nothing_left(str(tmp_path))
+    right = lab06.check_unreachable_error.accepted(r)
+    assert right == ["DistNetworkError"], (right, master.note)
+    exercise_cases.check_all(lab06.check_unreachable_error, r, right=right, neighbour="DistStoreError",
+                             wrong=["TimeoutError", "ConnectionRefusedError", "Network"])
+    assert all(lab06.check_unreachable_error._verdict(a, r).passed for a in ("RuntimeError", "DistError"))

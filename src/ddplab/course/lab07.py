@@ -530,7 +530,7 @@ def _best_fixes(frows) -> list[str]:
     return [r["fix"] for r in frows if r["fix"] in FIXES and (r["fix"] == best["fix"] or r["speedup"] >= WITHIN_BEST * best["speedup"])]
 
 
-@answers.exercise("best-fix", answers.Choice(FIXES, labels=FIX_LABELS, normalise=str.lower), accepted=_best_fixes,
+@answers.exercise("best-fix", answers.Choice(FIXES, labels=FIX_LABELS), accepted=_best_fixes,
                   name="predicted_best_fix")
 def check_best_fix(answer: str, frows) -> Check:
     """Exercise "best-fix" (predicted before the fixes run): which fix raised samples/s the most in this
