@@ -237,15 +237,13 @@ def _distinct(options: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class Choice(Kind):
-    """One of ``options`` (strings), read with `fold`. ``labels`` say how an option is written in outputs,
-    where that differs from the option; ``normalise`` maps what a learner may type onto an option before
-    that; ``reveals`` (option -> regular expression) are the other words that point to an option (a run
+    """One of ``options`` (strings), read with `fold` (the one reading of every checker). ``labels`` say how
+    an option is written in outputs, where that differs from the option; ``reveals`` (option -> regular expression) are the other words that point to an option (a run
     signature such as "port-in-use" points to EADDRINUSE): above its checker no text may hold one, for
     any option (the right one gives it away, a wrong one misleads)."""
     options: tuple[str, ...]
     what: str = ""
     labels: dict = field(default_factory=dict)
-    normalise: Callable[[str], str] | None = None
     reveals: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -257,8 +255,7 @@ class Choice(Kind):
         self._unset(answer, name)
         if not isinstance(answer, str):
             raise Rejected(wrong_type(name, self.what, answer))
-        got = answer.strip()
-        got = _match(self.normalise(got) if self.normalise else got, self.options)
+        got = _match(answer, self.options)
         if got is None:
             raise Rejected(out_of_range(name, answer, "write " + self.what))
         return got
