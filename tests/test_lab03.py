@@ -134,7 +134,8 @@ def test_dtype_mismatch_aborts_in_gloo_on_the_rank_whose_buffer_is_smaller(runs)
 
 def test_dtype_silent_ends_ok_with_wrong_sums_on_every_rank_and_the_cast_fixes_them(runs):
     silent, fixed = lab03.dtype_report(runs("dtype-same-width")), lab03.dtype_report(runs("fixed-dtype"))
-    assert (silent["status"], fixed["status"]) == (expected("dtype-same-width")[0], expected("fixed-dtype")[0]) == ("ok", "ok")
+    assert (silent["status"], fixed["status"]) == (expected("dtype-same-width")[0], expected("fixed-dtype")[0]) \
+        == ("ok", "ok")
     assert {v["bytes"] for v in silent["ranks"].values()} == {8} and len({v["dtype"] for v in silent["ranks"].values()}) == 2
     assert [v["equal"] for v in silent["ranks"].values()] == [False, False] and silent["aborted_ranks"] == []
     assert [v["equal"] for v in fixed["ranks"].values()] == [True, True]
@@ -173,7 +174,8 @@ def test_bad_requests_are_refused_before_any_rank_starts(kw, words, tmp_path):
 def test_check_silently_wrong_right_wrong_and_adversarial(runs):
     results = {v: runs(v) for v in lab03.DTYPES}
     exercise_cases.check_all(
-        lab03.check_silently_wrong, results, right=[{"dtype-same-width"}, ["dtype-same-width"]], neighbour={"dtype-mismatch"},
+        lab03.check_silently_wrong, results, right=[{"dtype-same-width"}, ["dtype-same-width"]],
+        neighbour={"dtype-mismatch"},
         wrong=[set(), {"dtype-same-width", "dtype-mismatch"}, set(lab03.DTYPES), {"fixed-dtype"}, {"silent"}])
 
 

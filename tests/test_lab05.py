@@ -190,7 +190,8 @@ def test_checkers_under_a_cpu_burner(tmp_path):
     with load("burner"):
         taken = lab05.run_variant("port-taken", port=ports.free_port(), run_root=tmp_path, progress=None)
     assert_nothing_left(str(tmp_path))
-    assert lab05.check_failing_rank.accepted(taken) == [0] and lab05.check_error_answer.accepted(taken) == ["EADDRINUSE"]
+    assert lab05.check_failing_rank.accepted(taken) == [0]
+    assert lab05.check_error_answer.accepted(taken) == ["EADDRINUSE"]
     exercise_cases.check_all(lab05.check_failing_rank, taken, right=0, neighbour=-1, other_rank=1)
     exercise_cases.check_all(lab05.check_error_answer, taken, right="EADDRINUSE", neighbour="EADDRNOTAVAIL",
                              wrong=["ECONNREFUSED", "INUSE"])

@@ -83,7 +83,8 @@ def test_check_blocked_listener(runs):
 def test_check_loopback_dial(runs):
     wi = runs["wrong-interface"]
     # the address the question names (127.0.1.1) is not an answer of this kind
-    exercise_cases.check_all(lab09.check_loopback_dial, wi, right=["refused", "refused ", "Refused"], neighbour="timed out",
+    exercise_cases.check_all(lab09.check_loopback_dial, wi, right=["refused", "refused ", "Refused"],
+                             neighbour="timed out",
                              shown="127.0.1.1", wrong=["refuse", "timeout", "timed"])
     with pytest.raises(DdplabError):
         lab09.check_loopback_dial._verdict("refused", runs["firewall"])
@@ -178,4 +179,5 @@ def test_check_world_size(disagree):
     launch = disagree["launch"]
     exercise_cases.check_all(lab09.check_world_size, launch, right=[4], neighbour=3, wrong=[2, 1, 8])
     with pytest.raises(DdplabError):
-        lab09.check_world_size._verdict(4, lab09.LaunchCheck("x", "ok", 1.0, launch.agreement.__class__((), (), None, True), ""))
+        lab09.check_world_size._verdict(
+            4, lab09.LaunchCheck("x", "ok", 1.0, launch.agreement.__class__((), (), None, True), ""))

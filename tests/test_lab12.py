@@ -202,11 +202,13 @@ def test_check_bn_finding(runs):
     r = runs["bn-unsynced"]
     right = lab12.check_bn_finding.accepted(r)
     assert right == ["buffers-differ"]                 # what this run found, and only that
-    exercise_cases.check_all(lab12.check_bn_finding, r, right=["buffers-differ", " buffers-differ ", "BUFFERS-DIFFER", "buffers_differ"],
+    exercise_cases.check_all(lab12.check_bn_finding, r,
+                             right=["buffers-differ", " buffers-differ ", "BUFFERS-DIFFER", "buffers_differ"],
                              neighbour="replicas-differ", shown="samples-overlap",
                              wrong=["same-order", "buffers", "buffers-differs"])
     assert not lab12.check_bn_finding._verdict("buffers-differ", runs["bn-unsynced-fixed"]).passed   # the other run
-    assert "buffers-differ" not in lab12.check_bn_finding._verdict("replicas-differ", r).message     # no answer in the hint
+    # no answer in the hint
+    assert "buffers-differ" not in lab12.check_bn_finding._verdict("replicas-differ", r).message
 
 
 @pytest.mark.multiprocess

@@ -238,9 +238,10 @@ def _distinct(options: Sequence[str]) -> None:
 @dataclass(frozen=True)
 class Choice(Kind):
     """One of ``options`` (strings), read with `fold` (the one reading of every checker). ``labels`` say how
-    an option is written in outputs, where that differs from the option; ``reveals`` (option -> regular expression) are the other words that point to an option (a run
-    signature such as "port-in-use" points to EADDRINUSE): above its checker no text may hold one, for
-    any option (the right one gives it away, a wrong one misleads)."""
+    an option is written in outputs, where that differs from the option; ``reveals`` (option -> regular
+    expression) are the other words that point to an option (a run signature such as "port-in-use" points
+    to EADDRINUSE): above its checker no text may hold one, for any option (the right one gives it away,
+    a wrong one misleads)."""
     options: tuple[str, ...]
     what: str = ""
     labels: dict = field(default_factory=dict)

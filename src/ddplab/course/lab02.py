@@ -374,8 +374,8 @@ def check_accum(answer: int, r_acc=None, mem_limit_mb: float = EXERCISE_MEM_LIMI
         micro = -(-st["batch"] // answer)
         return Check(True, f"accum={answer}: on your plot micro-batches of {micro} peaked at {peaks.get(micro, 0):.1f} "
                            f"MiB, under the {share:.1f} MiB activation share of a {mem_limit_mb:g} MiB cap"
-                           + (f"; micro-batches of {2 * micro} peaked at {peaks[2 * micro]:.1f} MiB" if 2 * micro in peaks
-                              else ""))
+                           + (f"; micro-batches of {2 * micro} peaked at {peaks[2 * micro]:.1f} MiB"
+                              if 2 * micro in peaks else ""))
     return Check(False, f"accum={answer} is not the fewest that fits under {mem_limit_mb:g} MiB: on the plot, take the "
                         "cap's activation share (the cap minus the model) and find the largest micro-batch whose peak "
                         "stays under it; accum is the batch divided by that micro-batch")

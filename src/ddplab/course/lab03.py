@@ -199,7 +199,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
             f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; dtype-mismatch: "
             f"{dtype.status} [{dtype.signature}], rank(s) {dtype_report(dtype)['aborted_ranks']} aborted; hung: "
-            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, dtype-same-width "
+            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, "
+            "dtype-same-width "
             f"(dtypes of equal size: {', '.join(sorted({v['dtype'] for v in silent['ranks'].values()}))}) ended "
             f"{silent['status']} with no error and sums equal to the single-process ones on "
             f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",

@@ -501,7 +501,8 @@ def _node1_world_size(launch: LaunchCheck) -> list[int]:
     return list(launch.world_sizes().get(1, ()))
 
 
-@answers.exercise("node-world-size", answers.Whole(1, 64, label=r"(WORLD_SIZE|world size|ranks\b)"), accepted=_node1_world_size,
+@answers.exercise("node-world-size", answers.Whole(1, 64, label=r"(WORLD_SIZE|world size|ranks\b)"),
+                  accepted=_node1_world_size,
                   name="predicted_world_size")
 def check_world_size(answer: int, launch: LaunchCheck) -> Check:
     """Exercise "node-world-size" (predicted before the pre-flight, once): node 0's torchrun starts 1 rank,
