@@ -28,7 +28,7 @@ Variants:
                     and shapes.
   dtype-mismatch    all_reduce of per-shard statistics: float32 on rank 0, float64 on rank 1 (its
                     shard's file).
-  dtype-silent      the same with float64 on rank 0, int64 on rank 1: as many bytes, so no error,
+  dtype-same-width  the same with float64 on rank 0, int64 on rank 1: as many bytes, so no error,
                     wrong sums.
   fixed-dtype       the shard is cast to float32 as it is loaded: equals the single-process
                     statistics.
@@ -79,7 +79,7 @@ LAB = {
             "about": "all_reduce of shard statistics, float32 on rank 0 and float64 on rank 1: "
                      "gloo aborts",
         },
-        "dtype-silent": {
+        "dtype-same-width": {
             "expect": "ok", "signature": None,
             "about": "float64 on rank 0, int64 on rank 1 (8 bytes each): no error, every rank's "
                      "sums wrong",
@@ -239,7 +239,7 @@ def model_mismatch(ctx, *_) -> None:
 
 # each shard file's dtype: (rank 0's, the others')
 SHARD_DTYPE = {"dtype-mismatch": (torch.float32, torch.float64),
-               "dtype-silent": (torch.float64, torch.int64),
+               "dtype-same-width": (torch.float64, torch.int64),
                "fixed-dtype": (torch.float32, torch.float64)}
 
 

@@ -1,7 +1,9 @@
 """The answers every checker is tried with, made in one place from what a lab supplies (the right
 answer and its neighbour, and where they apply the other rank and the value a parameters cell
-shows): right, wrong, empty, wrong type, the neighbouring value, the other rank, the value a
-parameters cell shows, and a list of all the options. Only the right answers may pass."""
+shows): right, the right answer as a learner may spell or type it (other case, '-' or no '_',
+a module before a name, numpy's scalars, 17.0 for 17), wrong, empty, wrong type, the neighbouring
+value, the other rank, the value a parameters cell shows, and a list of all the options. Only the
+right answers (in any spelling) may pass."""
 from __future__ import annotations
 
 from ddplab.course import answers
@@ -22,6 +24,25 @@ def _wrong_types(kind: answers.Kind, right) -> list:
     if isinstance(kind, answers.Number):
         return [str(right), True, float("nan"), [right]]
     return [str(right), float(right) + 0.5, True, [right]]   # Whole, Rank
+
+
+def _spelled(kind: answers.Kind, right) -> list:
+    """``right`` as a learner may also write it; each must pass as ``right`` does."""
+    import numpy as np
+    if isinstance(kind, answers.Choice):
+        r = right.strip()
+        return [r.upper(), r.replace("_", ""), "torch.distributed." + r, f" {r.title()} "]
+    if isinstance(kind, answers.Options):
+        return [{v.strip().upper() for v in right}, sorted(right)]
+    if isinstance(kind, (answers.Whole, answers.Rank)):
+        return [np.int64(right), float(right), np.float32(right)]
+    if isinstance(kind, answers.Number) and not isinstance(right, str):
+        return [np.float64(right)] + ([int(right)] if float(right).is_integer() else [])
+    if isinstance(kind, answers.Ranks):
+        return [[np.int64(r) for r in right], set(right)]
+    if isinstance(kind, answers.Pair):
+        return [(a, b) for a, b in zip(_spelled(kind.first, right[0]), _spelled(kind.second, right[1]))]
+    return []
 
 
 def _all_options(kind: answers.Kind):
@@ -59,6 +80,7 @@ def cases(ex: Exercise, right, neighbour, *, other_rank=NA, shown=NA, wrong=()) 
     list where only a real run of the learner's answer can pass, tried in a test of its own)."""
     rights = right if isinstance(right, list) else [right]
     out = [("right", r, True) for r in rights]
+    out += [("right, spelled otherwise", s, True) for r in rights if r is not None for s in _spelled(ex.kind, r)]
     out += [("empty", e, False) for e in (None, "", "   ", [], ())
             if not (isinstance(ex.kind, answers.Options) and e in ([], ()))]
     out += [("wrong type", w, False) for w in _wrong_types(ex.kind, rights[0] if rights else neighbour)]
@@ -82,7 +104,7 @@ def check_all(ex: Exercise, *runs, right, neighbour, other_rank=NA, shown=NA, wr
     the answers it accepts (its `accepted`, where it names them) are the right ones."""
     bad = []
     for label, answer, passes in cases(ex, right, neighbour, other_rank=other_rank, shown=shown, wrong=wrong):
-        c = ex.check(answer, *runs, **kw)
+        c = ex._verdict(answer, *runs, **kw)
         if c.passed != passes or not c.message.strip():
             bad.append(f"{label} {answer!r}: {'PASS' if c.passed else 'NOT YET'} {c.message}")
         if label == "empty" and not c.message.startswith(f"set `{ex.name}`"):

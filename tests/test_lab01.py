@@ -7,6 +7,7 @@ from ddplab.course import claims
 from ddplab.course import lab01
 
 import exercise_cases
+from burner import LOADS, load
 
 pytestmark = pytest.mark.multiprocess
 LAB = catalog.find_lab("01")
@@ -125,32 +126,49 @@ def test_check_waiting_rank(broken):
                              neighbour=(0, "barrier"), other_rank=(1, "all_reduce"),
                              wrong=[(0, "all"), (0, "reduce"), (0, "all_red"), (2, "all_reduce"), (-1, "all_reduce"),
                                     (0, "all_reduce barrier"), (0, "allreduce_coalesced"), (0, ["all_reduce"])])
-    c = lab01.check_waiting_rank.check((1, "all_reduce"), broken)
+    c = lab01.check_waiting_rank._verdict((1, "all_reduce"), broken)
     assert "rank 0 waits" not in c.message and "other in all_reduce" not in c.message   # a hint, not the answer
 
 
-@pytest.fixture(scope="module")
-def tta(broken):
-    """The time-to-answer run of the notebook, with its parameters cell's timeout (10 s)."""
-    return lab01.measure_time_to_answer(10, broken=broken)
+@pytest.fixture(scope="module", params=LOADS)
+def tta(request, broken):
+    """The time-to-answer run of the notebook, with its parameters cell's timeout (10 s): on this machine
+    as it is (with the shared broken run), and again with a CPU burner beside both runs."""
+    if request.param == "idle":
+        return lab01.measure_time_to_answer(10, broken=broken, progress=None)
+    with load(request.param):
+        return lab01.measure_time_to_answer(10, progress=None)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_check_error_seconds(tta):
-    measured = tta.with_timeout.wall_s
+    """Right: the timeout counted from the hang the broken run shows (timeout + "since N s after launch"),
+    and what the timeout run measured. Wrong: the timeout counted from launch (10 s, and 11 s: issue 34's
+    misconception, accepted before), twice the timeout (20 s, accepted before under load), the default."""
+    measured, begins = tta.with_timeout.wall_s, lab01.hang_begins_s(tta)
     assert tta.with_timeout.signature == "collective-timeout" and measured > 10
-    exercise_cases.check_all(lab01.check_error_seconds, tta, right=[round(measured, 1), measured * 1.2],
-                             neighbour=10.0, shown=10, wrong=[1800, 3.0, -1, 0])
-    assert lab01.check_error_seconds.accepted(tta)[0].lo > 10   # the timeout alone is not when the error comes
+    predicted = 10 + begins
+    print(f"hang begins {begins} s after launch; timeout error at {measured} s; accepted "
+          f"{lab01.check_error_seconds.accepted(tta)}")
+    far = max(predicted, measured) + 2 * lab01.ERROR_AFTER_SLACK_S
+    exercise_cases.check_all(lab01.check_error_seconds, tta, right=[round(measured, 1), round(predicted, 1)],
+                             neighbour=10.0, shown=10,
+                             wrong=[10 + 0.4 * begins, round(far, 1), 2 * far, 1800, 3.0, -1, 0])
+    # the issue's two answers (11 s: the timeout from launch plus a little; 20 s: accepted under load before)
+    # pass only where they are within a second of this machine's prediction or measurement
+    assert begins > 2.0, f"the broken run reached its hang {begins} s after launch: the start-up is the point"
+    for said in (11, 20):
+        near = min(predicted, measured) - 1.0 <= said <= max(predicted, measured) + 1.0 and said >= 10 + begins / 2
+        assert lab01.check_error_seconds._verdict(said, tta).passed is near, (said, begins, measured)
 
 
 @pytest.mark.timeout(180)
 def test_check_error_seconds_counts_the_first_prediction(tta):
     ex = lab01.check_error_seconds
     first = ex(10, tta)
-    assert not first.passed and first.accepted and first.exercise == "timeout-seconds"
+    assert not first.passed and first.exercise == "timeout-seconds" and first.lab == "01"
     later = ex(round(tta.with_timeout.wall_s, 1), tta)
-    assert not later.passed and "first" in later.message
+    assert not later.passed and "you answered 10.0 first" in later.message
 
 
 def test_claims_are_judged_from_the_runs(broken):

@@ -133,8 +133,9 @@ def test_dtype_mismatch_aborts_in_gloo_on_the_rank_whose_buffer_is_smaller(runs)
 
 
 def test_dtype_silent_ends_ok_with_wrong_sums_on_every_rank_and_the_cast_fixes_them(runs):
-    silent, fixed = lab03.dtype_report(runs("dtype-silent")), lab03.dtype_report(runs("fixed-dtype"))
-    assert (silent["status"], fixed["status"]) == (expected("dtype-silent")[0], expected("fixed-dtype")[0]) == ("ok", "ok")
+    silent, fixed = lab03.dtype_report(runs("dtype-same-width")), lab03.dtype_report(runs("fixed-dtype"))
+    assert (silent["status"], fixed["status"]) == (expected("dtype-same-width")[0], expected("fixed-dtype")[0]) \
+        == ("ok", "ok")
     assert {v["bytes"] for v in silent["ranks"].values()} == {8} and len({v["dtype"] for v in silent["ranks"].values()}) == 2
     assert [v["equal"] for v in silent["ranks"].values()] == [False, False] and silent["aborted_ranks"] == []
     assert [v["equal"] for v in fixed["ranks"].values()] == [True, True]
@@ -173,8 +174,9 @@ def test_bad_requests_are_refused_before_any_rank_starts(kw, words, tmp_path):
 def test_check_silently_wrong_right_wrong_and_adversarial(runs):
     results = {v: runs(v) for v in lab03.DTYPES}
     exercise_cases.check_all(
-        lab03.check_silently_wrong, results, right=[{"dtype-silent"}, ["dtype-silent"]], neighbour={"dtype-mismatch"},
-        wrong=[set(), {"dtype-silent", "dtype-mismatch"}, set(lab03.DTYPES), {"fixed-dtype"}, {"silent"}])
+        lab03.check_silently_wrong, results, right=[{"dtype-same-width"}, ["dtype-same-width"]],
+        neighbour={"dtype-mismatch"},
+        wrong=[set(), {"dtype-same-width", "dtype-mismatch"}, set(lab03.DTYPES), {"fixed-dtype"}, {"silent"}])
 
 
 def test_exercise_checkers_without_an_answer_say_not_yet():
@@ -195,7 +197,7 @@ def test_check_failing_right_wrong_and_adversarial(runs):
         neighbour={"gather-ragged", "fixed-guard"},            # what the guard's raise run shows: not its default
         wrong=[set(), {"gather-ragged"}, right | {"article-example"}, set(lab03.SHAPES),
                {"gather"}, {"ragged", "model"}, "gather-ragged,model-mismatch", {1, 2}, {"": 1}])
-    c = lab03.check_failing.check({"gather-ragged"}, results)
+    c = lab03.check_failing._verdict({"gather-ragged"}, results)
     assert "model-mismatch" not in c.message
 
 
@@ -205,9 +207,9 @@ def test_check_three_ranks_against_a_real_three_rank_run(runs):
     r = runs("gather-ragged", nproc=3)
     assert (r.status, r.signature) == ("ok", None)                      # 15/15/15 rows: equal batches
     assert sorted(x["rows"] for x in r.records_of("start")) == [15, 15, 15]
-    exercise_cases.check_all(lab03.check_three_ranks, right=["ok", " ok "], neighbour="failed", shown=20,
-                             wrong=["hung", "OK", "o", "okay"], result=r)
-    assert "ended ok" not in lab03.check_three_ranks.check("hung", result=r).message
+    exercise_cases.check_all(lab03.check_three_ranks, right=["ok", " ok ", "OK"], neighbour="failed", shown=20,
+                             wrong=["hung", "o", "okay", "k"], result=r)
+    assert "ended ok" not in lab03.check_three_ranks._verdict("hung", result=r).message
 
 
 def test_claim_verdicts_follow_the_parts():

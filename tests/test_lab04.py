@@ -173,31 +173,34 @@ def test_claim_check_on_the_emulation_tests_no_dataparallel_claim(runs):
 def test_exercise_checkers_right_wrong_and_adversarial(runs):
     b, d, k = runs("dp-broken"), runs("ddp-fixed"), runs("bucketing")
     exercise_cases.check_all(lab04.check_failing_step, b, right=1, neighbour=2, wrong=[0, -1, 3])
-    assert "step 1:" not in lab04.check_failing_step.check(2, b).message
+    assert "step 1:" not in lab04.check_failing_step._verdict(2, b).message
     # 12: rank 0's own longest; 256: the parameters cell's n_seqs
     exercise_cases.check_all(lab04.check_global_length, d, right=17, neighbour=18, shown=256, wrong=[12, 16, 0])
-    assert "17 =" not in lab04.check_global_length.check(16, d).message
+    assert "17 =" not in lab04.check_global_length._verdict(16, d).message
     s = lab04.bucketing_summary(k)
     got = s["random"]["padding_fraction"]
     exercise_cases.check_all(lab04.check_padding_fraction, k, right=[round(got, 2), got + 0.04], neighbour=got + 0.1,
                              shown=256, wrong=[s["bucketed"]["padding_fraction"], got - 0.1, 1 - got, 1.5, -0.1])
-    assert f"{got:.1%}" not in lab04.check_padding_fraction.check(got + 0.1, k).message
+    assert f"{got:.1%}" not in lab04.check_padding_fraction._verdict(got + 0.1, k).message
 
 
-def test_padding_fraction_counts_the_first_prediction_only():
-    """A sweep (0.1, 0.2, ... until one passes) is judged on its first answer."""
+def test_padding_fraction_counts_the_first_prediction_only(tmp_path, monkeypatch):
+    """A sweep (0.1, 0.2, ... until one passes) is judged on its first answer, new runs or not."""
     from ddplab.course import answers
 
+    monkeypatch.setenv("DDPLAB_RUNS_DIR", str(tmp_path))
     judged = []
-    ex = answers.Exercise("sweep", answers.Number(0, 1), lambda v, run: judged.append(v) or
-                          answers.Check(abs(v - 0.65) <= 0.05, "x"), once=True)
-    run = object()
-    results = [ex(v, run) for v in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)]
+
+    def judge(v, run):
+        judged.append(v)
+        return answers.Check(abs(v - 0.65) <= 0.05, "x")
+    judge.__module__ = lab04.__name__
+    ex = answers.Exercise("sweep", answers.Number(0, 1), judge)
+    assert ex(None, object()).message.startswith("set `answer`")      # an empty answer commits nothing
+    results = [ex(v, object()) for v in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)]   # a new run each time
     assert not any(c.passed for c in results)
     assert set(judged) == {0.1}
     assert "first" in results[-1].message
-    assert ex(None, run).message.startswith("set `answer`")      # an empty answer commits nothing
-    assert lab04.check_padding_fraction.once
 
 
 def test_dp_modes_rejected_before_any_rank_starts():

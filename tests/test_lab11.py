@@ -204,9 +204,10 @@ def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
 @pytest.mark.timeout(240)
 def test_check_skipped_ranks(r_sync):
     # [1]: the rank whose own gradient held inf, the common wrong answer; 6: the parameters cell's steps
-    exercise_cases.check_all(lab11.check_skipped_ranks, r_sync, right=[[0, 1], (1, 0), {0, 1}], neighbour=[1],
-                             other_rank=[0], shown=[6], wrong=["0,1", "[0, 1]", 2, [0, 1, 2], [1, 2], [0.0, 1.0]])
-    assert "[0, 1]" not in lab11.check_skipped_ranks.check([1], r_sync).message
+    exercise_cases.check_all(lab11.check_skipped_ranks, r_sync, right=[[0, 1], (1, 0), {0, 1}, [0.0, 1.0]],
+                             neighbour=[1],
+                             other_rank=[0], shown=[6], wrong=["0,1", "[0, 1]", 2, [0, 1, 2], [1, 2], [0.5, 1.0]])
+    assert "[0, 1]" not in lab11.check_skipped_ranks._verdict([1], r_sync).message
 
 
 @pytest.mark.multiprocess
@@ -215,9 +216,10 @@ def test_check_unsynced_scale(r_unsynced):
     at = lab11.scaler_at_inf(r_unsynced)
     assert at[0]["scale_after"] == at[0]["scale_before"] != at[1]["scale_after"]   # rank 0 kept it, rank 1 halved
     # "halved": what rank 1's scale did (the other rank); 65536: the scale as a number
-    exercise_cases.check_all(lab11.check_unsynced_scale, r_unsynced, right=["kept", " kept "], neighbour="doubled",
-                             other_rank="halved", shown=6, wrong=["Kept", "keep", 65536.0, "65536"])
-    assert "kept" not in lab11.check_unsynced_scale.check("halved", r_unsynced).message
+    exercise_cases.check_all(lab11.check_unsynced_scale, r_unsynced, right=["kept", " kept ", "Kept"],
+                             neighbour="doubled",
+                             other_rank="halved", shown=6, wrong=["keep", 65536.0, "65536"])
+    assert "kept" not in lab11.check_unsynced_scale._verdict("halved", r_unsynced).message
 
 
 @pytest.mark.multiprocess
@@ -233,9 +235,9 @@ def test_check_where_rank0_waits(r_stopped):
         neighbour=("all_reduce", 2), other_rank=("all_reduce", 0), shown=("all_reduce", 6),
         wrong=[("all", 1), ("reduce", 1), ("", 1), ("dataloader", 1), ("all_gather", 1), ("barrier", 1),
                ("all_reduce", "1"), (1, "all_reduce"), ("all_reduce", True), ("all_reduce", 1, 0)])
-    c = lab11.check_where_rank0_waits.check(("all_reduce", 1), r_stopped)
+    c = lab11.check_where_rank0_waits._verdict(("all_reduce", 1), r_stopped)
     assert c.passed and f"caught rank 0 in {op}" in c.message
-    assert "all_reduce" not in lab11.check_where_rank0_waits.check(("barrier", 1), r_stopped).message
+    assert "all_reduce" not in lab11.check_where_rank0_waits._verdict(("barrier", 1), r_stopped).message
 
 
 # ------------------------------------------------------------------------------------------------

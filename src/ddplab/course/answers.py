@@ -1,19 +1,26 @@
-"""Answers to the workbook's exercises: one place that parses every kind of answer, says in one
-wording what is wrong with an answer that is not of the kind asked for, and names the answers a
-checker accepts, as data.
+"""Answers to the workbook's exercises: one place that parses every kind of answer (and reads the
+spellings and types a learner may write: "OK" for "ok", "allreduce" for "all_reduce", a module-qualified
+name, numpy integers, 17.0 for 17), says in one wording what is wrong with an answer that is not of the
+kind asked for, and names the answers a checker accepts, as data.
 
 A checker is an `Exercise`: the kind of answer it takes (`Whole`, `Rank`, `Ranks`, `Number`,
 `Choice`, `Options`, `Pair`), a judge that compares the parsed answer with this execution's runs,
-and `accepted(*runs)`, the answers that pass. The notebook calls the exercise; its `Check` carries
-the accepted answers in the output's metadata (not shown by Jupyter, nbviewer or GitHub), so
-`tests/test_exercises_hidden.py` can find that no output above a checker shows one of them, using
-each kind's `needles` (how that answer would read in an output) and never the checker's prose.
+and `accepted(*runs)`, the answers that pass. One answer counts (DESIGN.md, "One answer counts"): the
+first well-formed answer to an exercise is recorded in the runs folder and is the one judged from then
+on, whatever is given later, re-run or restarted; no verdict shows an accepted answer.
+The notebook's output names the exercise only; the accepted answers go to a file beside the runs
+(`answers.json`, outside the notebook), which `tests/test_exercises_hidden.py` reads to find that no
+cell above a checker shows one of them, using each kind's `needles` (how that answer would read in a
+text) and never the checker's prose.
 """
 from __future__ import annotations
 
+import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ddplab.engine import stacks
@@ -50,8 +57,36 @@ def _blank(answer) -> bool:
     return False
 
 
-def _is_whole(answer) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
+def _is_bool(answer) -> bool:
+    return isinstance(answer, bool) or type(answer).__name__ in ("bool_", "bool")
+
+
+def as_whole(answer) -> int | None:
+    """A whole number as a learner may write it (3, numpy's int64(3), 3.0), else None (True is no number)."""
+    if _is_bool(answer) or not isinstance(answer, numbers.Real):
+        return None
+    if isinstance(answer, numbers.Integral):
+        return int(answer)
+    x = float(answer)
+    return int(x) if math.isfinite(x) and x.is_integer() else None
+
+
+def as_number(answer) -> float | None:
+    """A finite number (int, float, numpy's scalars), else None."""
+    if _is_bool(answer) or not isinstance(answer, numbers.Real):
+        return None
+    x = float(answer)
+    return x if math.isfinite(x) else None
+
+
+def fold(text: str) -> str:
+    """A name as it is compared: case, spaces, '_' and '-' do not matter, nor a module before it or '()'
+    after it ("torch.distributed.DistNetworkError" -> "distnetworkerror", "dist.all_reduce()" and
+    "AllReduce" -> "allreduce", "timed out" -> "timedout")."""
+    t = text.strip().lower()
+    t = re.sub(r"\(\s*\)$", "", t)
+    t = re.sub(r"^(?:[a-z_][a-z0-9_]*\.)+(?=[a-z_])", "", t)
+    return re.sub(r"[\s_\-]+", "", t)
 
 
 def _number_token(v: float) -> str:
@@ -77,6 +112,11 @@ class Kind:
     def needles(self, value) -> list[str]:
         raise NotImplementedError
 
+    def hints(self, value) -> list[str]:
+        """Other words that give ``value`` away (or point to a wrong option): any one of them in a text
+        above the checker is a leak, where the needles must all be in one text."""
+        return []
+
     def _unset(self, answer, name):
         if _blank(answer):
             raise Rejected(unset(name, self.what))
@@ -94,15 +134,20 @@ class Whole(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if not _is_whole(answer):
+        if as_whole(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_whole(answer)
         if not self.lo <= answer <= self.hi or (self.only and answer not in self.only):
             allowed = ", ".join(map(str, self.only)) if self.only else f"from {self.lo} to {self.hi}"
             raise Rejected(out_of_range(name, answer, f"it is {allowed}"))
         return answer
 
     def needles(self, value):
-        return ([rf"(?i)\b{self.label}"] if self.label else []) + [_number_token(value)]
+        """The number beside the words that name it ("failed at step 1", "(4 ranks)", "WORLD_SIZE=4")."""
+        if not self.label:
+            return [_number_token(value)]
+        num, label = _number_token(value), rf"\b(?:{self.label})"
+        return [rf"(?i){label}[^\n\d]{{0,20}}?{num}|{num}[^\n\d]{{0,3}}{label}"]
 
 
 @dataclass(frozen=True)
@@ -117,8 +162,9 @@ class Rank(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if not _is_whole(answer):
+        if as_whole(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_whole(answer)
         if not 0 <= answer < self.nproc:
             raise Rejected(out_of_range(name, answer, f"this job has ranks 0 to {self.nproc - 1}"))
         return answer
@@ -154,11 +200,12 @@ class Number(Kind):
 
     def parse(self, answer, name):
         self._unset(answer, name)
-        if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        if as_number(answer) is None:
             raise Rejected(wrong_type(name, self.what, answer))
+        answer = as_number(answer)
         if not self.lo <= answer <= self.hi:
             raise Rejected(out_of_range(name, answer, f"it is from {self.lo:g} to {self.hi:g}"))
-        return float(answer)
+        return answer
 
     def needles(self, value):
         label = [rf"(?i)\b{self.label}"] if self.label else []
@@ -178,16 +225,30 @@ class Interval:
         return {"interval": [self.lo, self.hi]}
 
 
+def _match(got: str, options: Sequence[str]) -> str | None:
+    """The option ``got`` names, read with `fold` (one reading for every checker), or None."""
+    return next((o for o in options if fold(o) == fold(got)), None)
+
+
+def _distinct(options: Sequence[str]) -> None:
+    folded = [fold(o) for o in options]
+    assert len(set(folded)) == len(folded), f"two options read as one: {options}"
+
+
 @dataclass(frozen=True)
 class Choice(Kind):
-    """One of ``options`` (strings). ``labels`` say how an option is written in outputs, where that
-    differs from the option; ``normalise`` maps what a learner may type onto an option."""
+    """One of ``options`` (strings), read with `fold` (the one reading of every checker). ``labels`` say how
+    an option is written in outputs, where that differs from the option; ``reveals`` (option -> regular
+    expression) are the other words that point to an option (a run signature such as "port-in-use" points
+    to EADDRINUSE): above its checker no text may hold one, for any option (the right one gives it away,
+    a wrong one misleads)."""
     options: tuple[str, ...]
     what: str = ""
     labels: dict = field(default_factory=dict)
-    normalise: Callable[[str], str] | None = None
+    reveals: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        _distinct(self.options)
         if not self.what:
             object.__setattr__(self, "what", "one of " + ", ".join(f'"{o}"' for o in self.options))
 
@@ -195,21 +256,32 @@ class Choice(Kind):
         self._unset(answer, name)
         if not isinstance(answer, str):
             raise Rejected(wrong_type(name, self.what, answer))
-        got = answer.strip()
-        got = self.normalise(got) if self.normalise else got
-        if got not in self.options:
+        got = _match(answer, self.options)
+        if got is None:
             raise Rejected(out_of_range(name, answer, "write " + self.what))
         return got
 
     def needles(self, value):
         return [r"(?<![\w-])" + re.escape(self.labels.get(value, value)) + r"(?![\w-])"]
 
+    def hints(self, value):
+        return [r for o in self.options for r in _as_list(self.reveals.get(o, ()))]
+
+
+def _as_list(x) -> list:
+    return [x] if isinstance(x, str) else list(x)
+
 
 @dataclass(frozen=True)
 class Options(Kind):
-    """Some of ``options`` (a set, list or tuple of strings), returned as a frozenset."""
+    """Some of ``options`` (a set, list or tuple of strings, each read with `fold`), returned as a frozenset."""
     options: tuple[str, ...]
     what: str = "a set of names"
+    marks: str = ""    # how a text says an option has the property asked for: r"{o}\W{1,3}failed\b"
+    says: str = ""     # a word an option's name must not hold (it would say the answer): "silent"
+
+    def __post_init__(self):
+        _distinct(self.options)
 
     def parse(self, answer, name):
         if isinstance(answer, (set, frozenset, list, tuple)) and len(answer) == 0:
@@ -217,14 +289,19 @@ class Options(Kind):
         self._unset(answer, name)
         if not isinstance(answer, (set, frozenset, list, tuple)) or not all(isinstance(a, str) for a in answer):
             raise Rejected(wrong_type(name, self.what, answer))
-        got = frozenset(a.strip() for a in answer)
-        unknown = sorted(got - set(self.options))
+        unknown = sorted(a for a in answer if _match(a, self.options) is None)
         if unknown:
             raise Rejected(out_of_range(name, unknown, "the names are " + ", ".join(self.options)))
-        return got
+        return frozenset(_match(a, self.options) for a in answer)
 
     def needles(self, value):
         return [r"(?<![\w-])" + re.escape(v) + r"(?![\w-])" for v in sorted(value)]
+
+    def hints(self, value):
+        marked = [self.marks.replace("{o}", re.escape(v)) for v in sorted(value)] if self.marks else []
+        named = [r"(?<![\w-])" + re.escape(v) + r"(?![\w-])" for v in sorted(value)
+                 if self.says and re.search(self.says, v, re.I)]
+        return marked + named
 
 
 @dataclass(frozen=True)
@@ -247,17 +324,16 @@ class Pair(Kind):
     def needles(self, value):
         return self.first.needles(value[0]) + self.second.needles(value[1])
 
+    def hints(self, value):
+        return self.first.hints(value[0]) + self.second.hints(value[1])
+
 
 COLLECTIVES = tuple(sorted(c for c in stacks.COLLECTIVES if not c.startswith("_")))   # the names stacks show
 
 
-def _collective_name(text: str) -> str:
-    return text.lower().removeprefix("torch.distributed.").removeprefix("dist.").removesuffix("()")
-
-
 def collective(what: str = 'a torch.distributed collective\'s name, like "barrier"') -> Choice:
-    """A collective's torch.distributed name ("all_reduce"; "dist.all_reduce()" is read as the same)."""
-    return Choice(COLLECTIVES, what=what, normalise=_collective_name)
+    """A collective's torch.distributed name ("all_reduce"; "dist.all_reduce()" and "allreduce" read the same)."""
+    return Choice(COLLECTIVES, what=what)
 
 
 STATUSES = ("ok", "failed", "hung")
@@ -270,13 +346,14 @@ STATUSES = ("ok", "failed", "hung")
 
 @dataclass(frozen=True, repr=False)
 class Checked(Check):
-    """A checker's verdict; the output's metadata names the exercise and the answers it accepts."""
+    """A checker's verdict. Its output's metadata names the lab and the exercise, never an answer: what
+    is stored in a notebook is there for anyone to copy (the accepted answers go to `ANSWERS_FILE`)."""
     exercise: str = ""
-    accepted: tuple = ()
+    lab: str = ""
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return ({"text/plain": repr(self), "text/html": self._repr_html_()},
-                {"ddplab": {"exercise": self.exercise, "accepted": [to_json(a) for a in self.accepted]}})
+                {"ddplab": {"exercise": self.exercise, "lab": self.lab}})
 
 
 def to_json(value):
@@ -299,61 +376,135 @@ def from_json(value):
     return value
 
 
+def describe(value) -> str:
+    """A recorded answer as a verdict quotes it ("you answered ... first")."""
+    if isinstance(value, Interval):
+        return f"from {value.lo:g} to {value.hi:g}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(repr(v) for v in sorted(value)) + "}"
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The records beside the runs: the one answer that counts, and the answers each checker accepted
+# ---------------------------------------------------------------------------------------------
+
+ATTEMPTS_FILE = "attempts.json"   # {"01/timeout-seconds": the first well-formed answer, as JSON}
+ANSWERS_FILE = "answers.json"     # {"01/timeout-seconds": [accepted answers, as JSON]}: the last call's
+
+
+def records_dir() -> Path:
+    """Where the records go: the runs folder ($DDPLAB_RUNS_DIR, else runs/), never the notebook."""
+    from ddplab.origins.job import runs_root
+    return runs_root()
+
+
+def _read(name: str) -> dict:
+    path = records_dir() / name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(name: str, data: dict) -> None:
+    path = records_dir() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def recorded_answers(folder: Path) -> dict[str, list]:
+    """The accepted answers the checkers of one execution wrote into ``folder`` (its runs folder)."""
+    try:
+        data = json.loads((Path(folder) / ANSWERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: [from_json(a) for a in v] for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One exercise's checker. ``judge(value, *runs, **kw) -> Check`` sees the parsed answer;
     ``accepted(*runs, **kw)`` lists the answers that pass (an `Interval` for a tolerance), or none
-    where the checker runs the learner's answer itself (nothing above it could show that run).
-    ``once``: a prediction counts once per run: a later, different answer is judged as the first.
-    ``runs_answer``: the checker runs the learner's answer itself (no run above it can show the answer)."""
+    where the checker runs the learner's answer itself (``runs_answer``: no run above it can show it).
+    Calling it (or `.check`) judges the one answer that counts: the first well-formed one recorded."""
     key: str
     kind: Kind
     judge: Callable[..., Check]
     accepted: Callable[..., Sequence] = lambda *runs, **kw: ()
     name: str = "answer"
-    once: bool = False
     runs_answer: bool = False
-    _first: dict = field(default_factory=dict, compare=False)
 
     @property
     def __name__(self) -> str:
         return self.judge.__name__
 
-    def check(self, answer, *runs, **kw) -> Check:
-        """The verdict on ``answer`` (stateless: the tests call this)."""
+    @property
+    def lab(self) -> str:
+        """The lab number of the workbook module that defines the judge ("01" for ddplab.course.lab01)."""
+        m = re.search(r"lab(\d\d)$", getattr(self.judge, "__module__", "") or "")
+        return m.group(1) if m else ""
+
+    @property
+    def record_key(self) -> str:
+        return f"{self.lab}/{self.key}"
+
+    def _verdict(self, answer, *runs, **kw) -> Check:
+        """The verdict on ``answer``, recorded nowhere: the tests' way to try many answers. The notebooks
+        call the exercise itself, which judges only the first answer."""
         try:
             value = self.kind.parse(answer, self.name)
         except Rejected as e:
             return Check(False, str(e))
         return self.judge(value, *runs, **kw)
 
-    def __call__(self, answer, *runs, **kw) -> Checked:
+    def _accepted(self, runs, kw) -> tuple:
         try:
-            accepted = tuple(self.accepted(*runs, **kw))
-        except Exception:  # a run that lacks what the answer is read from: the checker says so
-            accepted = ()
-        c = self._committed(answer, runs, kw) if self.once else self.check(answer, *runs, **kw)
-        return Checked(c.passed, c.message, self.key, accepted)
+            return tuple(self.accepted(*runs, **kw))
+        except Exception:  # a run that lacks what the answer is read from: the judge says so
+            return ()
+
+    def __call__(self, answer, *runs, **kw) -> Checked:
+        accepted = self._accepted(runs, kw)
+        answers = _read(ANSWERS_FILE)
+        answers[self.record_key] = [to_json(a) for a in accepted]
+        _write(ANSWERS_FILE, answers)
+        c = self._committed(answer, runs, kw)
+        return Checked(c.passed, c.message, self.key, self.lab)
+
+    check = __call__
 
     def _committed(self, answer, runs, kw) -> Check:
-        """The first well-formed answer given for these runs is the one judged, whatever comes later."""
+        """The first well-formed answer recorded for this exercise is the one judged, whatever comes
+        later. The verdict never shows an accepted answer (a notebook's outputs are there to copy):
+        after the one answer, the instructor's solutions/NN_topic.md has it."""
         try:
             value = self.kind.parse(answer, self.name)
         except Rejected as e:
             return Check(False, str(e))
-        first = self._first.setdefault(tuple(id(r) for r in runs), value)
+        attempts = _read(ATTEMPTS_FILE)
+        if self.record_key not in attempts:
+            attempts[self.record_key] = to_json(value)
+            _write(ATTEMPTS_FILE, attempts)
+        first = from_json(attempts[self.record_key])
+        try:
+            first = self.kind.parse(first, self.name)
+        except Rejected:
+            first = value
         c = self.judge(first, *runs, **kw)
-        if first == value:
-            return c
-        return Check(c.passed, f"you predicted {first!r} first, and a prediction counts once (change it and "
-                               f"you are no longer predicting): {c.message}")
+        message = c.message
+        if first != value:
+            message = f"you answered {describe(first)} first, and one answer counts: {message}"
+        return Check(c.passed, message)
 
 
 def exercise(key: str, kind: Kind, *, accepted: Callable[..., Sequence] | None = None, name: str = "answer",
-             once: bool = False, runs_answer: bool = False) -> Callable[[Callable[..., Check]], Exercise]:
+             runs_answer: bool = False) -> Callable[[Callable[..., Check]], Exercise]:
     """Decorate a judge (``judge(value, *runs)``) into an `Exercise`."""
     def wrap(judge: Callable[..., Check]) -> Exercise:
-        return Exercise(key, kind, judge, accepted or (lambda *runs, **kw: ()), name, once, runs_answer)
+        return Exercise(key, kind, judge, accepted or (lambda *runs, **kw: ()), name, runs_answer)
     return wrap
 
 
@@ -386,3 +537,98 @@ def _in_interval(iv: Interval, text: str) -> bool:
         if x in iv:
             return True
     return False
+
+
+def hinted(kind: Kind, value, text: str) -> bool:
+    """Whether ``text`` holds a word that gives ``value`` away, or that points to one of the options."""
+    return any(re.search(h, text, re.I) for h in kind.hints(value))
+
+
+@dataclass(frozen=True)
+class Leak:
+    """An accepted answer (or a word that points to an option) found in a cell above its checker."""
+    cell: int
+    where: str      # "output", "markdown", "source", "own output" (the checker's cell, before its verdict)
+    answer: object
+    text: str       # the line it was found in
+
+    def __str__(self) -> str:
+        return f"cell {self.cell} ({self.where}): {self.answer!r} in {self.text.strip()[:100]!r}"
+
+
+def texts_above(cells: list[dict], index: int, output: int) -> list[tuple[int, str, str]]:
+    """(cell, where, text) for what a reader sees above output ``output`` of cell ``index``: every
+    markdown cell and every output before it (the checker cell's own earlier outputs included), and the
+    code (where variant names are typed)."""
+    out = []
+    for i, c in enumerate(cells[:index + 1]):
+        if c["cell_type"] == "markdown":
+            out.append((i, "markdown", _joined(c["source"])))
+            continue
+        if c["cell_type"] != "code":
+            continue
+        out.append((i, "source", _joined(c["source"])))
+        outputs = c.get("outputs", [])
+        outputs = outputs[:output] if i == index else outputs
+        out += [(i, "own output" if i == index else "output", t) for t in output_texts(outputs)]
+    return out
+
+
+def _joined(v) -> str:
+    return "".join(v) if isinstance(v, list) else (v or "")
+
+
+def output_texts(outputs: list[dict]) -> list[str]:
+    """Each output as the text a reader sees: streams, tracebacks, and a rich output's HTML where it has
+    one (what Jupyter, nbviewer and GitHub show), else its plain text."""
+    import html as _html
+    texts = []
+    for o in outputs:
+        if o["output_type"] == "stream":
+            texts.append(_joined(o["text"]))
+        elif o["output_type"] == "error":
+            texts.append("\n".join(o.get("traceback", [])))
+        elif "text/html" in o.get("data", {}):
+            texts.append(_html.unescape(re.sub(r"<[^>]+>", " ", _joined(o["data"]["text/html"]))))
+        else:
+            texts.append(_joined(o.get("data", {}).get("text/plain", "")))
+    return texts
+
+
+def leaks(cells: list[dict], index: int, output: int, kind: Kind, accepted: Sequence) -> list[Leak]:
+    """Every place above output ``output`` of cell ``index`` (a checker's verdict) that shows one of
+    ``accepted``: all of a kind's needles in one output; in markdown, the needles of a name (not of a
+    number, which the question itself may hold) in a line that is no list of the choices; or a word that
+    gives an option away (its hints) in any text, code included."""
+    numeric = isinstance(kind, (Whole, Number, Rank, Ranks)) or (
+        isinstance(kind, Pair) and isinstance(kind.first, (Whole, Number, Rank)))
+    found = []
+    for i, where, text in texts_above(cells, index, output):
+        for a in accepted:
+            if where in ("output", "own output"):
+                units = [text] if shows(kind, a, text) else []
+            elif where == "markdown" and not numeric:
+                units = [p for p in _paragraphs(text) if shows(kind, a, p) and not _lists_choices(kind, a, p)]
+            else:
+                units = []
+            units += [ln for ln in text.splitlines() if hinted(kind, a, ln)]
+            if units:
+                found.append(Leak(i, where, a, units[0]))
+    return found
+
+
+def _lists_choices(kind: Kind, value, line: str) -> bool:
+    """A line that names two or more options besides ``value`` lists the choices: it is the question."""
+    if isinstance(kind, Pair):
+        kind, value = (kind.second, value[1]) if isinstance(kind.second, (Choice, Options)) else (kind.first, value[0])
+    if not isinstance(kind, (Choice, Options)):
+        return False
+    mine = set(value) if isinstance(value, (set, frozenset)) else {value}
+    others = [o for o in kind.options if o not in mine
+              and re.search(r"(?<![\w-])" + re.escape(o) + r"(?![\w-])", line)]
+    return len(others) >= min(2, len(kind.options) - len(mine))
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Markdown's paragraphs and list items (a question's options may be wrapped over lines)."""
+    return [p for p in re.split(r"\n\s*\n|\n(?=\s*(?:\d+\.|[-*]) )", text) if p.strip()]

@@ -134,7 +134,7 @@ REGISTER: tuple[Claim, ...] = (
         "all_gather of 7 vs 6 rows), model-mismatch (parameter shapes that differ, checked by DDP) and dtype-mismatch "
         "(an all_reduce of float32 on rank 0, float64 on rank 1). Two parts: (1) errors in the collective "
         "operations: all three runs fail with an error raised in or around the collective; (2) the hang: any of "
-        "them ends hung. dtype-silent (float64 against int64, as many bytes) is shown beside them, not a part: "
+        "them ends hung. dtype-same-width (float64 against int64, as many bytes) is shown beside them, not a part: "
         "'can lead to' is not contradicted by a mismatch that raises nothing, nor by runs that do not hang: gloo "
         "checks sizes; NCCL, which has no such check and can hang, is not run here",
         parts={"03": ("errors", "hang")}, hedged={"errors": "can", "hang": "can"},

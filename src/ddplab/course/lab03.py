@@ -15,7 +15,7 @@ from ddplab.course.notebook import Check
 
 LAB = "03"
 SHAPES = ("article-example", "gather-ragged", "model-mismatch", "fixed-pad-gather", "fixed-guard")
-DTYPES = ("dtype-mismatch", "dtype-silent", "fixed-dtype")
+DTYPES = ("dtype-mismatch", "dtype-same-width", "fixed-dtype")
 VARIANTS = SHAPES + DTYPES
 BUILDS_DDP = ("article-example", "model-mismatch", "fixed-guard")
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO"}
@@ -186,11 +186,11 @@ def uneven_evidence(article: "ddplab.RunResult") -> claims.Evidence:
 
 def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
     """What these runs measured for the register's claims (ddplab.course.claim_register); judged there.
-    Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-silent",
+    Keys read: "article-example", "gather-ragged", "model-mismatch", "dtype-mismatch", "dtype-same-width",
     "gather-ragged-detail" (gather-ragged with detail=True) and "fixed-guard-raise" (fixed-guard with
     on_mismatch="raise")."""
     article, bare, model = runs["article-example"], runs["gather-ragged"], runs["model-mismatch"]
-    dtype, silent = runs["dtype-mismatch"], dtype_report(runs["dtype-silent"])
+    dtype, silent = runs["dtype-mismatch"], dtype_report(runs["dtype-same-width"])
     detail, guard_raise = runs["gather-ragged-detail"], runs["fixed-guard-raise"]
     g = grad_check(article)
     d = detail_report(detail)
@@ -209,7 +209,8 @@ def claim_inputs(runs: Mapping[str, "ddplab.RunResult"]) -> claims.Inputs:
             f"gather-ragged: {bare.status} [{bare.signature}] after {bare.wall_s:.1f} s, rank(s) {rep.get('aborted_ranks')} "
             f"aborted in gloo; model-mismatch: {model.status} [{model.signature}] at DDP construction; dtype-mismatch: "
             f"{dtype.status} [{dtype.signature}], rank(s) {dtype_report(dtype)['aborted_ranks']} aborted; hung: "
-            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, dtype-silent "
+            f"{[r.variant for r in (bare, model, dtype) if r.status == 'hung'] or 'none'}. Beside them, "
+            "dtype-same-width "
             f"(dtypes of equal size: {', '.join(sorted({v['dtype'] for v in silent['ranks'].values()}))}) ended "
             f"{silent['status']} with no error and sums equal to the single-process ones on "
             f"{sum(bool(v['equal']) for v in silent['ranks'].values())} of {len(silent['ranks'])} ranks",
@@ -244,7 +245,8 @@ def _failed(results: dict) -> list[frozenset]:
     return [frozenset(v for v, r in results.items() if r.status == "failed")]
 
 
-@answers.exercise("failing-variants", answers.Options(SHAPES, "a set of variant names, like {\"fixed-guard\"}"),
+@answers.exercise("failing-variants", answers.Options(SHAPES, "a set of variant names, like {\"fixed-guard\"}",
+                                                     marks=r"{o}\W{1,3}failed\b"),
                   accepted=_failed, name="failing")
 def check_failing(answer: frozenset, results: dict) -> Check:
     """Exercise 1 (predicted before the runs): which variants end in 'failed' on 2 gloo ranks?
@@ -275,7 +277,8 @@ def _silently_wrong(results: dict) -> list[frozenset]:
                       and not all(x["equal"] for x in dtype_report(r)["ranks"].values()))]
 
 
-@answers.exercise("dtype-silently-wrong", answers.Options(DTYPES, "a set of variant names, like {\"fixed-dtype\"}"),
+@answers.exercise("dtype-silently-wrong", answers.Options(DTYPES, "a set of variant names, like {\"fixed-dtype\"}",
+                                                         marks=r"{o}\W{1,3}ok\b", says=r"silent|wrong"),
                   accepted=_silently_wrong, name="silently_wrong")
 def check_silently_wrong(answer: frozenset, results: dict) -> Check:
     """Exercise 2 (predicted before the runs): which of the dtype variants end 'ok' with statistics that

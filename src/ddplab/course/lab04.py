@@ -278,7 +278,7 @@ def _padding(bucketing: RunResult, tolerance: float = PADDING_TOLERANCE) -> list
 
 @answers.exercise("padding-fraction", answers.Number(0, 1, "a fraction from 0 to 1 (0.25 for a quarter)",
                                                      label="padding"),
-                  accepted=_padding, name="padding_fraction", once=True)
+                  accepted=_padding, name="padding_fraction")
 def check_padding_fraction(answer: float, bucketing: RunResult, tolerance: float = PADDING_TOLERANCE) -> Check:
     """Exercise 3 (predicted before the numbers are shown): what fraction of the RANDOM batches' token
     slots is padding (0..1)? Within ``tolerance`` of the measured value. One prediction counts: a

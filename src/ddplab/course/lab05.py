@@ -390,7 +390,13 @@ def _errno(taken) -> list[str]:
     return [n for n in [errno_name(taken)] if n]
 
 
-@answers.exercise("errno-name", answers.Choice(ERRNO_NAMES, normalise=str.upper), accepted=_errno,
+# the words that name each errno in an output (its strerror, a signature): above the checker, none may show
+ERRNO_WORDS = {"EADDRINUSE": r"in[- ]use", "EADDRNOTAVAIL": r"cannot assign requested|addr(ess)?[- ]not[- ]avail",
+               "EACCES": r"permission denied", "ECONNREFUSED": r"connection refused",
+               "ECONNRESET": r"connection reset", "ETIMEDOUT": r"timed out", "EHOSTUNREACH": r"no route to host"}
+
+
+@answers.exercise("errno-name", answers.Choice(ERRNO_NAMES, reveals=ERRNO_WORDS), accepted=_errno,
                   name="predicted_errno")
 def check_error_answer(answer: str, taken) -> Check:
     """Exercise "errno-name" (predicted before the run): the errno name PyTorch prints when the port is

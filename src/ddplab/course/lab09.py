@@ -443,7 +443,13 @@ def _blocked_kind(firewall) -> list[str]:
     return sorted({"rendezvous" if p == fw.rdzv_port else "store" if p == fw.master_port else "gloo" for p in ports})
 
 
-@answers.exercise("blocked-listener", answers.Choice(BLOCKED_KINDS), accepted=_blocked_kind, name="predicted_blocked")
+# a signature or note that names the blocked listener (the right one or not): none above the checker
+BLOCKED_WORDS = {"gloo": r"data[- ]port", "store": r"store[- ](port[- ])?(blocked|unreachable)",
+                 "rendezvous": r"(rendezvous|rdzv)[- ](port[- ])?blocked"}
+
+
+@answers.exercise("blocked-listener", answers.Choice(BLOCKED_KINDS, reveals=BLOCKED_WORDS), accepted=_blocked_kind,
+                  name="predicted_blocked")
 def check_blocked_listener(answer: str, firewall) -> Check:
     """Exercise "blocked-listener" (predicted before the run): node 0 accepts the rendezvous port only.
     Which of node 0's listeners does a rank on node 1 fail to reach: "rendezvous" (torchrun's agents,
@@ -494,8 +500,9 @@ def _node1_world_size(launch: LaunchCheck) -> list[int]:
     return list(launch.world_sizes().get(1, ()))
 
 
-@answers.exercise("node-world-size", answers.Whole(1, 64, label="WORLD_SIZE"), accepted=_node1_world_size,
-                  name="predicted_world_size", once=True)
+@answers.exercise("node-world-size", answers.Whole(1, 64, label=r"(WORLD_SIZE|world size|ranks\b)"),
+                  accepted=_node1_world_size,
+                  name="predicted_world_size")
 def check_world_size(answer: int, launch: LaunchCheck) -> Check:
     """Exercise "node-world-size" (predicted before the pre-flight, once): node 0's torchrun starts 1 rank,
     node 1's starts 2, both with TORCH_ELASTIC_WORKER_IDENTICAL=1 (torchrun's fast path for nodes that are

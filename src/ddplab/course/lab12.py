@@ -190,7 +190,7 @@ def _bn_kinds(result: ddplab.RunResult) -> list[str]:
     return sorted(kinds) if len(kinds) == 1 else []
 
 
-@answers.exercise("bn-finding", answers.Choice(tuple(KINDS)), accepted=_bn_kinds, name="bn_answer", once=True)
+@answers.exercise("bn-finding", answers.Choice(tuple(KINDS)), accepted=_bn_kinds, name="bn_answer")
 def check_bn_finding(answer: str, result: ddplab.RunResult) -> Check:
     """Exercise 1 (predicted before the runs): which finding does --check report for bn-unsynced?
     ``result``: the bn-unsynced run of this execution."""
@@ -207,7 +207,7 @@ def _bypass(result: ddplab.RunResult) -> list[int]:
     return list(found[0].ranks) if found and len(found[0].ranks) == 1 else []
 
 
-@answers.exercise("bypass-rank", answers.Rank(2), accepted=_bypass, name="bypass_answer", once=True)
+@answers.exercise("bypass-rank", answers.Rank(2), accepted=_bypass, name="bypass_answer")
 def check_bypass_rank(answer: int, result: ddplab.RunResult) -> Check:
     """Exercise 2 (predicted from the script, before the runs): in module-update, which rank takes optimizer
     steps with no forward through DDP? ``result``: the module-update run of this execution."""

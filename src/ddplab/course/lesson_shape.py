@@ -333,7 +333,7 @@ LESSONS: dict[str, Lesson] = {
             "recognise PyTorch's own messages for a missing rank on both sides of the store;",
             "predict, from the configured timeout and a rank's delay, whether and when `init_process_group` fails "
             "(measured sweep);",
-            "tell \"nothing answers\" (`store-unreachable`) from \"a rank is missing\" (`rendezvous-timeout`);",
+            "tell \"nothing answers\" from \"a rank is missing\" by PyTorch's exception and ddplab's signature;",
             "choose timeouts on purpose and check the ground before a multi-node run (`ddplab doctor`'s "
             "pre-flight).",
         ),

@@ -1,0 +1,49 @@
+"""A CPU burner beside a checker's run: one process spinning on one core while the run that the checker
+judges is measured, as a classroom of learners on one machine would load it (issue 34 read the checkers
+under load 6-11). The checkers' tests run their measurement twice, idle and burning, and each time the
+right answer must pass and the wrong ones fail: a right answer is right whatever the load.
+
+    @pytest.fixture(scope="module", params=LOADS)
+    def measured(request):
+        with load(request.param):
+            return run_the_measurement()
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+LOADS = ["idle", "burner"]
+SPIN = "import os, sys\nsys.stdout.write('spinning\\n'); sys.stdout.flush()\nwhile True:\n    pass\n"
+
+
+@contextmanager
+def load(kind: str):
+    """``kind`` "burner": a Python process spinning one core for the duration (started before, and seen
+    spinning: its first line printed; ended by its own pid after); "idle": nothing."""
+    if kind == "idle":
+        yield None
+        return
+    assert kind == "burner", kind
+    p = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "spinning"
+        before = _cpu_s(p.pid)
+        yield p
+        assert p.poll() is None, "the burner ended before the measurement did"
+        assert _cpu_s(p.pid) > before, "the burner did not burn"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (/proc), or the wall clock where /proc is missing."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:  # pragma: no cover - not Linux
+        return time.monotonic()
