@@ -6,6 +6,8 @@
 - ``%%ddplab``: a cell that is a real 2-rank job shows its live status line, the kernel is
   interrupted from JupyterLab's Kernel menu while it runs, the job is ended with nothing left, and
   the same kernel then runs the next ``%%ddplab`` cell to its verdict (build/browser-ddplab-magic.png).
+- The stored notebook 01, opened as a learner opens it: the hang's timeline is there as a picture
+  (build/browser-01-timeline.png).
 
 Playwright's own browser download does not work everywhere (not here), so the test uses Debian's
 chromium (`apt-get install chromium`; `.ci/run` installs it) and skips with one line where there is
@@ -301,3 +303,35 @@ def test_ddplab_cell_runs_is_interrupted_and_the_kernel_goes_on(jupyterlab, sess
     assert MAGIC_SHOT.stat().st_size > 10_000
     from conftest import assert_nothing_left
     assert_nothing_left(str(session_runs_dir))
+
+
+TIMELINE_SHOT = ROOT / "build" / "browser-01-timeline.png"
+
+
+def test_stored_notebook_01_shows_the_hang_as_a_picture(jupyterlab):
+    """What a learner opening the stored notebook 01 sees without running anything: the cell under
+    "The hang as a picture" has the timeline figure as its output (build/browser-01-timeline.png)."""
+    base, token, folder = jupyterlab
+    stored = ROOT / "notebooks" / "01_hang.ipynb"
+    shutil.copy(stored, folder / stored.name)
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{base}/lab/tree/{stored.name}?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+            cell = page.locator(".jp-CodeCell", has_text="plots.timeline(broken)").first
+            image = cell.locator(".jp-OutputArea img").first
+            image.wait_for(state="attached", timeout=PAGE_MS)
+            image.scroll_into_view_if_needed()
+            box = image.bounding_box()
+            TIMELINE_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(TIMELINE_SHOT), full_page=False)
+        except Exception:
+            TIMELINE_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(TIMELINE_SHOT.with_name(TIMELINE_SHOT.stem + "-failed.png")), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert box is not None and box["width"] > 300 and box["height"] > 100, box
+    assert TIMELINE_SHOT.stat().st_size > 10_000
