@@ -15,7 +15,10 @@ a line of a lab script). Each mutant is labelled by construction:
 Every label is checked under bare torchrun on each run of run.py (a mismatch is a suite error). While the
 suite was built, that check corrected two predictions (reduce-on-master-only: gloo aborts rank 0, so
 "failed", not "hung"; skip-backward-one-rank: the job ends with exit 0) and removed one operator (a second
-forward before backward with BatchNorm raised no in-place error on CPU).
+forward before backward with BatchNorm raised no in-place error on CPU). A label found wrong later:
+recv-grad-before-send's culprit was "all", but the last stage never runs the inserted receive (it sits
+under ``if not last``) and every later stage waits in its unchanged receive of rank 0's activation, so
+only rank 0 stands at the line to fix: its culprit is "0".
 """
 
 BASES = {
@@ -191,8 +194,9 @@ OPERATORS = [
     op("recv-grad-before-send", "pipeline",
        [("send_act", "before", "early = torch.empty(MICRO, WIDTH)\n"
                                "dist.recv(early, src=next_rank, tag=100 + m)  # 1F1B: take the gradient back at once")],
-       "hung", "all", "p2p-order-deadlock", "https://github.com/NVIDIA/nccl/issues/479",
-       "every stage waits to receive before it sends: a cycle of blocking receives", fault=1),
+       "hung", "0", "p2p-order-deadlock", "https://github.com/NVIDIA/nccl/issues/479",
+       "every stage but the last waits to receive before it sends: a cycle of blocking receives (only rank 0 gets "
+       "to the new receive; the others wait in their unchanged receive of its activation)", fault=1),
     op("recv-wrong-shape", "pipeline",
        [("recv_buf", "replace", "x = torch.empty(MICRO * 2, WIDTH)  # sized for the full batch")],
        "failed", "nonzero", "p2p-size-mismatch", "https://github.com/NVIDIA/nccl/issues/1938",

@@ -8,6 +8,7 @@ on evidence captured from real runs. Sentences are made later, by ``ddplab.views
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -35,11 +36,14 @@ class Verdict:
     first_failure: int | None
     divergence: ledger_mod.Divergence | None
     stall: Stall | None = None
+    culprits: tuple[int, ...] = ()           # the ranks the evidence blames (() where it blames none)
+    fix_at: stacks.Frame | None = None       # the line of the culprit's script that set the failure up
 
     def fields(self) -> dict:
         """The RunResult fields this verdict decides."""
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
-                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall}
+                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
+                "culprits": self.culprits, "fix_at": self.fix_at}
 
 
 def locate(live: LiveRank) -> stacks.Where:
@@ -348,3 +352,153 @@ def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[Ran
     last = min(d for d in done if d is not None) if done and all(d is not None for d in done) else None
     return Stall(window_s=window_s, idle_s=round(idle_s, 1), since_s=round(since_s, 1), last_seq=last,
                  waited_for_timeout_s=waited_for_timeout_s)
+
+
+# --- what the ranks' own source adds: culprits, readings that need a peer's line, the line that set it up ---
+# A timeout shorter than both of torch's defaults (NCCL 10 min, gloo 30 min) was set on purpose.
+SHORT_TIMEOUT_MS = 600_000
+_TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out after (\d+)ms|Timeout\(ms\)=(\d+)")
+# a line that writes a file (torch.save, json.dump, open(..., "w"), a download helper)
+_WRITES = re.compile(r"\b(?:save|savez\w*|dump|write\w*|to_csv|to_parquet|download\w*|urlretrieve)\(|open\(.*['\"][wa]b?['\"]")
+_NOT_NAMES = frozenset({"torch", "np", "os", "open", "load", "save", "self", "json", "pickle", "rb", "wb", "r", "w",
+                        "import", "time", "sleep", "with", "as", "f", "path", "data", "rand", "torch_load"})
+# The line a cause points at in the culprit's script, where exactly one line matches: (signature id, regex).
+SITES: dict[str, str] = {
+    "launch-local-rank-arg": r"add_argument\(\s*['\"]--local[_-]rank",
+    "ddp-lazy-module": r"\bLazy\w+\(",
+    "ddp-no-trainable-parameters": r"requires_grad_\(\s*False\s*\)|\.requires_grad\s*=\s*False",
+    "timeout-too-short": r"init_process_group\(.*\btimeout\s*=",
+    # a store address set in the script (premise: the ranks dial another address than torchrun gave them)
+    "store-address-set": r"environ\[\s*['\"]MASTER_(?:PORT|ADDR)['\"]\s*\]\s*[,=]|"
+                         r"environ\.(?:setdefault|update)\(.*MASTER_(?:PORT|ADDR)|putenv\(\s*['\"]MASTER_(?:PORT|ADDR)",
+}
+
+
+_RANK_GUARD = re.compile(r"^\s*(?:el)?if\b.*\b(?:\w*rank\w*|master_process|is_main_process|is_master|main_process)\b")
+_HEADER = re.compile(r"^\s*(?:async\s+)?(?:def|class)\b")
+
+
+def rank_guard(f: stacks.Frame | None, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The ``if`` on the rank (``if rank == 0:``, ``if master_process:``) whose block holds the frame's line,
+    within its function, from the script's text (None: the line is under no such condition)."""
+    if f is None:
+        return None
+    lines = (sources.get(f.file) or "").splitlines()
+    if not 0 < f.line <= len(lines):
+        return None
+    indent = len(lines[f.line - 1]) - len(lines[f.line - 1].lstrip())
+    for j in range(f.line - 2, -1, -1):
+        t = lines[j]
+        if not t.strip() or t.lstrip().startswith("#"):
+            continue
+        ind = len(t) - len(t.lstrip())
+        if ind >= indent:
+            continue
+        indent = ind
+        if _RANK_GUARD.match(t):
+            return stacks.Frame(f.func, f.file, j + 1, t.strip())
+        if _HEADER.match(t) or ind == 0:
+            return None
+    return None
+
+
+def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The rank condition that any of the rank's own frames (innermost first) stands under."""
+    from ddplab.engine.stacks import is_user_file
+    frames = [f for f in (r.stack or ()) if is_user_file(f.file)] or ([r.frame] if r.frame else [])
+    return next((g for g in (rank_guard(f, sources) for f in frames) if g is not None), None)
+
+
+def source_line(f: stacks.Frame | None, sources: Mapping[str, str]) -> str:
+    """A frame's source line: the record's own, else the script's text read at the verdict."""
+    if f is None:
+        return ""
+    if f.text:
+        return f.text.strip()
+    lines = (sources.get(f.file) or "").splitlines()
+    return lines[f.line - 1].strip() if 0 < f.line <= len(lines) else ""
+
+
+def site(pattern: str, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The one line of ``file`` that matches ``pattern`` (None: no line, or more than one)."""
+    rx = re.compile(pattern)
+    hits = [(i + 1, t) for i, t in enumerate((sources.get(file) or "").splitlines())
+            if rx.search(t) and not t.lstrip().startswith("#")]
+    return stacks.Frame("<module>", file, hits[0][0], hits[0][1].strip()) if len(hits) == 1 else None
+
+
+def busy_peers(ranks: tuple[RankResult, ...], first: int) -> tuple[RankResult, ...]:
+    """Ranks that were running the script's own code (not waiting in torch.distributed, not gone with an
+    error) when ``first`` failed: their place comes from the SIGTERM dump or a live stack."""
+    return tuple(r for r in ranks if r.rank != first and r.error is None and r.where is not None
+                 and r.where.frame is not None
+                 and r.where.kind not in ("collective", "p2p", "rendezvous", "store"))
+
+
+def timed_out_ms(e) -> int | None:
+    m = _TIMED_OUT.search(f"{e.message}\n{e.cause or ''}") if e is not None else None
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
+def reads_what_another_writes(ranks: tuple[RankResult, ...], first: int,
+                              sources: Mapping[str, str]) -> RankResult | None:
+    """The rank that was still writing (its line writes, and names what the failing line read) when
+    ``first`` failed to find the file."""
+    own = next((r for r in ranks if r.rank == first), None)
+    e = own.error if own else None
+    if e is None or e.type != "FileNotFoundError" or e.frame is None:
+        return None
+    read = set(re.findall(r"[A-Za-z_]\w*", source_line(e.frame, sources))) - _NOT_NAMES
+    for r in busy_peers(ranks, first):
+        line = source_line(r.where.frame, sources)
+        if _WRITES.search(line) and read & set(re.findall(r"[A-Za-z_]\w*", line)):
+            return r
+    return None
+
+
+def refine(v: Verdict, sources: Mapping[str, str]) -> Verdict:
+    """The verdict with what the culprit ranks' own source lines add (``sources``: {file: text} of the
+    user files the ranks' frames name, read at the verdict): readings whose premise needs a peer's line
+    (a timeout shorter than a peer's work; a read of a file a peer was still writing), the ranks the
+    evidence blames, and the one line of the culprit's script that set the failure up. Pure."""
+    sig, first, ranks = v.signature, v.first_failure, v.ranks
+    culprits: tuple[int, ...] = ()
+    guard = None
+    if v.status == Status.FAILED and first is not None:
+        own = next((r for r in ranks if r.rank == first), None)
+        ms = timed_out_ms(own.error if own else None)
+        if sig == "collective-timeout" and ms is not None and ms < SHORT_TIMEOUT_MS and busy_peers(ranks, first):
+            sig = "timeout-too-short"
+        elif sig in signatures.GENERIC and reads_what_another_writes(ranks, first, sources) is not None:
+            sig = "read-before-write"
+        culprits = (first,)
+        if sig == "rank-exited-early":
+            early = tuple(r.rank for r in ranks if r.state == RankState.EXITED and r.exit_code == 0 and r.error is None)
+            culprits = early or culprits
+    elif v.status == Status.HUNG:
+        a = rendezvous_asks(ranks)
+        if sig == "rendezvous-ranks-conflict" and a is not None and a.duplicates:
+            # the processes that asked for a rank other than the one torchrun gave them
+            culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
+        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes"):
+            # the ranks that stand under a condition on the rank while the others do not: a collective
+            # (or the work before one) that only some ranks reach
+            alive = [r for r in ranks if r.state in ALIVE]
+            under = {r.rank: guarded(r, sources) for r in alive}
+            odd = tuple(k for k, g in under.items() if g is not None)
+            if odd and len(odd) < len(alive):
+                culprits = odd
+                guard = under[odd[0]]
+    fix_at = None
+    where = next((r for r in ranks if r.rank in culprits), None) if culprits else next(
+        (r for r in ranks if r.state in ALIVE), None)
+    frame = where.frame if where is not None else None
+    key = sig
+    if sig in ("hang-rendezvous", "store-unreachable", "rendezvous-timeout") and any(
+            r.dialling and r.given and r.dialling.get("port") != r.given.get("port") for r in ranks):
+        key = "store-address-set"
+    if frame is not None and key in SITES:
+        fix_at = site(SITES[key], frame.file, sources)
+    if fix_at is None and guard is not None:
+        fix_at = guard
+    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at)
