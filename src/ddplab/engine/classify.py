@@ -402,6 +402,25 @@ def rank_guard(f: stacks.Frame | None, sources: Mapping[str, str]) -> stacks.Fra
     return None
 
 
+_LEAVES = re.compile(r"^\s*(?:break|return\b.*|(?:sys\.)?exit\(.*\)|quit\(\))\s*(?:#.*)?$")
+
+
+def early_exit_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The one condition on the rank in the script whose block begins by leaving (``if master_process and
+    stop: break``, ``return``, ``sys.exit()``): where a rank that exited early while its peers went on left."""
+    lines = (sources.get(file) or "").splitlines()
+    hits = []
+    for i, t in enumerate(lines):
+        if not _RANK_GUARD.match(t):
+            continue
+        head, _, tail = t.partition(":")
+        body = tail.split("#", 1)[0].strip()
+        nxt = next((x for x in lines[i + 1:] if x.strip() and not x.lstrip().startswith("#")), "")
+        if (body and _LEAVES.match(body)) or (not body and _LEAVES.match(nxt)):
+            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    return hits[0] if len(hits) == 1 else None
+
+
 def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
     """The rank condition that any of the rank's own frames (innermost first) stands under."""
     from ddplab.engine.stacks import is_user_file
@@ -425,6 +444,42 @@ def site(pattern: str, file: str, sources: Mapping[str, str]) -> stacks.Frame | 
     hits = [(i + 1, t) for i, t in enumerate((sources.get(file) or "").splitlines())
             if rx.search(t) and not t.lstrip().startswith("#")]
     return stacks.Frame("<module>", file, hits[0][0], hits[0][1].strip()) if len(hits) == 1 else None
+
+
+_BATCH_NAME = re.compile(r"^\s*(\w*(?:batch\w*|\bbs))\s*=\s*([\d\s*+()]+?)\s*(?:#.*)?$", re.I)
+_SHAPE = re.compile(r"shape=\[(\d+)")
+
+
+def _number(expr: str) -> int | None:
+    """The value of a constant product or sum of whole numbers (``8 * 512``), without evaluating code."""
+    import ast
+
+    def val(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Add)):
+            a, b = val(n.left), val(n.right)
+            return None if a is None or b is None else (a * b if isinstance(n.op, ast.Mult) else a + b)
+        return None
+    try:
+        return val(ast.parse(expr.strip(), mode="eval").body)
+    except SyntaxError:
+        return None
+
+
+def batch_site(e, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At an out-of-memory error: the one line of the script that sets a batch size to a number (``batch_size =
+    8 * 512``) equal to the first dimension of a tensor on the failing line (its recorded values): the size
+    that made the allocation too big (None: no such line, or more than one)."""
+    dims = {int(m.group(1)) for v in (e.values or {}).values() for m in [_SHAPE.search(str(v))] if m}
+    hits = []
+    for i, t in enumerate((sources.get(file) or "").splitlines()):
+        m = _BATCH_NAME.match(t)
+        if m:
+            n = _number(m.group(2))
+            if n in dims:
+                hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    return hits[0] if len(hits) == 1 else None
 
 
 def busy_peers(ranks: tuple[RankResult, ...], first: int) -> tuple[RankResult, ...]:
@@ -499,6 +554,13 @@ def refine(v: Verdict, sources: Mapping[str, str]) -> Verdict:
         key = "store-address-set"
     if frame is not None and key in SITES:
         fix_at = site(SITES[key], frame.file, sources)
+    elif sig == "rank-exited-early" and v.first_failure is not None:
+        # the early rank left no frame (a clean exit): its peer's script is the same file
+        peer = next((r for r in ranks if r.rank == v.first_failure), None)
+        if peer is not None and peer.frame is not None:
+            fix_at = early_exit_site(peer.frame.file, sources)
+    elif frame is not None and sig in ("cpu-oom", "cuda-oom") and where.error is not None:
+        fix_at = batch_site(where.error, frame.file, sources)
     if fix_at is None and guard is not None:
         fix_at = guard
     return replace(v, signature=sig, culprits=culprits, fix_at=fix_at)
