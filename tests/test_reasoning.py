@@ -261,7 +261,9 @@ def test_a_read_of_a_file_another_rank_is_still_writing_is_named(run_lab):
     r = run_lab(SCRIPTS / "read_before_write.py", nproc=2)
     assert (r.status, r.signature, r.first_failure) == ("failed", "read-before-write", 1), r.explain()
     assert r.rank(1).error.type == "FileNotFoundError" and r.rank(1).frame.line == 28
-    assert r.rank(0).frame.line == 25        # where the writer was when torchrun ended it
+    # where the writer was when torchrun ended it: still writing, or past the write (the file then exists,
+    # written after the failing read: the premise holds either way)
+    assert r.rank(0).frame.line in (25, 30)
     assert "dist.barrier()" in r.explain()
 
 

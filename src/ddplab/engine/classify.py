@@ -359,7 +359,8 @@ def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[Ran
 SHORT_TIMEOUT_MS = 600_000
 _TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out after (\d+)ms|Timeout\(ms\)=(\d+)")
 # a line that writes a file (torch.save, json.dump, open(..., "w"), a download helper)
-_WRITES = re.compile(r"\b(?:save|savez\w*|dump|write\w*|to_csv|to_parquet|download\w*|urlretrieve)\(|open\(.*['\"][wa]b?['\"]")
+_WRITES = re.compile(r"\b(?:save|savez\w*|dump|write\w*|to_csv|to_parquet|download\w*|urlretrieve)\("
+                     r"|open\(.*['\"][wa]b?['\"]")
 _NOT_NAMES = frozenset({"torch", "np", "os", "open", "load", "save", "self", "json", "pickle", "rb", "wb", "r", "w",
                         "import", "time", "sleep", "with", "as", "f", "path", "data", "rand", "torch_load"})
 # The line a cause points at in the culprit's script, where exactly one line matches: (signature id, regex).
@@ -495,27 +496,43 @@ def timed_out_ms(e) -> int | None:
     return int(next(g for g in m.groups() if g)) if m else None
 
 
-def reads_what_another_writes(ranks: tuple[RankResult, ...], first: int,
-                              sources: Mapping[str, str]) -> RankResult | None:
-    """The rank that was still writing (its line writes, and names what the failing line read) when
-    ``first`` failed to find the file."""
+_MISSING = re.compile(r"No such file or directory: '([^']+)'")
+
+
+def missing_paths(ranks: tuple[RankResult, ...]) -> tuple[str, ...]:
+    """The files the ranks' FileNotFoundErrors name (diagnose looks whether they exist at the verdict)."""
+    return tuple(m.group(1) for r in ranks if r.error is not None and r.error.type == "FileNotFoundError"
+                 for m in [_MISSING.search(r.error.message)] if m)
+
+
+def read_before_written(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str],
+                        files: Mapping[str, float]) -> bool:
+    """``first`` failed to find a file that another rank wrote: the file exists at the verdict, written
+    after the failing read (``files``: {path: mtime} of the missing paths found at the verdict), or a peer
+    was still on a line that writes and names what the failing line read when torchrun ended it."""
     own = next((r for r in ranks if r.rank == first), None)
     e = own.error if own else None
     if e is None or e.type != "FileNotFoundError" or e.frame is None:
-        return None
+        return False
+    m = _MISSING.search(e.message)
+    if m and files.get(m.group(1), 0.0) >= e.time > 0:
+        return True
     read = set(re.findall(r"[A-Za-z_]\w*", source_line(e.frame, sources))) - _NOT_NAMES
     for r in busy_peers(ranks, first):
         line = source_line(r.where.frame, sources)
         if _WRITES.search(line) and read & set(re.findall(r"[A-Za-z_]\w*", line)):
-            return r
-    return None
+            return True
+    return False
 
 
-def refine(v: Verdict, sources: Mapping[str, str]) -> Verdict:
+def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | None = None) -> Verdict:
     """The verdict with what the culprit ranks' own source lines add (``sources``: {file: text} of the
-    user files the ranks' frames name, read at the verdict): readings whose premise needs a peer's line
-    (a timeout shorter than a peer's work; a read of a file a peer was still writing), the ranks the
-    evidence blames, and the one line of the culprit's script that set the failure up. Pure."""
+    user files the ranks' frames name, read at the verdict; ``files``: {path: mtime} of the files the
+    ranks' FileNotFoundErrors name that exist at the verdict): readings whose premise needs a peer's line
+    or a file written later (a timeout shorter than a peer's work; a read of a file a peer had not yet
+    written), the ranks the evidence blames, and the one line of the culprit's script that set the
+    failure up. Pure."""
+    files = files or {}
     sig, first, ranks = v.signature, v.first_failure, v.ranks
     culprits: tuple[int, ...] = ()
     guard = None
@@ -524,7 +541,7 @@ def refine(v: Verdict, sources: Mapping[str, str]) -> Verdict:
         ms = timed_out_ms(own.error if own else None)
         if sig == "collective-timeout" and ms is not None and ms < SHORT_TIMEOUT_MS and busy_peers(ranks, first):
             sig = "timeout-too-short"
-        elif sig in signatures.GENERIC and reads_what_another_writes(ranks, first, sources) is not None:
+        elif sig in signatures.GENERIC and read_before_written(ranks, first, sources, files):
             sig = "read-before-write"
         culprits = (first,)
         if sig == "rank-exited-early":

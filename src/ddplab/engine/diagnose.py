@@ -82,7 +82,8 @@ def diagnose(source: Source, *, show: Callable[[Snapshot], None] | None = None,
 
 def _finish(source: Source, ev: Evidence) -> RunResult:
     """Judge, build the result (the only place a RunResult is made from evidence), save, keep."""
-    v = classify.refine(classify.judge(ev), user_sources(ev))
+    v = classify.judge(ev)
+    v = classify.refine(v, user_sources(ev), written(classify.missing_paths(v.ranks)))
     who, w = source.identity, ev.watch
     master = next((i for i in ev.run.infos.values() if i.get("master_port")), None)
     check = None
@@ -116,4 +117,15 @@ def user_sources(ev: Evidence, limit: int = 2_000_000) -> dict[str, str]:
                     out[name] = p.read_text(errors="replace")
             except OSError:
                 continue
+    return out
+
+
+def written(paths) -> dict[str, float]:
+    """{path: mtime} of those of ``paths`` (files a rank did not find) that exist at the verdict."""
+    out = {}
+    for name in paths:
+        try:
+            out[name] = Path(name).stat().st_mtime
+        except OSError:
+            continue
     return out
