@@ -243,12 +243,17 @@ def test_ranks_stalled_outside_collectives_get_no_cause_and_no_lab(run_lab):
 def test_a_timeout_shorter_than_a_peers_work_is_named_with_its_line(run_lab):
     r = run_lab(SCRIPTS / "short_timeout.py", nproc=2)
     assert (r.status, r.signature, r.first_failure) == ("failed", "timeout-too-short", 1), r.explain()
+    from ddplab.engine import classify
+    # rank 0 was still working: at its sleep when torchrun ended it, or (under load) it reached the barrier
+    # after rank 1 had timed out, longer than the timeout after rank 1 (the ledgers' issue times)
     busy = r.rank(0)
-    assert busy.where is not None and busy.where.kind not in ("collective", "p2p") and busy.frame.line == 24
+    at_work = busy.where is not None and busy.where.kind not in ("collective", "p2p") and busy.frame.line == 24
+    assert at_work or classify.late_peers(r.ranks, 1, 3000) == (0,), r.explain()
     assert r.culprits == (1,) and r.fix_at.line == 19 and "timeout=" in r.fix_at.text
     text = r.explain()
     assert "The line that set it up: " in text and "short_timeout.py:19" in text
-    assert "rank 0 was running outside any collective at short_timeout.py:24" in text
+    if at_work:
+        assert "rank 0 was running outside any collective at short_timeout.py:24" in text
 
 
 def test_a_short_timeout_is_not_the_cause_when_the_peer_was_blocked_too(run_lab):

@@ -135,6 +135,10 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
         "frames": {str(r): ln for r, ln in lines.items()},
         "signature": result.signature, "named": sorted(named),
         "cause_named": bool(named & accepted), "wrong_causes": sorted(named - accepted),
+        # issue 32 item 4: every rank has a place in the explanation (the line it stood, failed or was ended at),
+        # except a rank that had already exited cleanly
+        "every_rank_placed": (all(r.frame is not None or r.exit_code == 0 for r in result.ranks)
+                              if result.status in ("failed", "hung") else None),
         "idle_s": stall.idle_s if stall else None, "stall_window_s": stall.window_s if stall else None,
         "wall_s": result.wall_s, "run_dir": result.run_dir,
     }
@@ -174,17 +178,21 @@ def summarize(rows: list[dict], key: str) -> list[dict]:
                     "place_n": len(placed), "place_ok": sum(bool(r["place_ok"]) for r in placed),
                     "cause_named": sum(r["cause_named"] for r in group),
                     "wrong_cause": sum(bool(r["wrong_causes"]) for r in group),
+                    "placed_n": sum(r.get("every_rank_placed") is not None for r in group),
+                    "every_rank_placed": sum(bool(r.get("every_rank_placed")) for r in group),
                     "idle_s_median": round(statistics.median(idle), 2) if idle else None})
     return out
 
 
 def table(summary: list[dict], key: str) -> str:
-    head = f"{key:<34} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6}"
+    head = (f"{key:<34} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6} "
+            f"{'all_ranks':>9}")
     lines = [head, "-" * len(head)]
     for s in summary:
         lines.append(f"{str(s[key]):<34} {s['n']:>3} {s['suite_errors']:>3} {s['status_ok']:>3}/{s['n']:<3} "
                      f"{s['place_ok']:>3}/{s['place_n']:<3} {s['cause_named']:>6} {s['wrong_cause']:>5} "
-                     f"{'' if s['idle_s_median'] is None else s['idle_s_median']:>6}")
+                     f"{'' if s['idle_s_median'] is None else s['idle_s_median']:>6} "
+                     f"{s['every_rank_placed']:>4}/{s['placed_n']:<4}")
     return "\n".join(lines)
 
 
@@ -206,6 +214,12 @@ def main(argv=None) -> int:
             for r in json.loads(Path(f).read_text())["rows"]:
                 merged[(r["id"], r["nproc"])] = r
         rows = list(merged.values())
+        for r in rows:   # results saved before every_rank_placed was scored: read it from the run's result
+            if "every_rank_placed" not in r and r.get("run_dir") and Path(r["run_dir"]).exists():
+                from ddplab.result import RunResult
+                res = RunResult.load(r["run_dir"])
+                r["every_rank_placed"] = (all(k.frame is not None or k.exit_code == 0 for k in res.ranks)
+                                          if res.status in ("failed", "hung") else None)
         print(table(summarize(rows, "cause"), "cause"))
         print()
         print(table(summarize(rows, "nproc"), "nproc"))

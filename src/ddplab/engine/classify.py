@@ -491,9 +491,33 @@ def busy_peers(ranks: tuple[RankResult, ...], first: int) -> tuple[RankResult, .
                  and r.where.kind not in ("collective", "p2p", "rendezvous", "store"))
 
 
-def timed_out_ms(e) -> int | None:
-    m = _TIMED_OUT.search(f"{e.message}\n{e.cause or ''}") if e is not None else None
-    return int(next(g for g in m.groups() if g)) if m else None
+def timed_out_ms(r: RankResult | None) -> int | None:
+    """The timeout a rank's error reports (its message's milliseconds, else its pending collective's
+    timeout in the ledger, for gloo's "Application timeout caused pair closure"); None: not a timeout."""
+    e = r.error if r is not None else None
+    if e is None:
+        return None
+    m = _TIMED_OUT.search(f"{e.message}\n{e.cause or ''}")
+    if m:
+        return int(next(g for g in m.groups() if g))
+    if "Application timeout" in e.message and r.ledger:
+        return r.ledger[-1].timeout_ms
+    return None
+
+
+def late_peers(ranks: tuple[RankResult, ...], first: int, timeout_ms: int) -> tuple[int, ...]:
+    """Ranks that issued the collective ``first`` timed out in longer than the timeout after it (their
+    ledgers: the same number in the same group): they were working, not stuck, while it waited."""
+    own = next((r for r in ranks if r.rank == first), None)
+    if own is None or not own.ledger:
+        return ()
+    c1 = own.ledger[-1]
+    late = []
+    for r in ranks:
+        c0 = next((c for c in r.ledger if (c.seq, c.pg) == (c1.seq, c1.pg)), None) if r.rank != first else None
+        if c0 is not None and c0.created_ns - c1.created_ns >= timeout_ms * 1_000_000:
+            late.append(r.rank)
+    return tuple(late)
 
 
 _MISSING = re.compile(r"No such file or directory: '([^']+)'")
@@ -538,8 +562,9 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
     guard = None
     if v.status == Status.FAILED and first is not None:
         own = next((r for r in ranks if r.rank == first), None)
-        ms = timed_out_ms(own.error if own else None)
-        if sig == "collective-timeout" and ms is not None and ms < SHORT_TIMEOUT_MS and busy_peers(ranks, first):
+        ms = timed_out_ms(own)
+        if (sig == "collective-timeout" and ms is not None and ms < SHORT_TIMEOUT_MS
+                and (busy_peers(ranks, first) or late_peers(ranks, first, ms))):
             sig = "timeout-too-short"
         elif sig in signatures.GENERIC and read_before_written(ranks, first, sources, files):
             sig = "read-before-write"

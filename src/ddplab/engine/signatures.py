@@ -154,7 +154,7 @@ CATALOG: tuple = CAUSES + (
     Signature(
         "collective-timeout", "A collective timed out",
         (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
-         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
+         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms", r"Application timeout caused pair closure"),
         "A rank waited longer than the process group's timeout for the others to join a collective.\n"
         "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
         "01"),
