@@ -151,6 +151,26 @@ def run_one(m: mutate.Mutant, nproc: int, causes: dict, stall_s: float = STALL_S
     return score(m, nproc, result, causes)
 
 
+# the classes of the init family (the process group, the launch): the rest by their label
+INIT = {"nccl-without-gpu", "world-size-mismatch", "duplicate-rank", "store-address-override",
+        "process-group-initialized-twice", "process-group-not-initialized", "launch-local-rank-arg"}
+
+
+def family(row: dict) -> str:
+    """init, crash, hang, oom or silent: the families of the suite's table."""
+    if row["cause"] in INIT:
+        return "init"
+    if row["cause"] == "out-of-memory":
+        return "oom"
+    return {"hung": "hang", "ok": "silent"}.get(row["expected"], "crash")
+
+
+def tables(rows: list[dict]) -> str:
+    for r in rows:
+        r["family"] = family(r)
+    return "\n\n".join(table(summarize(rows, k), k) for k in ("cause", "family", "nproc"))
+
+
 def select(ops: list[dict], only: str | None, sample: int | None) -> list[dict]:
     if only:
         pats = only.split(",")
@@ -220,9 +240,7 @@ def main(argv=None) -> int:
                 res = RunResult.load(r["run_dir"])
                 r["every_rank_placed"] = (all(k.frame is not None or k.exit_code == 0 for k in res.ranks)
                                           if res.status in ("failed", "hung") else None)
-        print(table(summarize(rows, "cause"), "cause"))
-        print()
-        print(table(summarize(rows, "nproc"), "nproc"))
+        print(tables(rows))
         return 0
     counts = [int(x) for x in a.ranks.split(",")]
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
@@ -244,9 +262,7 @@ def main(argv=None) -> int:
     (OUT / "results.json").write_text(text)
     (OUT / f"results-{report['time'].replace(':', '')}.json").write_text(text)
     print()
-    print(table(report["by_class"], "cause"))
-    print()
-    print(table(report["by_ranks"], "nproc"))
+    print(tables(rows))
     return 0
 
 
