@@ -327,3 +327,16 @@ def test_a_hang_in_one_collective_gives_no_network_advice_without_a_premise():
     s = signatures.get("hang-same-collective")
     assert "GLOO_SOCKET_IFNAME" not in s.explanation and not s.lab
     assert "hang-same-collective" in signatures.UNIDENTIFIED
+
+
+@pytest.mark.parametrize("op_id,signature,fix_words", [
+    ("gather-list-non-dst", "gather-list-non-dst", "if rank == dst else None"),
+    ("sampler-with-shuffle", "sampler-shuffle-exclusive", "Leave shuffle out of the DataLoader"),
+])
+def test_exceptions_no_entry_knew_now_name_their_cause_and_fix(run_lab, tmp_path, op_id, signature, fix_words):
+    m = _mutant(op_id, tmp_path)
+    r = run_lab(Path(m.path), nproc=2, args=list(m.args))
+    assert (r.status, r.signature) == ("failed", signature), r.explain()
+    assert r.rank(r.first_failure).frame.line in m.fix_lines
+    text = r.explain()
+    assert fix_words in text and "Cause not identified" not in text and "Lab " not in text

@@ -233,7 +233,9 @@ def main(argv=None) -> int:
         for f in a.report:
             for r in json.loads(Path(f).read_text())["rows"]:
                 merged[(r["id"], r["nproc"])] = r
-        rows = list(merged.values())
+        ranks_of = {o["id"]: set(o["ranks"]) for o in mutate.operators()}
+        # rows of a world size an operator no longer runs at (its fault does not hold there) are left out
+        rows = [r for r in merged.values() if r["nproc"] in ranks_of.get(r["id"], {r["nproc"]})]
         for r in rows:   # results saved before every_rank_placed was scored: read it from the run's result
             if "every_rank_placed" not in r and r.get("run_dir") and Path(r["run_dir"]).exists():
                 from ddplab.result import RunResult
