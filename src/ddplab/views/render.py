@@ -477,7 +477,10 @@ def culprit_sentence(result: "RunResult") -> str:
         who = groups.span(blamed) if len(blamed) > 1 else str(blamed[0])
         parts.append(f"The evidence points at rank{'s' if len(blamed) > 1 else ''} {who}.")
     if fa is not None:
-        parts.append(f"The line that set it up: {fa.short().rsplit(' in ', 1)[0]} `{_code(fa.text or '')}`.")
+        # its base name: the diagnosis above names the script's path in full already (where any rank stood)
+        shown = any(r.frame is not None and r.frame.file == fa.file for r in result.ranks)
+        at = f"{Path(fa.file).name}:{fa.line}" if shown else fa.short().rsplit(" in ", 1)[0]
+        parts.append(f"The line that set it up: {at} `{_code(fa.text or '')}`.")
     return " ".join(parts)
 
 
