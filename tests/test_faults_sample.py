@@ -21,9 +21,11 @@ import mutate  # noqa: E402
 import run as suite  # noqa: E402
 
 # One per family (init, crash, hang, silent): a text-signature failure, a crash the catalog has no entry
-# for (no cause may be named then, and place still counts), a collective on rank 0 only, and a silent
-# mistake found by --check. Four runs keep the file under a minute on a loaded 2-core machine.
-SAMPLE = ("init-twice", "device-count-modulo", "barrier-in-save-branch", "no-set-epoch")
+# for (no cause may be named then, and place still counts), a collective on rank 0 only (the engine blames
+# rank 0 from the rank condition above it), and a silent mistake found by --check; and one whose place is
+# the line that set the failure up, not the line that raised (an argument defined the line before the parse
+# that fails: result.fix_at). Five runs keep the file around a minute on a loaded 2-core machine.
+SAMPLE = ("init-twice", "device-count-modulo", "barrier-in-save-branch", "no-set-epoch", "local-rank-argparse")
 BY_ID = {op["id"]: op for op in mutate.operators()}
 
 
@@ -81,3 +83,20 @@ def test_every_operator_builds_a_labelled_mutant_with_a_source(tmp_path):
         assert op["cause"] in classes, op["id"]
         assert op["status"] in ("failed", "hung", "ok") and op["culprit"] in ("0", "last", "nonzero", "all")
     assert len(mutate.operators()) >= 40
+
+
+def test_scoring_checks_the_engines_culprits_and_its_fix_line(runs):
+    """Place counts the ranks the engine blames and the line it says set the failure up: a run whose
+    fix_at is the labelled line places; moved off it (and off the raising line) it does not; a hang whose
+    engine blames a rank the label does not is misplaced even where that rank's line is a line to fix."""
+    import dataclasses
+    m, result = runs("local-rank-argparse")
+    assert result.fix_at is not None and result.fix_at.line in m.fix_lines
+    assert result.rank(result.first_failure).frame.line not in m.fix_lines   # raised one line below
+    assert suite.score(m, 2, result, mutate.load_causes())["place_ok"] is True
+    off = dataclasses.replace(result, fix_at=dataclasses.replace(result.fix_at, line=1))
+    assert suite.score(m, 2, off, mutate.load_causes())["place_ok"] is False
+    m, result = runs("barrier-in-save-branch")
+    assert result.culprits == (0,)
+    wrong = dataclasses.replace(result, culprits=(1,))
+    assert suite.score(m, 2, wrong, mutate.load_causes())["place_ok"] is False

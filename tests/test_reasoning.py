@@ -238,3 +238,105 @@ def test_ranks_stalled_outside_collectives_get_no_cause_and_no_lab(run_lab):
     assert (r.status, r.signature) == ("hung", "stalled-outside-collectives"), r.explain()
     text = r.explain()
     assert "Cause not identified" in text and "Lab 05" not in text and "sleeping" in text
+
+
+def test_a_timeout_shorter_than_a_peers_work_is_named_with_its_line(run_lab):
+    r = run_lab(SCRIPTS / "short_timeout.py", nproc=2)
+    assert (r.status, r.signature, r.first_failure) == ("failed", "timeout-too-short", 1), r.explain()
+    from ddplab.engine import classify
+    # rank 0 was still working: at its sleep when torchrun ended it, or (under load) it reached the barrier
+    # after rank 1 had timed out, longer than the timeout after rank 1 (the ledgers' issue times)
+    busy = r.rank(0)
+    at_work = busy.where is not None and busy.where.kind not in ("collective", "p2p") and busy.frame.line == 24
+    assert at_work or classify.late_peers(r.ranks, 1, 3000) == (0,), r.explain()
+    assert r.culprits == (1,) and r.fix_at.line == 19 and "timeout=" in r.fix_at.text
+    text = r.explain()
+    assert "The line that set it up: " in text and "short_timeout.py:19" in text
+    if at_work:
+        assert "rank 0 was running outside any collective at short_timeout.py:24" in text
+
+
+def test_a_short_timeout_is_not_the_cause_when_the_peer_was_blocked_too(run_lab):
+    r = run_lab(SCRIPTS / "short_timeout.py", nproc=2, args=["--peer", "blocked"])
+    assert r.status == "failed", r.explain()
+    assert r.signature != "timeout-too-short" and r.fix_at is None, r.explain()
+
+
+def test_a_read_of_a_file_another_rank_is_still_writing_is_named(run_lab):
+    r = run_lab(SCRIPTS / "read_before_write.py", nproc=2)
+    assert (r.status, r.signature, r.first_failure) == ("failed", "read-before-write", 1), r.explain()
+    assert r.rank(1).error.type == "FileNotFoundError" and r.rank(1).frame.line == 28
+    # where the writer was when torchrun ended it: still writing, or past the write (the file then exists,
+    # written after the failing read: the premise holds either way)
+    assert r.rank(0).frame.line in (25, 30)
+    assert "dist.barrier()" in r.explain()
+
+
+@pytest.mark.parametrize("variant,status", [("fixed", "ok"), ("nobody-writes", "failed")])
+def test_no_read_before_write_without_a_writer(run_lab, variant, status):
+    r = run_lab(SCRIPTS / "read_before_write.py", nproc=2, args=["--variant", variant])
+    assert r.status == status and r.signature != "read-before-write", r.explain()
+
+
+FAULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "faults"
+
+
+def _mutant(op_id, tmp_path):
+    import sys
+    sys.path.insert(0, str(FAULTS))
+    import mutate
+    op = next(o for o in mutate.operators() if o["id"] == op_id)
+    return mutate.build(op, tmp_path / "mutants")
+
+
+@pytest.mark.parametrize("op_id,status,signature,site", [
+    # the argument torchrun no longer passes, defined one line above the parse that fails
+    ("local-rank-argparse", "failed", "launch-local-rank-arg", 'add_argument("--local_rank"'),
+    # the batch size whose number is the first dimension of the tensor that did not fit
+    ("global-batch-per-rank", "failed", "cpu-oom", "batch_size = 8 * 512"),
+    # the store address the script set over torchrun's (the ranks dial another port than they were given)
+    ("master-port-override", "hung", "hang-rendezvous", 'os.environ["MASTER_PORT"]'),
+    # rank 0 left the loop alone (a clean exit, no frame of its own): the rank condition that leaves
+    ("early-stop-one-rank", "failed", "rank-exited-early", "if master_process and iter_num == 6"),
+    # a barrier only rank 0 reaches: the rank condition above it
+    ("barrier-in-save-branch", "hung", "hang-different-collectives", "if self.global_rank == 0"),
+])
+def test_the_line_that_set_the_failure_up_is_found_where_the_premise_holds(run_lab, tmp_path, op_id, status,
+                                                                          signature, site):
+    m = _mutant(op_id, tmp_path)
+    r = run_lab(Path(m.path), nproc=2, args=list(m.args), stall_s=3)
+    assert (r.status, r.signature) == (status, signature), r.explain()
+    assert r.fix_at is not None and site in r.fix_at.text and Path(r.fix_at.file).name == Path(m.path).name
+    if op_id == "early-stop-one-rank":
+        assert r.culprits == (0,) and r.first_failure == 1
+    if op_id == "barrier-in-save-branch":   # the barrier is the line to fix; the guard is the line above it
+        assert r.culprits == (0,) and r.rank(0).frame.line in m.fix_lines and r.fix_at.line < r.rank(0).frame.line
+    else:
+        assert r.fix_at.line in m.fix_lines, (r.fix_at, m.fix_lines)
+    assert "The line that set it up: " in r.explain()
+
+
+def test_two_processes_on_one_rank_blame_the_one_that_asked_for_another_rank(run_lab):
+    r = run_lab(SCRIPTS / "same_rank.py", nproc=2, stall_s=3)
+    assert (r.signature, r.culprits) == ("rendezvous-ranks-conflict", (1,)), r.explain()
+    assert "The evidence points at rank 1." in r.explain()
+
+
+def test_a_hang_in_one_collective_gives_no_network_advice_without_a_premise():
+    from ddplab.engine import signatures
+    s = signatures.get("hang-same-collective")
+    assert "GLOO_SOCKET_IFNAME" not in s.explanation and not s.lab
+    assert "hang-same-collective" in signatures.UNIDENTIFIED
+
+
+@pytest.mark.parametrize("op_id,signature,fix_words", [
+    ("gather-list-non-dst", "gather-list-non-dst", "if rank == dst else None"),
+    ("sampler-with-shuffle", "sampler-shuffle-exclusive", "Leave shuffle out of the DataLoader"),
+])
+def test_exceptions_no_entry_knew_now_name_their_cause_and_fix(run_lab, tmp_path, op_id, signature, fix_words):
+    m = _mutant(op_id, tmp_path)
+    r = run_lab(Path(m.path), nproc=2, args=list(m.args))
+    assert (r.status, r.signature) == ("failed", signature), r.explain()
+    assert r.rank(r.first_failure).frame.line in m.fix_lines
+    text = r.explain()
+    assert fix_words in text and "Cause not identified" not in text and "Lab " not in text

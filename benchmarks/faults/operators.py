@@ -15,7 +15,13 @@ a line of a lab script). Each mutant is labelled by construction:
 Every label is checked under bare torchrun on each run of run.py (a mismatch is a suite error). While the
 suite was built, that check corrected two predictions (reduce-on-master-only: gloo aborts rank 0, so
 "failed", not "hung"; skip-backward-one-rank: the job ends with exit 0) and removed one operator (a second
-forward before backward with BatchNorm raised no in-place error on CPU).
+forward before backward with BatchNorm raised no in-place error on CPU). A label found wrong later:
+recv-grad-before-send's culprit was "all", but the last stage never runs the inserted receive (it sits
+under ``if not last``) and every later stage waits in its unchanged receive of rank 0's activation, so
+only rank 0 stands at the line to fix: its culprit is "0". Three run at 2 ranks only: the base divides its 4
+accumulation steps by the world size, so from 4 ranks on there is one micro-step and sync-first-micro-step
+and loss-not-scaled are the correct code; skip-backward-one-rank ends with exit 0 at 2 ranks only (at 4 bare
+torchrun fails: its label is checked at 2).
 """
 
 BASES = {
@@ -175,7 +181,8 @@ OPERATORS = [
                                "    continue")],
        "ok", "last", "backward-skipped-one-rank", "https://github.com/NVIDIA-NeMo/Automodel/pull/2468",
        "one rank skips a backward (a per-rank data check) while the others all-reduce: gloo pairs the next "
-       "collectives out of step and the job ends with exit 0 (measured), training on misaligned sums", check=True),
+       "collectives out of step and the job ends with exit 0 (measured at 2 ranks; at 4 bare torchrun fails)",
+       check=True, ranks=(2,)),
     op("uneven-shards", "ddp_trainer",
        [("sampler", "replace",
          "sampler = torch.utils.data.SubsetRandomSampler(shard_of(len(dataset)))  # each rank reads its own files"),
@@ -191,8 +198,9 @@ OPERATORS = [
     op("recv-grad-before-send", "pipeline",
        [("send_act", "before", "early = torch.empty(MICRO, WIDTH)\n"
                                "dist.recv(early, src=next_rank, tag=100 + m)  # 1F1B: take the gradient back at once")],
-       "hung", "all", "p2p-order-deadlock", "https://github.com/NVIDIA/nccl/issues/479",
-       "every stage waits to receive before it sends: a cycle of blocking receives", fault=1),
+       "hung", "0", "p2p-order-deadlock", "https://github.com/NVIDIA/nccl/issues/479",
+       "every stage but the last waits to receive before it sends: a cycle of blocking receives (only rank 0 gets "
+       "to the new receive; the others wait in their unchanged receive of its activation)", fault=1),
     op("recv-wrong-shape", "pipeline",
        [("recv_buf", "replace", "x = torch.empty(MICRO * 2, WIDTH)  # sized for the full batch")],
        "failed", "nonzero", "p2p-size-mismatch", "https://github.com/NVIDIA/nccl/issues/1938",
@@ -257,11 +265,12 @@ OPERATORS = [
     op("sync-first-micro-step", "gpt_accum",
        [("sync", "replace", "model.require_backward_grad_sync = (micro_step == 0)")],
        "ok", "all", "gradients-not-averaged", "https://github.com/Haian-Jin/LVSM/pull/22",
-       "gradient sync on the first micro-step instead of the last: the step uses unsynced gradients", check=True),
+       "gradient sync on the first micro-step instead of the last: the step uses unsynced gradients", check=True,
+       ranks=(2,)),
     op("loss-not-scaled", "gpt_accum",
        [("forward", "after", "loss = loss * gradient_accumulation_steps  # undo the scaling")],
        "ok", "all", "accumulation-scale", "https://github.com/hirofumi0810/neural_sp/issues/168",
-       "the loss not divided by the accumulation steps: gradients N times too large", check=True),
+       "the loss not divided by the accumulation steps: gradients N times too large", check=True, ranks=(2,)),
     op("buffer-sync-off", "ddp_trainer", [("wrap", "replace", "self.model = DDP(model, broadcast_buffers=False)")],
        "ok", "all", "buffers-not-synced", "https://github.com/XPixelGroup/BasicSR/issues/541",
        "broadcast_buffers=False (a workaround for the in-place error): BatchNorm stats drift apart", check=True),

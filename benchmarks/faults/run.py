@@ -8,9 +8,11 @@ a mutant that does not is a suite error, reported and not counted. Then it runs 
 ``ddplab.run(path, nproc=N, args=..., stall_s=..., check=...)`` and is scored on the RunResult's fields only:
 
 - status: result.status equals the label;
-- place (failed and hung mutants): failed: result.first_failure is a culprit rank and that rank's frame
-  (RankResult.frame) is a line to fix in the mutant; hung: every culprit rank's frame is a line to fix and,
-  unless every rank is a culprit, no other rank's frame is;
+- place (failed and hung mutants): the ranks the engine blames (result.culprits; for a failed run with none,
+  result.first_failure) are culprit ranks, and each is placed at a line to fix in the mutant: the line it
+  stood or failed at (RankResult.frame), or the line the engine says set the failure up (result.fix_at,
+  found from the cause's premise in the script). A hang where the engine blames no rank: every culprit rank
+  is placed at a line to fix and, unless every rank is a culprit, no other rank's frame is;
 - cause named: the engine's signature (or, for --check runs, a finding's kind as "check:KIND") is one of the
   ids causes.json accepts for the mutant's class; wrong cause: a named id (not in causes.json's
   "not_a_cause") outside that list;
@@ -42,6 +44,12 @@ PROBE_S = float(os.environ.get("FAULTS_PROBE_S", 25.0))  # bare torchrun: a "hun
 LIMIT_S = 240.0       # bare torchrun: a "failed" or "ok" mutant must have ended by this
 STALL_S = 5.0         # ddplab's stall window for the suite (a loaded 2-core machine)
 DEADLINE_S = 300.0
+
+
+def _stop(signum, frame):
+    """SIGTERM (a stopped benchmark): unwind like Ctrl-C, so that the bare torchrun's process group is ended
+    (bare_torchrun's finally) and ddplab.run ends its job (its own interrupt path) before the runner exits."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _env() -> dict:
@@ -93,13 +101,24 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
     culprits = set(m.culprits(nproc))
     fix = set(m.fix_lines)
     lines = {r.rank: _frame_line(r, m.path) for r in result.ranks}
+    # the ranks the engine blames: its culprits, else (a failed run) its first failing rank
+    blamed = set(result.culprits) or ({result.first_failure} if result.first_failure is not None else set())
+    fa = result.fix_at
+    fix_at = fa.line if fa is not None and Path(fa.file).name == Path(m.path).name else None
+
+    def placed(rank) -> bool:
+        """The engine put this rank at a line to fix: the line it stood or failed at, or the line the
+        engine says set the failure up (given for the ranks it blames, or for all where it blames none)."""
+        return lines.get(rank) in fix or (fix_at in fix and (rank in blamed or not blamed))
     place_ok = None
     if m.status == "failed" and result.status == "failed":
-        ff = result.first_failure
-        place_ok = ff in culprits and lines.get(ff) in fix
+        place_ok = bool(blamed) and blamed <= culprits and all(placed(r) for r in blamed)
     elif m.status == "hung" and result.status == "hung":
-        place_ok = all(lines.get(c) in fix for c in culprits) and (
-            culprits == set(lines) or not any(lines[r] in fix for r in set(lines) - culprits))
+        if result.culprits:
+            place_ok = blamed <= culprits and all(placed(r) for r in blamed)
+        else:
+            place_ok = all(placed(c) for c in culprits) and (
+                culprits == set(lines) or not any(lines[r] in fix for r in set(lines) - culprits))
     elif m.status in ("failed", "hung"):
         place_ok = False
     named = set()
@@ -111,10 +130,15 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
     stall = result.stall
     return {
         "status": result.status, "status_ok": result.status == m.status,
-        "place_ok": place_ok, "first_failure": result.first_failure,
+        "place_ok": place_ok, "first_failure": result.first_failure, "culprits_named": sorted(blamed),
+        "fix_at": fix_at,
         "frames": {str(r): ln for r, ln in lines.items()},
         "signature": result.signature, "named": sorted(named),
         "cause_named": bool(named & accepted), "wrong_causes": sorted(named - accepted),
+        # issue 32 item 4: every rank has a place in the explanation (the line it stood, failed or was ended at),
+        # except a rank that had already exited cleanly
+        "every_rank_placed": (all(r.frame is not None or r.exit_code == 0 for r in result.ranks)
+                              if result.status in ("failed", "hung") else None),
         "idle_s": stall.idle_s if stall else None, "stall_window_s": stall.window_s if stall else None,
         "wall_s": result.wall_s, "run_dir": result.run_dir,
     }
@@ -125,6 +149,26 @@ def run_one(m: mutate.Mutant, nproc: int, causes: dict, stall_s: float = STALL_S
     result = ddplab.run(Path(m.path), nproc=nproc, args=list(m.args), stall_s=stall_s, check=m.check,
                         deadline_s=DEADLINE_S, progress=None)
     return score(m, nproc, result, causes)
+
+
+# the classes of the init family (the process group, the launch): the rest by their label
+INIT = {"nccl-without-gpu", "world-size-mismatch", "duplicate-rank", "store-address-override",
+        "process-group-initialized-twice", "process-group-not-initialized", "launch-local-rank-arg"}
+
+
+def family(row: dict) -> str:
+    """init, crash, hang, oom or silent: the families of the suite's table."""
+    if row["cause"] in INIT:
+        return "init"
+    if row["cause"] == "out-of-memory":
+        return "oom"
+    return {"hung": "hang", "ok": "silent"}.get(row["expected"], "crash")
+
+
+def tables(rows: list[dict]) -> str:
+    for r in rows:
+        r["family"] = family(r)
+    return "\n\n".join(table(summarize(rows, k), k) for k in ("cause", "family", "nproc"))
 
 
 def select(ops: list[dict], only: str | None, sample: int | None) -> list[dict]:
@@ -154,17 +198,21 @@ def summarize(rows: list[dict], key: str) -> list[dict]:
                     "place_n": len(placed), "place_ok": sum(bool(r["place_ok"]) for r in placed),
                     "cause_named": sum(r["cause_named"] for r in group),
                     "wrong_cause": sum(bool(r["wrong_causes"]) for r in group),
+                    "placed_n": sum(r.get("every_rank_placed") is not None for r in group),
+                    "every_rank_placed": sum(bool(r.get("every_rank_placed")) for r in group),
                     "idle_s_median": round(statistics.median(idle), 2) if idle else None})
     return out
 
 
 def table(summary: list[dict], key: str) -> str:
-    head = f"{key:<34} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6}"
+    head = (f"{key:<34} {'n':>3} {'err':>3} {'status':>7} {'place':>7} {'cause':>6} {'wrong':>5} {'idle_s':>6} "
+            f"{'all_ranks':>9}")
     lines = [head, "-" * len(head)]
     for s in summary:
         lines.append(f"{str(s[key]):<34} {s['n']:>3} {s['suite_errors']:>3} {s['status_ok']:>3}/{s['n']:<3} "
                      f"{s['place_ok']:>3}/{s['place_n']:<3} {s['cause_named']:>6} {s['wrong_cause']:>5} "
-                     f"{'' if s['idle_s_median'] is None else s['idle_s_median']:>6}")
+                     f"{'' if s['idle_s_median'] is None else s['idle_s_median']:>6} "
+                     f"{s['every_rank_placed']:>4}/{s['placed_n']:<4}")
     return "\n".join(lines)
 
 
@@ -185,16 +233,42 @@ def main(argv=None) -> int:
         for f in a.report:
             for r in json.loads(Path(f).read_text())["rows"]:
                 merged[(r["id"], r["nproc"])] = r
-        rows = list(merged.values())
-        print(table(summarize(rows, "cause"), "cause"))
-        print()
-        print(table(summarize(rows, "nproc"), "nproc"))
+        ranks_of = {o["id"]: set(o["ranks"]) for o in mutate.operators()}
+        # rows of a world size an operator no longer runs at (its fault does not hold there) are left out
+        rows = [r for r in merged.values() if r["nproc"] in ranks_of.get(r["id"], {r["nproc"]})]
+        for r in rows:   # results saved before every_rank_placed was scored: read it from the run's result
+            if "every_rank_placed" not in r and r.get("run_dir") and Path(r["run_dir"]).exists():
+                from ddplab.result import RunResult
+                res = RunResult.load(r["run_dir"])
+                r["every_rank_placed"] = (all(k.frame is not None or k.exit_code == 0 for k in res.ranks)
+                                          if res.status in ("failed", "hung") else None)
+        print(tables(rows))
         return 0
     counts = [int(x) for x in a.ranks.split(",")]
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     causes = mutate.load_causes()
     cache = json.loads((OUT / "verify.json").read_text()) if (OUT / "verify.json").exists() else {}
     rows = []
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        _run_all(a, counts, causes, cache, rows)
+    except KeyboardInterrupt:
+        (OUT / "partial.json").write_text(json.dumps(rows, indent=1, default=str))
+        print(f"stopped after {len(rows)} runs: nothing left running; partial results in {OUT / 'partial.json'}",
+              flush=True)
+        return 130
+    report = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": counts,
+              "stall_s": a.stall_s, "rows": rows,
+              "by_class": summarize(rows, "cause"), "by_ranks": summarize(rows, "nproc")}
+    text = json.dumps(report, indent=1, default=str)
+    (OUT / "results.json").write_text(text)
+    (OUT / f"results-{report['time'].replace(':', '')}.json").write_text(text)
+    print()
+    print(tables(rows))
+    return 0
+
+
+def _run_all(a, counts: list[int], causes: dict, cache: dict, rows: list) -> None:
     for op in select(mutate.operators(), a.only, a.sample):
         m = mutate.build(op, OUT / "mutants")
         for n in counts:
@@ -218,17 +292,6 @@ def main(argv=None) -> int:
             (OUT / "partial.json").write_text(json.dumps(rows, indent=1, default=str))
             print(f"{m.id:<28} @{n} expected {m.status:<6} got {row['status']:<6} place {row['place_ok']!s:<5} "
                   f"named {row['named']} wrong {row['wrong_causes']}", flush=True)
-    report = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ranks": counts,
-              "stall_s": a.stall_s, "rows": rows,
-              "by_class": summarize(rows, "cause"), "by_ranks": summarize(rows, "nproc")}
-    text = json.dumps(report, indent=1, default=str)
-    (OUT / "results.json").write_text(text)
-    (OUT / f"results-{report['time'].replace(':', '')}.json").write_text(text)
-    print()
-    print(table(report["by_class"], "cause"))
-    print()
-    print(table(report["by_ranks"], "nproc"))
-    return 0
 
 
 if __name__ == "__main__":

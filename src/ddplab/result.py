@@ -159,6 +159,9 @@ class RunResult:
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
     attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
     check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.engine.check)
+    culprits: tuple[int, ...] = ()   # the ranks the evidence blames (classify.refine; () where it blames none)
+    fix_at: Frame | None = None      # the one line of the culprit's script that set the failure up, where its
+                                     # cause points at one (a --local_rank argument, a timeout, MASTER_PORT set)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -191,6 +194,8 @@ class RunResult:
         d["stall"] = self.stall.to_dict() if self.stall else None
         d["divergence"] = self.divergence.to_dict() if self.divergence else None
         d["check"] = self.check.to_dict() if self.check else None
+        d["culprits"] = list(self.culprits)
+        d["fix_at"] = self.fix_at.to_dict() if self.fix_at else None
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -207,7 +212,8 @@ class RunResult:
                       "notes": tuple(d.get("notes", ())),
                       "stall": Stall(**d["stall"]) if d.get("stall") else None,
                       "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None,
-                      "check": CheckReport.from_dict(d.get("check"))})
+                      "check": CheckReport.from_dict(d.get("check")), "culprits": tuple(d.get("culprits") or ()),
+                      "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

@@ -238,6 +238,32 @@ CAUSES: tuple[Cause, ...] = (
         "Run one forward on a sample batch before wrapping: model(sample); ddp = DDP(model, ...).",
         sources=("https://github.com/pyg-team/pytorch_geometric/issues/9692", "https://github.com/bghira/SimpleTuner/issues/644")),
     Cause(
+        "gather-list-non-dst", "A gather or scatter list given on a rank that is not its root",
+        ("ValueError", "RuntimeError"),
+        (r"``(gather|scatter)_list`` must NOT be specified on non-(destination|source) ranks",),
+        "dist.gather writes its results only on the destination rank (dist.scatter reads its list only on the source "
+        "rank); on every other rank the list must be left out, and this rank passed one.\n"
+        "Pass the list on the root rank only: gather_list=[torch.empty_like(t) for _ in range(world)] "
+        "if rank == dst else None (the same for scatter_list with src).",
+        sources=("https://github.com/pytorch/pytorch/issues/25463",)),
+    Cause(
+        "sampler-shuffle-exclusive", "DataLoader(shuffle=True) beside a sampler",
+        ("ValueError",),
+        (r"sampler option is mutually exclusive with shuffle",),
+        "A DataLoader takes its order from a sampler or from shuffle=True, not both: the DistributedSampler already "
+        "shuffles (its own shuffle=True, a new order each epoch with set_epoch).\n"
+        "Leave shuffle out of the DataLoader (shuffle=False) when you pass sampler=DistributedSampler(...).",
+        sources=("https://github.com/ultralytics/yolov3/issues/231",)),
+    Cause(
+        "nccl-duplicate-gpu", "Two ranks on one GPU (NCCL: Duplicate GPU detected)",
+        ("RuntimeError", "DistBackendError"),
+        (r"Duplicate GPU detected",),
+        "NCCL found two ranks of the job on the same CUDA device: every process used the default device "
+        "(cuda:0), because none chose its own before init_process_group.\n"
+        "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first in every rank (or pass device_id= to "
+        "init_process_group), and put the model and tensors on that device.",
+        sources=("https://github.com/NVIDIA/Megatron-LM/issues/661", "https://github.com/csguoh/MambaIR/issues/39")),
+    Cause(
         "spawn-without-main-guard", "mp.spawn without `if __name__ == '__main__':`",
         ("RuntimeError",),
         (r"start a new process before the\s+current process has finished its bootstrapping phase",),

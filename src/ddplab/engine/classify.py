@@ -8,6 +8,7 @@ on evidence captured from real runs. Sentences are made later, by ``ddplab.views
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -35,11 +36,14 @@ class Verdict:
     first_failure: int | None
     divergence: ledger_mod.Divergence | None
     stall: Stall | None = None
+    culprits: tuple[int, ...] = ()           # the ranks the evidence blames (() where it blames none)
+    fix_at: stacks.Frame | None = None       # the line of the culprit's script that set the failure up
 
     def fields(self) -> dict:
         """The RunResult fields this verdict decides."""
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
-                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall}
+                "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
+                "culprits": self.culprits, "fix_at": self.fix_at}
 
 
 def locate(live: LiveRank) -> stacks.Where:
@@ -348,3 +352,257 @@ def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[Ran
     last = min(d for d in done if d is not None) if done and all(d is not None for d in done) else None
     return Stall(window_s=window_s, idle_s=round(idle_s, 1), since_s=round(since_s, 1), last_seq=last,
                  waited_for_timeout_s=waited_for_timeout_s)
+
+
+# --- what the ranks' own source adds: culprits, readings that need a peer's line, the line that set it up ---
+# A timeout shorter than both of torch's defaults (NCCL 10 min, gloo 30 min) was set on purpose.
+SHORT_TIMEOUT_MS = 600_000
+_TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out after (\d+)ms|Timeout\(ms\)=(\d+)")
+# a line that writes a file (torch.save, json.dump, open(..., "w"), a download helper)
+_WRITES = re.compile(r"\b(?:save|savez\w*|dump|write\w*|to_csv|to_parquet|download\w*|urlretrieve)\("
+                     r"|open\(.*['\"][wa]b?['\"]")
+_NOT_NAMES = frozenset({"torch", "np", "os", "open", "load", "save", "self", "json", "pickle", "rb", "wb", "r", "w",
+                        "import", "time", "sleep", "with", "as", "f", "path", "data", "rand", "torch_load"})
+# The line a cause points at in the culprit's script, where exactly one line matches: (signature id, regex).
+SITES: dict[str, str] = {
+    "launch-local-rank-arg": r"add_argument\(\s*['\"]--local[_-]rank",
+    "ddp-lazy-module": r"\bLazy\w+\(",
+    "ddp-no-trainable-parameters": r"requires_grad_\(\s*False\s*\)|\.requires_grad\s*=\s*False",
+    "timeout-too-short": r"init_process_group\(.*\btimeout\s*=",
+    # a store address set in the script (premise: the ranks dial another address than torchrun gave them)
+    "store-address-set": r"environ\[\s*['\"]MASTER_(?:PORT|ADDR)['\"]\s*\]\s*[,=]|"
+                         r"environ\.(?:setdefault|update)\(.*MASTER_(?:PORT|ADDR)|putenv\(\s*['\"]MASTER_(?:PORT|ADDR)",
+}
+
+
+_RANK_GUARD = re.compile(r"^\s*(?:el)?if\b.*\b(?:\w*rank\w*|master_process|is_main_process|is_master|main_process)\b")
+_HEADER = re.compile(r"^\s*(?:async\s+)?(?:def|class)\b")
+
+
+def rank_guard(f: stacks.Frame | None, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The ``if`` on the rank (``if rank == 0:``, ``if master_process:``) whose block holds the frame's line,
+    within its function, from the script's text (None: the line is under no such condition)."""
+    if f is None:
+        return None
+    lines = (sources.get(f.file) or "").splitlines()
+    if not 0 < f.line <= len(lines):
+        return None
+    indent = len(lines[f.line - 1]) - len(lines[f.line - 1].lstrip())
+    for j in range(f.line - 2, -1, -1):
+        t = lines[j]
+        if not t.strip() or t.lstrip().startswith("#"):
+            continue
+        ind = len(t) - len(t.lstrip())
+        if ind >= indent:
+            continue
+        indent = ind
+        if _RANK_GUARD.match(t):
+            return stacks.Frame(f.func, f.file, j + 1, t.strip())
+        if _HEADER.match(t) or ind == 0:
+            return None
+    return None
+
+
+_LEAVES = re.compile(r"^\s*(?:break|return\b.*|(?:sys\.)?exit\(.*\)|quit\(\))\s*(?:#.*)?$")
+
+
+def early_exit_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The one condition on the rank in the script whose block begins by leaving (``if master_process and
+    stop: break``, ``return``, ``sys.exit()``): where a rank that exited early while its peers went on left."""
+    lines = (sources.get(file) or "").splitlines()
+    hits = []
+    for i, t in enumerate(lines):
+        if not _RANK_GUARD.match(t):
+            continue
+        head, _, tail = t.partition(":")
+        body = tail.split("#", 1)[0].strip()
+        nxt = next((x for x in lines[i + 1:] if x.strip() and not x.lstrip().startswith("#")), "")
+        if (body and _LEAVES.match(body)) or (not body and _LEAVES.match(nxt)):
+            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    return hits[0] if len(hits) == 1 else None
+
+
+def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The rank condition that any of the rank's own frames (innermost first) stands under."""
+    from ddplab.engine.stacks import is_user_file
+    frames = [f for f in (r.stack or ()) if is_user_file(f.file)] or ([r.frame] if r.frame else [])
+    return next((g for g in (rank_guard(f, sources) for f in frames) if g is not None), None)
+
+
+def source_line(f: stacks.Frame | None, sources: Mapping[str, str]) -> str:
+    """A frame's source line: the record's own, else the script's text read at the verdict."""
+    if f is None:
+        return ""
+    if f.text:
+        return f.text.strip()
+    lines = (sources.get(f.file) or "").splitlines()
+    return lines[f.line - 1].strip() if 0 < f.line <= len(lines) else ""
+
+
+def site(pattern: str, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The one line of ``file`` that matches ``pattern`` (None: no line, or more than one)."""
+    rx = re.compile(pattern)
+    hits = [(i + 1, t) for i, t in enumerate((sources.get(file) or "").splitlines())
+            if rx.search(t) and not t.lstrip().startswith("#")]
+    return stacks.Frame("<module>", file, hits[0][0], hits[0][1].strip()) if len(hits) == 1 else None
+
+
+_BATCH_NAME = re.compile(r"^\s*(\w*(?:batch\w*|\bbs))\s*=\s*([\d\s*+()]+?)\s*(?:#.*)?$", re.I)
+_SHAPE = re.compile(r"shape=\[(\d+)")
+
+
+def _number(expr: str) -> int | None:
+    """The value of a constant product or sum of whole numbers (``8 * 512``), without evaluating code."""
+    import ast
+
+    def val(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Add)):
+            a, b = val(n.left), val(n.right)
+            return None if a is None or b is None else (a * b if isinstance(n.op, ast.Mult) else a + b)
+        return None
+    try:
+        return val(ast.parse(expr.strip(), mode="eval").body)
+    except SyntaxError:
+        return None
+
+
+def batch_site(e, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At an out-of-memory error: the one line of the script that sets a batch size to a number (``batch_size =
+    8 * 512``) equal to the first dimension of a tensor on the failing line (its recorded values): the size
+    that made the allocation too big (None: no such line, or more than one)."""
+    dims = {int(m.group(1)) for v in (e.values or {}).values() for m in [_SHAPE.search(str(v))] if m}
+    hits = []
+    for i, t in enumerate((sources.get(file) or "").splitlines()):
+        m = _BATCH_NAME.match(t)
+        if m:
+            n = _number(m.group(2))
+            if n in dims:
+                hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    return hits[0] if len(hits) == 1 else None
+
+
+def busy_peers(ranks: tuple[RankResult, ...], first: int) -> tuple[RankResult, ...]:
+    """Ranks that were running the script's own code (not waiting in torch.distributed, not gone with an
+    error) when ``first`` failed: their place comes from the SIGTERM dump or a live stack."""
+    return tuple(r for r in ranks if r.rank != first and r.error is None and r.where is not None
+                 and r.where.frame is not None
+                 and r.where.kind not in ("collective", "p2p", "rendezvous", "store"))
+
+
+def timed_out_ms(r: RankResult | None) -> int | None:
+    """The timeout a rank's error reports (its message's milliseconds, else its pending collective's
+    timeout in the ledger, for gloo's "Application timeout caused pair closure"); None: not a timeout."""
+    e = r.error if r is not None else None
+    if e is None:
+        return None
+    m = _TIMED_OUT.search(f"{e.message}\n{e.cause or ''}")
+    if m:
+        return int(next(g for g in m.groups() if g))
+    if "Application timeout" in e.message and r.ledger:
+        return r.ledger[-1].timeout_ms
+    return None
+
+
+def late_peers(ranks: tuple[RankResult, ...], first: int, timeout_ms: int) -> tuple[int, ...]:
+    """Ranks that issued the collective ``first`` timed out in longer than the timeout after it (their
+    ledgers: the same number in the same group): they were working, not stuck, while it waited."""
+    own = next((r for r in ranks if r.rank == first), None)
+    if own is None or not own.ledger:
+        return ()
+    c1 = own.ledger[-1]
+    late = []
+    for r in ranks:
+        c0 = next((c for c in r.ledger if (c.seq, c.pg) == (c1.seq, c1.pg)), None) if r.rank != first else None
+        if c0 is not None and c0.created_ns - c1.created_ns >= timeout_ms * 1_000_000:
+            late.append(r.rank)
+    return tuple(late)
+
+
+_MISSING = re.compile(r"No such file or directory: '([^']+)'")
+
+
+def missing_paths(ranks: tuple[RankResult, ...]) -> tuple[str, ...]:
+    """The files the ranks' FileNotFoundErrors name (diagnose looks whether they exist at the verdict)."""
+    return tuple(m.group(1) for r in ranks if r.error is not None and r.error.type == "FileNotFoundError"
+                 for m in [_MISSING.search(r.error.message)] if m)
+
+
+def read_before_written(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str],
+                        files: Mapping[str, float]) -> bool:
+    """``first`` failed to find a file that another rank wrote: the file exists at the verdict, written
+    after the failing read (``files``: {path: mtime} of the missing paths found at the verdict), or a peer
+    was still on a line that writes and names what the failing line read when torchrun ended it."""
+    own = next((r for r in ranks if r.rank == first), None)
+    e = own.error if own else None
+    if e is None or e.type != "FileNotFoundError" or e.frame is None:
+        return False
+    m = _MISSING.search(e.message)
+    if m and files.get(m.group(1), 0.0) >= e.time > 0:
+        return True
+    read = set(re.findall(r"[A-Za-z_]\w*", source_line(e.frame, sources))) - _NOT_NAMES
+    for r in busy_peers(ranks, first):
+        line = source_line(r.where.frame, sources)
+        if _WRITES.search(line) and read & set(re.findall(r"[A-Za-z_]\w*", line)):
+            return True
+    return False
+
+
+def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | None = None) -> Verdict:
+    """The verdict with what the culprit ranks' own source lines add (``sources``: {file: text} of the
+    user files the ranks' frames name, read at the verdict; ``files``: {path: mtime} of the files the
+    ranks' FileNotFoundErrors name that exist at the verdict): readings whose premise needs a peer's line
+    or a file written later (a timeout shorter than a peer's work; a read of a file a peer had not yet
+    written), the ranks the evidence blames, and the one line of the culprit's script that set the
+    failure up. Pure."""
+    files = files or {}
+    sig, first, ranks = v.signature, v.first_failure, v.ranks
+    culprits: tuple[int, ...] = ()
+    guard = None
+    if v.status == Status.FAILED and first is not None:
+        own = next((r for r in ranks if r.rank == first), None)
+        ms = timed_out_ms(own)
+        if (sig == "collective-timeout" and ms is not None and ms < SHORT_TIMEOUT_MS
+                and (busy_peers(ranks, first) or late_peers(ranks, first, ms))):
+            sig = "timeout-too-short"
+        elif sig in signatures.GENERIC and read_before_written(ranks, first, sources, files):
+            sig = "read-before-write"
+        culprits = (first,)
+        if sig == "rank-exited-early":
+            early = tuple(r.rank for r in ranks if r.state == RankState.EXITED and r.exit_code == 0 and r.error is None)
+            culprits = early or culprits
+    elif v.status == Status.HUNG:
+        a = rendezvous_asks(ranks)
+        if sig == "rendezvous-ranks-conflict" and a is not None and a.duplicates:
+            # the processes that asked for a rank other than the one torchrun gave them
+            culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
+        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes"):
+            # the ranks that stand under a condition on the rank while the others do not: a collective
+            # (or the work before one) that only some ranks reach
+            alive = [r for r in ranks if r.state in ALIVE]
+            under = {r.rank: guarded(r, sources) for r in alive}
+            odd = tuple(k for k, g in under.items() if g is not None)
+            if odd and len(odd) < len(alive):
+                culprits = odd
+                guard = under[odd[0]]
+    fix_at = None
+    where = next((r for r in ranks if r.rank in culprits), None) if culprits else next(
+        (r for r in ranks if r.state in ALIVE), None)
+    frame = where.frame if where is not None else None
+    key = sig
+    if sig in ("hang-rendezvous", "store-unreachable", "rendezvous-timeout") and any(
+            r.dialling and r.given and r.dialling.get("port") != r.given.get("port") for r in ranks):
+        key = "store-address-set"
+    if frame is not None and key in SITES:
+        fix_at = site(SITES[key], frame.file, sources)
+    elif sig == "rank-exited-early" and v.first_failure is not None:
+        # the early rank left no frame (a clean exit): its peer's script is the same file
+        peer = next((r for r in ranks if r.rank == v.first_failure), None)
+        if peer is not None and peer.frame is not None:
+            fix_at = early_exit_site(peer.frame.file, sources)
+    elif frame is not None and sig in ("cpu-oom", "cuda-oom") and where.error is not None:
+        fix_at = batch_site(where.error, frame.file, sources)
+    if fix_at is None and guard is not None:
+        fix_at = guard
+    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at)

@@ -100,6 +100,7 @@ def diagnose(source: Source, *, show: Callable[[Snapshot], None] | None = None,
 def _finish(source: Source, ev: Evidence) -> RunResult:
     """Judge, build the result (the only place a RunResult is made from evidence), save, keep."""
     v = classify.judge(ev)
+    v = classify.refine(v, user_sources(ev), written(classify.missing_paths(v.ranks)))
     who, w = source.identity, ev.watch
     master = next((i for i in ev.run.infos.values() if i.get("master_port")), None)
     check = None
@@ -115,3 +116,33 @@ def _finish(source: Source, ev: Evidence) -> RunResult:
         result.save(Path(who.run_dir) / runfiles.RESULT)
     source.keep(ev, result)
     return result
+
+
+def user_sources(ev: Evidence, limit: int = 2_000_000) -> dict[str, str]:
+    """The text of the user's own files that the ranks' frames name (errors, live stacks, SIGTERM dumps),
+    read at the verdict: classify.refine reads a peer's line and the line a cause points at from them."""
+    from ddplab.engine.stacks import is_user_file
+    files = {f.file for e in ev.run.errors.values() for f in e.frames}
+    files |= {f.file for lv in ev.live.values() for f in lv.frames}
+    files |= {f.file for fr in list(ev.run.terminated.values()) + list(ev.run.fatal.values()) for f in fr}
+    out = {}
+    for name in sorted(files):
+        if is_user_file(name):
+            try:
+                p = Path(name)
+                if p.is_file() and p.stat().st_size <= limit:
+                    out[name] = p.read_text(errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def written(paths) -> dict[str, float]:
+    """{path: mtime} of those of ``paths`` (files a rank did not find) that exist at the verdict."""
+    out = {}
+    for name in paths:
+        try:
+            out[name] = Path(name).stat().st_mtime
+        except OSError:
+            continue
+    return out

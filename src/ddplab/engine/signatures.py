@@ -154,7 +154,7 @@ CATALOG: tuple = CAUSES + (
     Signature(
         "collective-timeout", "A collective timed out",
         (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
-         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms"),
+         r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms", r"Application timeout caused pair closure"),
         "A rank waited longer than the process group's timeout for the others to join a collective.\n"
         "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
         "01"),
@@ -175,7 +175,7 @@ CATALOG: tuple = CAUSES + (
 GENERIC = {"peer-lost", "python-exception"}
 # Entries that name no cause: the explanation says "cause not identified" and shows the evidence, with
 # no fix and no lab.
-UNIDENTIFIED = {"python-exception", "stalled-outside-collectives"}
+UNIDENTIFIED = {"python-exception", "stalled-outside-collectives", "hang-same-collective"}
 
 # Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
 # progress (ddplab.engine.classify.hang_signature).
@@ -193,6 +193,23 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "One rank left the loop early and exited cleanly; its peer was still in a collective, and gloo ended it with 'Connection closed by peer'.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01"),
+    Signature(
+        "timeout-too-short", "The process group's timeout ran out while a peer was still working",
+        (),
+        "This rank waited in a collective longer than the process group's timeout (set shorter than torch's default "
+        "in init_process_group) while another rank was still running the script's own code, not stuck: its work "
+        "(a checkpoint write, an evaluation on one rank) takes longer than the timeout.\n"
+        "Give init_process_group a timeout longer than the longest work one rank does alone, or leave it at the "
+        "default; where only one rank works, let the others wait for it after that work.",
+        ""),
+    Signature(
+        "read-before-write", "A rank read a file that another rank was still writing",
+        (),
+        "This rank looked for a file that another rank writes (a download, a checkpoint, a cache) before that rank "
+        "had written it: nothing made the readers wait for the writer.\n"
+        "Put dist.barrier() between the write and the reads, called by every rank (the writer after writing, the "
+        "readers before reading).",
+        ""),
     Signature(
         "rank-killed", "A rank was killed from outside (SIGKILL) without a Python error",
         (),
@@ -246,9 +263,10 @@ STACK_CATALOG: tuple[Signature, ...] = (
     Signature(
         "hang-same-collective", "All ranks wait in the same collective",
         (),
-        "Every rank is in the same collective, yet it does not complete: a slow or broken link, or a peer outside the job.\n"
-        "Check the network (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), and that every rank uses the same backend and world size.",
-        "07",
+        "Every rank is blocked in the same collective and none completes; nothing recorded says why (no rank is "
+        "elsewhere, no sizes differ, no connection is refused).\n"
+        "Read each rank's line and what it waited for below; no fix is given without evidence for one.",
+        "",     # a symptom: the network's premise (an interface, a connection with no answer) is not shown to hold
         hang_rule=lambda f: bool(f.in_coll), precedence=80),
     Signature(
         "hang-data-port-blocked", "A rank's connection to another node gets no answer (a firewall drops it)",
@@ -321,11 +339,16 @@ def holds(sig, facts) -> bool:
     return premise is None or bool(premise(facts))
 
 
+# Named by classify.refine only where a peer's line holds the premise (a peer still working when the
+# timeout ran out; a peer still writing the file the failing rank read).
+REFINED = frozenset({"timeout-too-short", "read-before-write"})
+
+
 def premised() -> set[str]:
     """The entries named only where the evidence holds a premise beyond the message's words, and the
     hang entries no lab teaches (their rule is their premise)."""
     return ({s.id for s in CATALOG if getattr(s, "premise", None) is not None}
-            | {s.id for s in STACK_CATALOG if s.hang_rule is not None and not s.lab})
+            | {s.id for s in STACK_CATALOG if s.hang_rule is not None and not s.lab} | REFINED)
 
 
 def match_text(text: str, facts=None) -> tuple[Signature, str] | None:

@@ -467,6 +467,23 @@ def identified(result: "RunResult") -> bool:
     return result.signature is not None and result.signature not in signatures.UNIDENTIFIED
 
 
+def culprit_sentence(result: "RunResult") -> str:
+    """The ranks the evidence blames (where they are not simply the first failing rank) and the line of
+    their script that set the failure up (``fix_at``), from the fields."""
+    blamed = tuple(getattr(result, "culprits", ()) or ())
+    fa = getattr(result, "fix_at", None)
+    parts = []
+    if blamed and (result.status != "failed" or blamed != (result.first_failure,)):
+        who = groups.span(blamed) if len(blamed) > 1 else str(blamed[0])
+        parts.append(f"The evidence points at rank{'s' if len(blamed) > 1 else ''} {who}.")
+    if fa is not None:
+        # its base name: the diagnosis above names the script's path in full already (where any rank stood)
+        shown = any(r.frame is not None and r.frame.file == fa.file for r in result.ranks)
+        at = f"{Path(fa.file).name}:{fa.line}" if shown else fa.short().rsplit(" in ", 1)[0]
+        parts.append(f"The line that set it up: {at} `{_code(fa.text or '')}`.")
+    return " ".join(parts)
+
+
 def explain(result: "RunResult") -> str:
     from ddplab.engine import signatures
 
@@ -484,6 +501,9 @@ def explain(result: "RunResult") -> str:
         first, *rest = d.splitlines()
         lines.append(f"  Diagnosis: {first}")
         lines += [f"    {t}" for t in rest]
+    c = culprit_sentence(result)
+    if c:
+        lines.append(f"  {c}")
     if result.excerpt and result.status == "failed":
         lines.append(f"  Evidence: {result.excerpt}")
     if result.status in ("ok", "failed"):   # a hang's diagnosis already shows each group's state
