@@ -112,6 +112,17 @@ def test_two_processes_asking_for_the_same_rank_are_told_from_a_rank_that_never_
     assert "Lab 06" not in text
 
 
+def test_a_rendezvous_that_times_out_on_a_rank_asked_for_twice_is_not_a_missing_rank(run_lab):
+    """Both processes reached init_process_group and each recorded what it asked for (the exception's
+    own frame): the timeout is the conflict's, not a rank that crashed, came late or cannot reach the master."""
+    r = run_lab(SCRIPTS / "same_rank.py", nproc=2, stall_s=3, args=["--timeout-s", "3"])
+    assert r.status == "failed" and r.signature == "rendezvous-ranks-conflict", r.explain()
+    assert [(k.asked["rank"], k.asked["env"]["RANK"]) for k in r.ranks] == [(0, "0"), (0, "1")]
+    assert r.culprits == (1,)
+    text = r.explain()
+    assert "rank 0 was asked for 2 times" in text and "cannot reach MASTER_ADDR" not in text
+
+
 def test_a_world_size_other_than_the_jobs_is_named(run_lab):
     r = run_lab(SCRIPTS / "same_rank.py", nproc=2, stall_s=3, args=["--world-size", "3"])
     assert (r.status, r.signature) == ("hung", "rendezvous-ranks-conflict"), r.explain()

@@ -41,6 +41,7 @@ class RankError:
     chain: tuple["ChainedError", ...] = ()
     values: dict | None = None    # {name: short repr} on the innermost line of the user's own code
     exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
+    asked: dict | None = None     # raised inside init_process_group: the rank and world size it asked for, its env
 
     @property
     def frame(self) -> Frame | None:
@@ -51,7 +52,8 @@ class RankError:
     def to_dict(self) -> dict:
         return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
                 "time": self.time, "module": self.module, "cause": self.cause, "env": self.env,
-                "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited}
+                "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited,
+                "asked": self.asked}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RankError | None":
@@ -61,7 +63,7 @@ class RankError:
                    frames=tuple(Frame.from_dict(f) for f in d.get("frames", ())), time=float(d.get("time", 0)),
                    module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"),
                    chain=tuple(ChainedError.from_dict(c) for c in d.get("chain") or ()),
-                   values=d.get("values") or None, exited=d.get("exited"))
+                   values=d.get("values") or None, exited=d.get("exited"), asked=d.get("asked"))
 
 
 @dataclass(frozen=True)

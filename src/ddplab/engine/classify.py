@@ -17,7 +17,7 @@ from ddplab.engine import signatures, stacks
 from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
-from ddplab.engine.reasons import rendezvous_asks, spawns
+from ddplab.engine.reasons import init_asks, rendezvous_asks, spawns
 from ddplab.result import RankResult, Stall
 
 # the ranks still alive stood blocked: the stall rule fired, or torch dumped them (its watchdog's timeout)
@@ -111,7 +111,8 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
             where = locate(LiveRank(rank, info.get("pid") or 0, frames=list(frames),
                                     ledger=tuple(ledgers.get(rank, ()))))
         out.append(RankResult(state=state, exit_code=exit_code, signal=sig, ledger=tuple(ledgers.get(rank, ())),
-                              stack=frames, stack_source=source, where=where, **common))
+                              stack=frames, stack_source=source, where=where,
+                              asked=common["error"].asked if common["error"] is not None else None, **common))
     return tuple(out)
 
 
@@ -569,6 +570,12 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         elif sig in signatures.GENERIC and read_before_written(ranks, first, sources, files):
             sig = "read-before-write"
         culprits = (first,)
+        a = init_asks(ranks) if sig == "rendezvous-timeout" else None
+        if a is not None and a.duplicates:
+            # the rendezvous timed out because two processes asked for one rank, not because a rank
+            # was missing: every process reached init_process_group (each recorded what it asked for)
+            sig = "rendezvous-ranks-conflict"
+            culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
         if sig == "rank-exited-early":
             early = tuple(r.rank for r in ranks if r.state == RankState.EXITED and r.exit_code == 0 and r.error is None)
             culprits = early or culprits

@@ -162,6 +162,13 @@ def rendezvous_asks(ranks: tuple[RankResult, ...]) -> Asks | None:
     return asks(asked, len(ranks)) if asked else None
 
 
+def init_asks(ranks: tuple[RankResult, ...]) -> Asks | None:
+    """What every process that called init_process_group asked for, whatever became of it (a failed
+    rendezvous: the ranks exited on their timeout), or None where none recorded it."""
+    asked = {r.rank: r.asked for r in ranks if r.asked}
+    return asks(asked, len(ranks)) if asked else None
+
+
 def spawns(r: RankResult) -> bool:
     """A rank waiting for the processes it started with torch.multiprocessing's spawn (mp.spawn)."""
     return any("torch/multiprocessing/spawn" in f.file.replace("\\", "/") for f in r.stack)

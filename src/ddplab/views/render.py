@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddplab.engine import groups, waits
-from ddplab.defaults import ALIVE, RankState
+from ddplab.defaults import ALIVE, RankState, Status
 from ddplab.engine.ledger import numel
 from ddplab.engine.stacks import short_path
 from ddplab.views.render_check import check_html, check_lines
@@ -289,8 +289,10 @@ def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
 def asks_sentence(result: "RunResult") -> str:
     """What the processes waiting at the rendezvous asked init_process_group for: ranks asked twice,
     ranks nobody asked for, world sizes."""
-    from ddplab.engine.reasons import rendezvous_asks
+    from ddplab.engine.reasons import init_asks, rendezvous_asks
     a = rendezvous_asks(result.ranks)
+    if a is None and result.signature == "rendezvous-ranks-conflict":
+        a = init_asks(result.ranks)        # a rendezvous that timed out: what each process had asked for
     if a is None:
         return ""
     by: dict = {}
@@ -304,7 +306,7 @@ def asks_sentence(result: "RunResult") -> str:
     if a.duplicates:
         text += "; " + ", ".join(f"rank {k} was asked for {len(v)} times" for k, v in sorted(a.duplicates.items()))
     if a.missing:
-        text += f"; no waiting process asked for {groups.label(list(a.missing))}"
+        text += f"; no {'waiting ' if result.status == Status.HUNG else ''}process asked for {groups.label(list(a.missing))}"
     if len(sizes) == 1 and sizes[0] != a.job:
         text += f"; the job started {a.job} processes"
     return text + "."
@@ -336,6 +338,7 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
         what = f"exit code {r.exit_code}" + (f": {tail}" if tail else "")
     out = [f"Rank {first} failed first: {what}{paths.at(r)}."]
     out.append(wait_sentence(result, paths))
+    out.append(asks_sentence(result))
     d = result.divergence
     if result.signature == "rank-exited-early" and d is not None:
         gone = [k for k, op in sorted(d.ops.items()) if op is None]

@@ -96,6 +96,9 @@ def _install():
             more = {k: rec[k] for k in ("chain", "values") if rec.get(k)}
             if exited is not None:
                 more["exited"] = exited
+            asked = _asked_in(tb)
+            if asked is not None:
+                more["asked"] = asked
             record_error(rec["type"], rec["module"], rec["message"], rec["frames"],
                          type(cause).__name__ + ": " + str(cause) if cause is not None else None, **more)
         except Exception:
@@ -375,9 +378,7 @@ def _rendezvous_handler(req, resp):
                                     if isinstance(loc.get("tag"), int) else None}
             if code.co_name == "init_process_group" and "asked" not in found:
                 # what this process asked the rendezvous for: its arguments and its environment
-                found["asked"] = {"rank": _int(loc.get("rank")), "world_size": _int(loc.get("world_size")),
-                                  "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                         "MASTER_ADDR", "MASTER_PORT")}}
+                found["asked"] = _asked(loc)
             host = loc.get("hostname", loc.get("host_name", loc.get("master_addr")))
             port = loc.get("port", loc.get("master_port"))
             if "host" not in found and isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool):
@@ -391,6 +392,23 @@ def _rendezvous_handler(req, resp):
 
 
 _P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list")
+
+
+def _asked(loc):
+    """What a process asked init_process_group for: its arguments (``loc``, the call's locals) and its
+    environment. One reading for the live probe and for an exception raised inside the call."""
+    return {"rank": _int(loc.get("rank")), "world_size": _int(loc.get("world_size")),
+            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}}
+
+
+def _asked_in(tb):
+    """_asked of the init_process_group frame an exception passed through, or None."""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "init_process_group" and "torch/distributed" in code.co_filename.replace("\\", "/"):
+            return _asked(tb.tb_frame.f_locals)
+        tb = tb.tb_next
+    return None
 
 
 def _int(v):
