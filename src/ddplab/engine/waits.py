@@ -58,7 +58,8 @@ def waited_for(result: "RunResult") -> Wait | None:
             return None
         w = waiting[0].where
         return Wait(tuple(r.rank for r in waiting), w.op, w.seq, odd.ranks, _how(odd.rep, result), odd.rep)
-    if result.status == "failed" and result.signature == "collective-timeout":
+    # timeout-too-short is a collective timeout whose cause refine() read (engine.classify): the same wait
+    if result.status == "failed" and result.signature in ("collective-timeout", "timeout-too-short"):
         waiters = [r for r in result.ranks if _timed_out(r)]
         if not waiters:
             return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, calls, has_keyword, in_try)
+    Attempt, Edit, Exercise, Mismatch, WrongFix, calls, every_rank_joined_and_summed, has_keyword, in_try)
 
 PORT = 29500
 
@@ -58,17 +58,7 @@ dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=worl
 
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
-    finals = attempt.finals()
-    ranks = sorted(int(r.get("rank", -1)) for r in attempt.result.records_of("final"))
-    if ranks != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), ranks)
-    want = float(sum(range(1, nproc + 1)))
-    for rec in finals.values():
-        if rec.get("world") != nproc:
-            return Mismatch("world", nproc, rec.get("world"))
-        if rec.get("total") != want:
-            return Mismatch("total", want, rec.get("total"))
-    return None
+    return every_rank_joined_and_summed(attempt, nproc)
 
 
 def _tcp_ports(tree: ast.AST) -> list[str]:

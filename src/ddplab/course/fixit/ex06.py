@@ -6,7 +6,8 @@ torchrun does not set: every process claims rank 0, no one is rank 1, and init w
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, has_keyword, in_try, sets_env
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank_joined_and_summed, has_keyword, in_try, sets_env)
 
 BROKEN = '''\
 # Fix it (lab 06): this script came from a SLURM cluster; here torchrun starts it on 2 ranks. It never
@@ -37,17 +38,7 @@ REFERENCE = BROKEN.replace(_RANK, 'rank = int(os.environ["RANK"])               
 
 
 def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
-    finals = attempt.finals()
-    ranks = sorted(int(r.get("rank", -1)) for r in attempt.result.records_of("final"))
-    if ranks != list(range(nproc)):
-        return Mismatch("ranks", list(range(nproc)), ranks)
-    want = float(sum(range(1, nproc + 1)))
-    for rec in finals.values():
-        if rec.get("world") != nproc:
-            return Mismatch("world", nproc, rec.get("world"))
-        if rec.get("total") != want:
-            return Mismatch("total", want, rec.get("total"))
-    return None
+    return every_rank_joined_and_summed(attempt, nproc)
 
 
 EXERCISE = Exercise(

@@ -187,6 +187,23 @@ def params_match(attempt: "Attempt", nproc: int, want: list[float], tol: float) 
     return None
 
 
+def every_rank_joined_and_summed(attempt: "Attempt", nproc: int) -> "Mismatch | None":
+    """Every rank joined as its own rank, in a world of ``nproc``, and the all_reduce added every rank's
+    number (1 + 2 + ... + nproc): the result of an init exercise (05, 06), which deleting the
+    collective or the rendezvous cannot give."""
+    finals = attempt.finals()
+    ranks = sorted(int(r.get("rank", -1)) for r in attempt.result.records_of("final"))
+    if ranks != list(range(nproc)):
+        return Mismatch("ranks", list(range(nproc)), ranks)
+    want = float(sum(range(1, nproc + 1)))
+    for rec in finals.values():
+        if rec.get("world") != nproc:
+            return Mismatch("world", nproc, rec.get("world"))
+        if rec.get("total") != want:
+            return Mismatch("total", want, rec.get("total"))
+    return None
+
+
 def close(a: list[float], b: list[float], tol: float) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
 
