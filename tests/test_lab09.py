@@ -195,3 +195,21 @@ def test_check_world_size(disagree):
     with pytest.raises(DdplabError):
         lab09.check_world_size._verdict(
             4, lab09.LaunchCheck("x", "ok", 1.0, launch.agreement.__class__((), (), None, True), ""))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_firewall_against_its_fix_figure_is_the_ranks_ledgers(notebook, tmp_path):
+    """Notebook 09's fix figure: behind the firewall no rank completes a collective; with the subnet open
+    every rank completes its steps' collectives (each rank's own ledger)."""
+    import matplotlib.pyplot as plt
+    from ddplab.views import plots
+
+    firewall, fixed = (_run(notebook, tmp_path, v, steps=STEPS) for v in ("firewall", "fixed-firewall"))
+    fig = plots.progress([firewall, fixed])
+    assert firewall.status == "hung" and fixed.status == "ok"
+    assert plots.ranks_in_group(firewall) == 0 and not fig.axes[0].get_lines()
+    assert plots.ranks_in_group(fixed) == fixed.nproc
+    ends = sorted(int(line.get_ydata()[-1]) for line in fig.axes[1].get_lines())
+    assert ends == sorted(len(xs) for xs in plots.completed_collectives(fixed).values())
+    plt.close(fig)

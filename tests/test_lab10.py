@@ -240,3 +240,23 @@ def test_sign_test_p():
     assert abs(lab10.sign_test_p(10, 12) - 79 / 4096) < 1e-12       # 10 of 12 rounds: p = 0.019
     assert lab10.sign_test_p(9, 12) > lab10.P_LEVEL               # 9 of 12 could be chance
     assert lab10.sign_test_p(0, 0) == 1.0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_consequences_figure_is_the_runs_measurements(runs):
+    """Lab 10's four panels: the step times, the batchnorm errors and the replica differences are the
+    runs' own; the two legends sit above the tallest bars (headroom), not on them."""
+    import matplotlib.pyplot as plt
+
+    rs = runs
+    fig = lab10.plot_consequences(rs["unused-fixed"], rs["batchnorm"], rs["module-forward"], rs["rank-init"])
+    cost = lab10.unused_cost(rs["unused-fixed"])
+    assert [p.get_height() for p in fig.axes[0].patches] == [c["ms_per_step"] for c in cost.values()]
+    bn = lab10.bn_summary(rs["batchnorm"])
+    want = sorted(bn[m][k][rank] for k in ("mean_error", "var_error") for rank in (0, 1) for m in bn)
+    assert sorted(p.get_height() for p in fig.axes[1].patches) == want
+    for ax in (fig.axes[1], fig.axes[3]):
+        top = max(p.get_y() + p.get_height() for p in ax.patches)
+        assert ax.get_ylim()[1] > top * 1.4      # the legend's room above the data
+    plt.close(fig)

@@ -262,3 +262,18 @@ def test_waits_for_data_needs_a_rank_in_its_dataloader_and_the_rest_in_collectiv
     from ddplab.engine import classify
     rs = tuple(_rank(n, kind, op) for n, (kind, op) in enumerate(ranks))
     assert classify.waits_for_data(rs) == expect
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_loader_bars_are_the_ranks_records(r_slow):
+    """Lab 11's slow-loader figure: each rank's bars are its own seconds waiting and computing."""
+    import matplotlib.pyplot as plt
+
+    r = r_slow
+    fig = lab11.plot_loader(r)
+    rows = lab11.loader(r)
+    widths = [round(p.get_width(), 9) for p in fig.axes[0].patches]
+    assert widths == [round(x, 9) for k in (0, 1) for x in (rows[k]["data_wait_s"], rows[k]["compute_s"])]
+    assert fig.axes[0].get_legend() is None and fig.legends   # under the axes, off rank 1's bar
+    plt.close(fig)

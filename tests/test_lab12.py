@@ -255,3 +255,21 @@ def test_replicas_first_differing_step_and_tensor():
     rep = compare_records({0: _rank(models=[_model(checkpoints=base)]), 1: _rank(models=[_model(checkpoints=other)])})
     f = rep.of_kind("replicas-differ")[0]
     assert (f.ranks, f.step, f.since_equal, f.object, f.count, f.of) == ((1,), 20, 10, "b", 1, 2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_figure_shows_each_runs_curves_and_what_check_found(runs):
+    """Lab 12's figure: the top panel's lines are the ranks' own validation records, the bottom panel's
+    bars what --check counted for the pair's finding: the broken run's harm against the fix's none."""
+    import matplotlib.pyplot as plt
+
+    runs = {v: runs[v] for v in ("bn-unsynced", "bn-unsynced-fixed")}
+    fig = lab12.plot(runs)
+    top, bottom = fig.axes[0], fig.axes[1]
+    lines = [list(line.get_ydata()) for line in top.get_lines()]
+    assert lines == [[p["val_loss"] for p in c] for v in runs for c in lab12.curves(runs[v]).values()]
+    heights = [p.get_height() for p in bottom.patches]
+    assert heights == [lab12.harm(runs[v], "buffers-differ") for v in runs]
+    assert heights[0] > 0 and heights[1] == 0
+    plt.close(fig)
