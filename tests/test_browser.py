@@ -128,6 +128,12 @@ def _wait_for_server(proc, url, logfile) -> None:
         time.sleep(0.2)
 
 
+def _failed_shot(page, shot: Path) -> None:
+    """What the page showed when a wait gave up, for whoever reads the failure: ``<shot>-failed.png``."""
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot.with_name(shot.stem + "-failed.png")), full_page=True)
+
+
 def _open_and_run_all(page, url: str) -> None:
     """Open the notebook at ``url``, wait for its kernel, press Run All Cells."""
     page.goto(url)
@@ -188,9 +194,7 @@ def test_notebook_00_panel_runs_in_a_real_browser(jupyterlab, session_runs_dir):
             table.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOT), full_page=False)
         except Exception:
-            # what the page showed when a wait gave up, for whoever reads the failure
-            SHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SHOT.with_name(SHOT.stem + "-failed.png")), full_page=True)
+            _failed_shot(page, SHOT)
             raise
         finally:
             browser.close()
@@ -291,8 +295,7 @@ def test_ddplab_cell_runs_is_interrupted_and_the_kernel_goes_on(jupyterlab, sess
             page.screenshot(path=str(MAGIC_SHOT), full_page=False)
             done_text = done.inner_text()
         except Exception:
-            MAGIC_SHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(MAGIC_SHOT.with_name(MAGIC_SHOT.stem + "-failed.png")), full_page=True)
+            _failed_shot(page, MAGIC_SHOT)
             raise
         finally:
             browser.close()
@@ -328,8 +331,7 @@ def test_stored_notebook_01_shows_the_hang_as_a_picture(jupyterlab):
             TIMELINE_SHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(TIMELINE_SHOT), full_page=False)
         except Exception:
-            TIMELINE_SHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(TIMELINE_SHOT.with_name(TIMELINE_SHOT.stem + "-failed.png")), full_page=True)
+            _failed_shot(page, TIMELINE_SHOT)
             raise
         finally:
             browser.close()
