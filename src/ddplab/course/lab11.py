@@ -62,9 +62,20 @@ def stop_while_waiting(wait_s: float = 1.5, **kw) -> RunResult:
     construction, while a slower rank is still starting, does not count), a KeyboardInterrupt, as
     from Ctrl-C or Jupyter's stop button. ddplab ends the job, reads every rank's stack and returns
     the result."""
+    # a training step's waits: DDP's gradient all_reduce, and from the second step on the broadcast
+    # DDP rebuilds its buckets with (CI at 73b7555, loaded: step 1's all_reduce wait stayed under
+    # wait_s and step 2's wait was that broadcast). A broadcast counts only after an all_reduce was
+    # seen, at a later sequence number: the broadcasts before it are DDP's construction.
+    first_all_reduce: list[int] = []
+
     def progress(snap):
-        if any(row["state"] == "waiting" and row["op"] == "all_reduce" and row["idle_s"] >= wait_s
-               for row in snap.ranks):
+        waits = [row for row in snap.ranks if row["state"] == "waiting"]
+        seen = [row["seq"] for row in waits if row["op"] == "all_reduce"]
+        if seen and not first_all_reduce:
+            first_all_reduce.append(min(seen))
+        if any(row["idle_s"] >= wait_s and (row["op"] == "all_reduce" or (
+                row["op"] in DDP_STEP_OPS and first_all_reduce and row["seq"] > first_all_reduce[0]))
+               for row in waits):
             raise KeyboardInterrupt
     root = Path(kw.pop("run_root", None) or job_mod.runs_root())
     before = set(root.glob("**/result.json"))
