@@ -3,6 +3,7 @@
 #   make test       the whole test suite (what CI runs)
 #   make lab        JupyterLab on notebooks/
 #   make notebooks  maintainers: make workbook, then store the executed notebooks in notebooks/
+#   make assign     maintainers: notebooks/ (learner) and build/instructor/ from course-src/ (otter-grader)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -31,7 +32,7 @@ INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$
 # part is skipped: the build and the tests still pass.
 SYSTEM = $(PYTHON) src/ddplab/tools/system.py install
 
-.PHONY: workbook notebooks test lab install clean benchmark classroom system
+.PHONY: workbook notebooks test lab install clean benchmark classroom system assign sources
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +83,18 @@ TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
 	@$(SYSTEM) labs browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
+
+# One source notebook per lab (course-src/, otter-grader's format: solutions and hidden tests inside) ->
+# the learner's notebook in notebooks/ (no solution, no test; a stored notebook whose cell sources are the
+# same is left as it is, outputs and all) and the instructor's in build/instructor/ (solutions, and the
+# hidden tests in tests/). `make sources` makes course-src/ again from notebooks/, solutions/ and the
+# fix-its' reference fixes, while those are still where people edit (DESIGN.md).
+assign: $(STAMP)
+	$(INSTALL) -e ".[assign]"
+	$(BIN)/python -m ddplab.course.assign build
+
+sources: $(STAMP)
+	$(BIN)/python -m ddplab.course.assign sources
 
 lab: $(STAMP)
 	$(INSTALL) -e ".[lab]"
