@@ -199,7 +199,8 @@ def check_source(path: Path) -> dict:
     try:
         nb = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DdplabError(f"{path}: not a notebook ({e})", hint="make it again: python -m ddplab.course.assign sources")
+        raise DdplabError(f"{path}: not a notebook ({e})",
+                          hint="make it again: python -m ddplab.course.assign sources")
     cells = nb.get("cells") or [{}]
     if cells[0].get("cell_type") != "raw" or not _text(cells[0].get("source")).startswith(CONFIG_MARK):
         raise DdplabError(f"{path.name}: a source notebook without its {CONFIG_MARK} raw cell first",
@@ -218,7 +219,8 @@ def _otter_assign(source: Path, out: Path) -> None:
     try:
         assign(str(source), str(out), no_pdfs=True, no_run_tests=True)
     except Exception as e:   # otter's own errors (a bad marker, an unclosed block) as one line
-        raise DdplabError(f"{source.name}: otter assign failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        first = (str(e).splitlines() or [""])[0]
+        raise DdplabError(f"{source.name}: otter assign failed: {type(e).__name__}: {first}",
                           hint="fix the source notebook's markers (otter-grader's format)")
 
 
