@@ -2,6 +2,7 @@
 (``ddplab.course.assign``, DESIGN.md "Source notebooks and otter-grader"): the learner's copy has today's
 cells and nothing of the solutions or the hidden tests, the instructor's has every solution. One build of
 the 13 sources into a temporary folder (no notebook is executed, no job is started); files read as text."""
+import importlib
 import json
 import re
 from pathlib import Path
@@ -85,8 +86,9 @@ def test_no_solution_no_test_no_answer_in_the_learner_files(built, name):
     out, _ = built
     sol = solution_lines(ROOT / "course-src" / name)
     assert sol
-    hidden = [ln for c in _cells(ROOT / "course-src" / name) if _src(c).startswith(assign.HIDDEN_MARK)
-              for ln in _src(c).splitlines()[1:] if ln.startswith("assert")]
+    hidden = [ln.strip() for c in _cells(ROOT / "course-src" / name) if _src(c).startswith(assign.HIDDEN_MARK)
+              for ln in _src(c).splitlines()[1:]
+              if ln.strip().startswith(("def test_", "assert", "verdict =", "grade ="))]
     assert bool(hidden) == (name[:2] != "00")
     for path in (out / "learner" / name, ROOT / "notebooks" / name):
         text = path.read_text()
@@ -125,7 +127,44 @@ def test_the_instructor_notebook_holds_each_solution(built, name):
     ex = fixit.get(name[:2])
     assert "\n".join(kept).rstrip("\n") == ex.reference.rstrip("\n")
     test = (out / "instructor" / "tests" / f"fix{ex.lab}.py").read_text()
-    assert f"fixit.grade({ex.id!r}" in test and "'hidden': True" in test
+    assert f"fixit.grade({ex.id!r}" in test and "hidden=True" in test
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n[:2] != "00"])
+def test_every_checker_has_its_hidden_test(built, name):
+    """Each closed-form exercise of the lab (its module's EXERCISES) has a hidden otter test that calls the
+    checker the notebook calls, as the notebook calls it."""
+    out, _ = built
+    exercises = importlib.import_module(f"ddplab.course.lab{name[:2]}").EXERCISES
+    tests = {p.stem.split("-", 1)[1]: p.read_text()
+             for p in (out / "instructor" / "tests").glob(f"{name[:2]}-check_*.py")}
+    assert set(tests) == {ex.__name__ for ex in exercises.values()}
+    stored = (ROOT / "notebooks" / name).read_text()
+    for checker, text in tests.items():
+        call = re.search(r"verdict = (.+)", text).group(1)
+        assert "hidden=True" in text and json.dumps(call)[1:-1].split("(")[0] + "(" in stored, (checker, call)
+
+
+def test_otter_check_shows_ddplabs_feedback(built, tmp_path, monkeypatch):
+    """otter's own grading call (``otter.Notebook(tests_dir).check``) on lab 01's instructor tests, with the
+    names as a learner's notebook has them before any answer (the answer variables None, the fix-it not run):
+    every question fails, and the failure otter shows is ddplab's verdict: the checker's message for an unset
+    answer, the fix-it grade's "not run" feedback. No job starts."""
+    import otter
+    from ddplab.course import lab01
+    out, _ = built
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPLAB_RUNS_DIR", str(tmp_path / "runs"))
+    grader = otter.Notebook(tests_dir=str(out / "instructor" / "tests"))
+    env = {"lab01": lab01, "rank": None, "collective": None, "broken": None, "error_after_s": None, "tta": None,
+           "fix01": None}
+    ex = lab01.EXERCISES
+    want = {"01-check_waiting_rank": ex["waiting-rank"]._verdict((None, None), None).message,
+            "01-check_error_seconds": ex["timeout-seconds"]._verdict(None, None).message,
+            "fix01": str(fixit.grade("01", None, progress=None))}
+    for question, feedback in want.items():
+        result = grader.check(question, global_env=env)
+        assert not result.passed_all and feedback in repr(result), (question, repr(result))
 
 
 def test_a_source_without_its_config_is_one_line(tmp_path, capsys):

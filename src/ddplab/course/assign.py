@@ -20,6 +20,8 @@ notebooks/ again from the sources and leaves a stored notebook untouched when it
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import copy
 import difflib
 import json
@@ -49,7 +51,8 @@ generate: false
 solutions_pdf: false
 suppress_no_tests_warning: true
 tests:
-  files: true"""
+  files: true
+  ok_format: false"""
 MAGIC = "%%ddplab"
 HIDDEN_MARK = "# HIDDEN"
 NOTEBOOK_KEYS = ("kernelspec", "language_info")     # the notebook metadata a source keeps
@@ -117,11 +120,41 @@ def fixit_cells(nb_name: str, cell: dict) -> list[dict]:
         raise DdplabError(f"{nb_name}: the %%ddplab cell names no result", hint="add --name to its magic line")
     solved = dict(cell, source=magic + "\n" + prompt_and_solution(ex.broken.rstrip("\n"), ex.reference.rstrip("\n"))
                   + body[len(body.rstrip("\n")):])
-    test = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-            "source": f"{HIDDEN_MARK}\nfrom ddplab.course import fixit\n"
-                      f"assert fixit.grade({ex.id!r}, {name.group(1)}, progress=None).passed"}
+    test = _test_cell(f"fix{ex.lab}", [name.group(1)], [
+        "from ddplab.course import fixit",
+        f"grade = fixit.grade({ex.id!r}, {name.group(1)}, progress=None)",
+        "assert grade.passed, str(grade)"])
     return [_raw(f"# BEGIN QUESTION\nname: fix{ex.lab}\ncheck_cell: false"), _raw("# BEGIN SOLUTION"), solved,
             _raw("# END SOLUTION"), _raw("# BEGIN TESTS"), test, _raw("# END TESTS"), _raw("# END QUESTION")]
+
+
+def _test_cell(name: str, args: list[str], body: list[str]) -> dict:
+    """A hidden test in otter's exception-based format: a function of the notebook's names that raises with
+    ddplab's own feedback (a fix-it's grade, a checker's verdict) when the answer does not pass."""
+    source = [HIDDEN_MARK, f"def test_{name}({', '.join(args)}):", *("    " + ln for ln in body)]
+    return {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": "\n".join(source)}
+
+
+def checker_call(source: str, checker: str) -> tuple[str, list[str]] | None:
+    """The call of ``checker`` in a notebook cell (``lab01.check_waiting_rank((rank, collective), broken)``) and
+    the notebook names it reads, or None where the cell holds no such call."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        f = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and (getattr(f, "attr", None) or getattr(f, "id", None)) == checker:
+            names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not hasattr(builtins, n.id)})
+            return ast.unparse(node), names
+    return None
+
+
+def checker_test(checker: str, call: tuple[str, list[str]]) -> dict:
+    """The hidden test of a closed-form exercise: the checker the notebook calls, judged the same way (the
+    one answer that counts, against this execution's runs), its verdict's message as the feedback."""
+    expr, names = call
+    return _test_cell(checker, names, [f"verdict = {expr}", "assert verdict.passed, verdict.message"])
 
 
 def solution_sections(path: Path) -> list[tuple[str, str]]:
@@ -139,9 +172,10 @@ def solution_sections(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _solution_question(name: str, text: str) -> list[dict]:
+def _solution_question(name: str, text: str, test: dict | None = None) -> list[dict]:
+    tests = [_raw("# BEGIN TESTS"), test, _raw("# END TESTS")] if test else []
     return [_raw(f"# BEGIN QUESTION\nname: {name}\ncheck_cell: false"), _raw("# BEGIN SOLUTION"),
-            _markdown(text), _raw("# END SOLUTION"), _raw("# END QUESTION")]
+            _markdown(text), _raw("# END SOLUTION"), *tests, _raw("# END QUESTION")]
 
 
 def _number(cells: list[dict], lab: str) -> list[dict]:
@@ -162,8 +196,11 @@ def make_source(notebook: Path, solutions: Path) -> dict:
         at = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"
                    and re.search(rf"\b{checker}\(", c["source"])), None) if checker else None
         if at is None:   # the title, the recap answers, discussion points: at the end, after the recap
-            at = len(cells) - 1
-        after.setdefault(at, []).extend(_solution_question(f"{lab[:2]}-solution-{k}", text))
+            after.setdefault(len(cells) - 1, []).extend(_solution_question(f"{lab[:2]}-notes-{k}", text))
+            continue
+        call = checker_call(cells[at]["source"], checker)
+        test = checker_test(checker, call) if call else None
+        after.setdefault(at, []).extend(_solution_question(f"{lab[:2]}-{checker}", text, test))
     out = []
     for i, c in enumerate(cells):
         if c["cell_type"] == "code" and c["source"].lstrip().startswith(MAGIC):
