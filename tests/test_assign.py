@@ -187,3 +187,29 @@ def test_a_source_without_its_config_is_one_line(tmp_path, capsys):
     with pytest.raises(DdplabError) as e:
         assign.build(tmp_path / "src", tmp_path / "learner", tmp_path / "instructor")
     assert "otter assign failed" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_stored_notebook_keeps_its_outputs(tmp_path):
+    """make assign over notebooks/: a stored notebook whose cell sources are the source's stays byte for
+    byte (outputs and metadata are the lead's execution); one whose sources differ is written from the
+    source, and its unchanged code cells keep their stored outputs."""
+    name = SOURCES[1].name
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / name).write_text(SOURCES[1].read_text())
+    learner = tmp_path / "learner"
+    learner.mkdir()
+    stored = (ROOT / "notebooks" / name).read_text()
+    (learner / name).write_text(stored)
+    assert assign.build(tmp_path / "src", learner, tmp_path / "instructor") == {name: False}
+    assert (learner / name).read_text() == stored
+
+    old = json.loads(stored)
+    edited = next(i for i, c in enumerate(old["cells"]) if c["cell_type"] == "markdown")
+    old["cells"][edited]["source"] = "an edit made in notebooks/ by hand"
+    (learner / name).write_text(json.dumps(old))
+    assert assign.build(tmp_path / "src", learner, tmp_path / "instructor") == {name: True}
+    new = json.loads((learner / name).read_text())
+    assert _src(new["cells"][edited]) == _src(json.loads(stored)["cells"][edited])
+    outputs = [(c.get("id"), c.get("outputs")) for c in new["cells"] if c["cell_type"] == "code"]
+    assert outputs == [(c.get("id"), c.get("outputs")) for c in old["cells"] if c["cell_type"] == "code"]
+    assert any(o for _, o in outputs)
