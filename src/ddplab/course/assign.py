@@ -10,7 +10,9 @@ What a source adds to the learner's notebook, and where each text comes from (ea
   changed block of the broken script is an otter prompt (the broken lines, what the learner gets) followed by
   the solution (the fixed lines, only in the instructor's copy), plus a hidden test that grades it;
 - each exercise's and the recap's instructor answers (``solutions/NN_topic.md``, one markdown solution cell a
-  section, after the checker the section names): removed from the learner's copy.
+  section, after the checker the section names): removed from the learner's copy;
+- a hidden test per closed-form checker: the call the notebook's checker cell makes, raising with the
+  verdict's message, so otter's ``check`` and autograder show ddplab's feedback.
 
 Why sources are made by a script today: several people still edit notebooks/ (lesson_shape, the labs), so
 the learner cells are read from notebooks/ and a test keeps course-src/ in step; ``build`` then makes
