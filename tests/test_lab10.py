@@ -218,8 +218,8 @@ def judged(request, tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_check_unused_iteration(judged):
     # 8: the iterations the question names
-    exercise_cases.check_all(lab10.check_unused_iteration, judged["unused-params"], right=2, neighbour=3, shown=8,
-                             wrong=[1, 0])
+    exercise_cases.check_all(lab10.check_unused_iteration, judged["unused-params"], right=2, neighbour=3,
+                             shown=8, wrong=[1, 0])
     for wrong in (1, 3):
         assert "2" not in lab10.check_unused_iteration._verdict(wrong, judged["unused-params"]).message
 
@@ -239,8 +239,8 @@ def test_check_eval_op(judged):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_check_bn_source_rank(judged):
-    exercise_cases.check_all(lab10.check_bn_source_rank, judged["batchnorm"], right=0, neighbour=-1, other_rank=1,
-                             shown=32, wrong=[2])   # 32: the rows per rank the set-up cell prints
+    exercise_cases.check_all(lab10.check_bn_source_rank, judged["batchnorm"], right=0, neighbour=-1,
+                             other_rank=1, shown=32, wrong=[2])   # 32: the rows per rank the set-up cell prints
 
 
 @pytest.mark.multiprocess
