@@ -12,6 +12,7 @@ from ddplab.course import lab10
 
 import exercise_cases
 import notebook_check
+from burner import LOADS, load
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 VARIANTS = ("unused-params", "unused-fixed", "batchnorm", "eval-rank0", "eval-fixed", "module-forward",
@@ -195,20 +196,38 @@ def test_claim_check_is_computed_from_the_runs(runs):
 
 # --- exercise checkers: right, wrong and adversarial answers against the real runs ---------------------
 
+JUDGED = ("unused-params", "eval-rank0", "batchnorm")     # the runs the three checkers judge
+
+
+@pytest.fixture(scope="module", params=LOADS)
+def judged(request, tmp_path_factory):
+    """The runs the exercise checkers judge: the notebook's (idle: no new run), and again with a CPU burner
+    beside them (issue 34: a right answer passes on a loaded machine too)."""
+    if request.param == "idle":
+        runs = request.getfixturevalue("runs")
+        return {v: runs[v] for v in JUDGED}
+    root = tmp_path_factory.mktemp("lab10-burner")
+    with load(request.param):
+        out = {v: lab10.run_variant(v, run_root=root, progress=None) for v in JUDGED}
+    assert_nothing_left(str(root))
+    assert all(r.leftover == () for r in out.values())
+    return out
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_check_unused_iteration(runs):
+def test_check_unused_iteration(judged):
     # 8: the iterations the question names
-    exercise_cases.check_all(lab10.check_unused_iteration, runs["unused-params"], right=2, neighbour=3, shown=8,
-                             wrong=[1, 0])
+    exercise_cases.check_all(lab10.check_unused_iteration, judged["unused-params"], right=2, neighbour=3,
+                             shown=8, wrong=[1, 0])
     for wrong in (1, 3):
-        assert "2" not in lab10.check_unused_iteration._verdict(wrong, runs["unused-params"]).message
+        assert "2" not in lab10.check_unused_iteration._verdict(wrong, judged["unused-params"]).message
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_check_eval_op(runs):
-    r = runs["eval-rank0"]
+def test_check_eval_op(judged):
+    r = judged["eval-rank0"]
     # all_reduce: where the OTHER rank waits
     exercise_cases.check_all(lab10.check_eval_op, r, right=["broadcast", "dist.broadcast", " Broadcast ", "broadcast()"],
                              neighbour="all_reduce", shown="64",
@@ -219,9 +238,9 @@ def test_check_eval_op(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_check_bn_source_rank(runs):
-    exercise_cases.check_all(lab10.check_bn_source_rank, runs["batchnorm"], right=0, neighbour=-1, other_rank=1,
-                             shown=32, wrong=[2])   # 32: the rows per rank the set-up cell prints
+def test_check_bn_source_rank(judged):
+    exercise_cases.check_all(lab10.check_bn_source_rank, judged["batchnorm"], right=0, neighbour=-1,
+                             other_rank=1, shown=32, wrong=[2])   # 32: the rows per rank the set-up cell prints
 
 
 @pytest.mark.multiprocess

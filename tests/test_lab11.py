@@ -11,6 +11,7 @@ from ddplab.course import lab11
 
 import exercise_cases
 import notebook_check
+from burner import LOADS, load
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 from conftest import assert_nothing_left
@@ -200,9 +201,29 @@ def test_claim_check_verdicts_come_from_the_runs(ramp, r_sync, r_slow):
 # Exercises: right, wrong and adversarial answers against the real runs
 # ------------------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", params=LOADS)
+def judged(request, tmp_path_factory):
+    """The runs the exercise checkers judge: the notebook's scaler runs and the module's stopped run (idle:
+    no new run), and again all three with a CPU burner beside them (issue 34: a right answer passes on a
+    loaded machine too)."""
+    if request.param == "idle":
+        return {"scaler-inf": request.getfixturevalue("r_sync"),
+                "scaler-inf-unsynced": request.getfixturevalue("r_unsynced"),
+                "stopped": request.getfixturevalue("r_stopped")}
+    root = tmp_path_factory.mktemp("lab11-burner")
+    with load(request.param):
+        out = {v: lab11.run_variant(v, run_root=root, progress=None, steps=STEPS)
+               for v in ("scaler-inf", "scaler-inf-unsynced")}
+        out["stopped"] = lab11.stop_while_waiting(run_root=root)
+    assert_nothing_left(str(root))
+    assert all(r.leftover == () for r in out.values())
+    return out
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_check_skipped_ranks(r_sync):
+def test_check_skipped_ranks(judged):
+    r_sync = judged["scaler-inf"]
     # [1]: the rank whose own gradient held inf, the common wrong answer; 6: the parameters cell's steps
     exercise_cases.check_all(lab11.check_skipped_ranks, r_sync, right=[[0, 1], (1, 0), {0, 1}, [0.0, 1.0]],
                              neighbour=[1],
@@ -212,7 +233,8 @@ def test_check_skipped_ranks(r_sync):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_check_unsynced_scale(r_unsynced):
+def test_check_unsynced_scale(judged):
+    r_unsynced = judged["scaler-inf-unsynced"]
     at = lab11.scaler_at_inf(r_unsynced)
     assert at[0]["scale_after"] == at[0]["scale_before"] != at[1]["scale_after"]   # rank 0 kept it, rank 1 halved
     # "halved": what rank 1's scale did (the other rank); 65536: the scale as a number
@@ -224,9 +246,10 @@ def test_check_unsynced_scale(r_unsynced):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_check_where_rank0_waits(r_stopped):
+def test_check_where_rank0_waits(judged):
     """Which of DDP's two step collectives the stop catches rank 0 in is a race: both count, and the
     PASS message says which one this run caught (made from the run, not fixed)."""
+    r_stopped = judged["stopped"]
     op = r_stopped.rank(0).where.op
     assert op in lab11.DDP_STEP_OPS
     exercise_cases.check_all(
