@@ -1,6 +1,7 @@
 # ddplab: two commands do all the set-up.
 #   make workbook   venv + pinned install, every notebook executed once -> build/, summary table
 #   make test       the whole test suite (what CI runs)
+#   make test-load  the checkers' tests with a CPU burner beside their runs
 #   make lab        JupyterLab on notebooks/
 #   make notebooks  maintainers: make workbook, then store the executed notebooks in notebooks/
 #   make assign     maintainers: notebooks/ (learner) and build/instructor/ from course-src/ (otter-grader)
@@ -32,7 +33,7 @@ INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$
 # part is skipped: the build and the tests still pass.
 SYSTEM = $(PYTHON) src/ddplab/tools/system.py install
 
-.PHONY: workbook notebooks test lab install clean benchmark classroom system assign sources
+.PHONY: workbook notebooks test test-load lab install clean benchmark classroom system assign sources
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +96,11 @@ assign: $(STAMP)
 
 sources: $(STAMP)
 	$(BIN)/python -m ddplab.course.assign sources
+
+# the checkers' tests again with a CPU burner beside their runs (tests/burner.py says why not in make test)
+test-load: $(TEST_STAMP)
+	DDPLAB_TEST_BURNER=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p no:cacheprovider -k burner \
+		$(PYTEST_ARGS) tests
 
 lab: $(STAMP)
 	$(INSTALL) -e ".[lab]"
