@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
 # labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
-READ_BY_LAB_TESTS = ("08", "09", "10", "11", "12")
+READ_BY_LAB_TESTS = ("01", "08", "09", "10", "11", "12")
 SPLIT = "07"     # about half of the stored execution's seconds on each side
 ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
 FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
@@ -91,6 +91,44 @@ class Executed:
             if got == want:
                 return r
         return None
+
+
+class Runs:
+    """The runs a lab's tests assert on, each made once per test module: the notebook's own where it
+    ran the same variant with the same knobs (``Executed.run_of``, loaded from its result.json), else
+    one started here with ``start(variant, run_root=root, **knobs)`` (and ``args=[...]`` where given). Either way the launcher reported
+    nothing left and the ranks' socket folder is gone; a run started here leaves no process."""
+
+    def __init__(self, notebook: Executed, root: Path, start):
+        self.notebook, self.root, self.start = notebook, root, start
+        self._made: dict = {}
+        self.started: list = []      # (variant, knobs) of the runs the notebook did not make
+
+    def __call__(self, variant: str, args: tuple = (), **knobs):
+        key = (variant, tuple(args), tuple(sorted(knobs.items())))
+        if key not in self._made:
+            r = self.notebook.run_of(variant, args=tuple(args), **knobs)
+            if r is None:
+                r = self.start(variant, run_root=self.root, **({"args": list(args)} if args else {}), **knobs)
+                self.started.append((variant, args, knobs))
+                from conftest import assert_nothing_left
+                assert_nothing_left(str(self.root))
+            from ddplab.origins.job import socket_dir
+            assert r.leftover == (), f"{variant}: launcher reported leftovers: {r.leftover}"
+            assert not socket_dir(r.run_dir).exists(), "the ranks' socket folder was left in the temp dir"
+            self._made[key] = r
+        return self._made[key]
+
+
+def runs_fixture(lab: str, start):
+    """The module fixture ``runs`` of tests/test_lab<lab>.py: ``Runs`` over the lab's notebook (the
+    module's ``notebook`` fixture) and ``start``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def runs(notebook, tmp_path_factory):
+        return Runs(notebook, tmp_path_factory.mktemp(f"lab{lab}"), start)
+    return runs
 
 
 _EXECUTED: dict[str, Executed] = {}
