@@ -13,13 +13,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddplab import runfiles
 from ddplab.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
 # labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
-READ_BY_LAB_TESTS = ("01", "02", "08", "09", "10", "11", "12")
+READ_BY_LAB_TESTS = ("01", "02", "03", "08", "09", "10", "11", "12")
 SPLIT = "07"     # about half of the stored execution's seconds on each side
 ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
 FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
@@ -36,6 +37,7 @@ class Executed:
     images: int = 0
     differ: list = field(default_factory=list)
     _runs: list | None = None
+    _folders: dict = field(default_factory=dict)     # id of a loaded run -> the folder it was loaded from
 
     def assert_clean(self) -> None:
         """The test of the execution: no error output, a plot in a lab notebook, every checked cell as
@@ -56,14 +58,17 @@ class Executed:
             from ddplab.result import RunResult
             found = sorted(self.runs_dir.glob("**/result.json")) if not self.skipped else []
             self._runs = [RunResult.load(f.parent) for f in found]
+            self._folders = {id(r): f.parent for r, f in zip(self._runs, found)}
         return self._runs
 
     def run_of(self, variant: str, args: tuple = (), nproc: int = 2, check: bool = False,
-               stall_s: float | None = None, **knobs):
+               stall_s: float | None = None, env: dict | None = None, **knobs):
         """The notebook's run of ``variant`` launched as the test would launch it, or None (the test
         then runs it itself): the same knob values once the script's own parser has read both
         command lines (so ``max_k=8`` given matches the default 8 not given), the same ranks,
-        --check, and stall window (the lab's own unless given)."""
+        --check, stall window (the lab's own unless given) and extra environment (``env``, as
+        command.json recorded it; a network variant's own environment aside): lab 03 runs
+        gather-ragged with the same arguments twice, once with TORCH_DISTRIBUTED_DEBUG=DETAIL."""
         from ddplab.course import contract
         from ddplab.defaults import Status
         from ddplab.origins import catalog
@@ -75,6 +80,7 @@ class Executed:
         assert not rest, f"not knobs of lab {lab.number}: {sorted(rest)}"
         want = vars(parser.parse_args(["--variant", variant, *argv, *args]))
         stall_s = lab.stall_s if stall_s is None else stall_s
+        network_env = ((lab.extra.get("network") or {}).get(variant) or {}).get("env", {})
         for r in self.runs():
             if r.variant != variant or r.nproc != nproc or (r.check is not None) != check or r.stall_s != stall_s:
                 continue
@@ -88,7 +94,8 @@ class Executed:
                 got = vars(parser.parse_args(list(r.command[script + 1:])))
             except SystemExit:
                 continue
-            if got == want:
+            ran_env = json.loads((self._folders[id(r)] / runfiles.COMMAND).read_text()).get("env", {})
+            if got == want and {k: v for k, v in ran_env.items() if k not in network_env} == dict(env or {}):
                 return r
         return None
 
@@ -105,7 +112,7 @@ class Runs:
         self.started: list = []      # (variant, knobs) of the runs the notebook did not make
 
     def __call__(self, variant: str, args: tuple = (), **knobs):
-        key = (variant, tuple(args), tuple(sorted(knobs.items())))
+        key = (variant, tuple(args), repr(sorted(knobs.items())))
         if key not in self._made:
             r = self.notebook.run_of(variant, args=tuple(args), **knobs)
             if r is None:
