@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
 # labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
-READ_BY_LAB_TESTS = ("01", "02", "03", "04", "08", "09", "10", "11", "12")
+READ_BY_LAB_TESTS = ("01", "02", "03", "04", "05", "08", "09", "10", "11", "12")
 SPLIT = "07"     # about half of the stored execution's seconds on each side
 ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
 FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
@@ -61,50 +61,75 @@ class Executed:
             self._folders = {id(r): f.parent for r, f in zip(self._runs, found)}
         return self._runs
 
-    def run_of(self, variant: str, args: tuple = (), nproc: int = 2, check: bool = False,
-               stall_s: float | None = None, env: dict | None = None, **knobs):
-        """The notebook's run of ``variant`` launched as the test would launch it, or None (the test
-        then runs it itself): the same knob values once the script's own parser has read both
-        command lines (so ``max_k=8`` given matches the default 8 not given), the same ranks,
-        --check, stall window (the lab's own unless given) and extra environment (``env``, as
-        command.json recorded it; a network variant's own environment aside): lab 03 runs
-        gather-ragged with the same arguments twice, once with TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    def run_of(self, variant: str, **kw):
+        """The notebook's (first) run of ``variant`` launched as the test would launch it, or None (the
+        test then runs it itself); ``runs_of`` says what counts as the same launch."""
+        found = self.runs_of(variant, **kw)
+        return found[0] if found else None
+
+    def runs_of(self, variant: str, args: tuple = (), nproc: int = 2, check: bool = False,
+                stall_s: float | None = None, env: dict | None = None, ignore: tuple = (), **knobs) -> list:
+        """Every run of ``variant`` the notebook launched as the test would launch it, oldest first: the
+        same knob values once the script's own parser has read both command lines (so ``max_k=8``
+        given matches the default 8 not given), the same ranks, --check, stall window (the lab's own
+        unless given) and extra environment (``env``, as command.json recorded it; a network
+        variant's own environment aside: lab 03 runs gather-ragged with the same arguments twice,
+        once with TORCH_DISTRIBUTED_DEBUG=DETAIL). ``ignore``: knobs whose value is not compared, for
+        a test that reads the value off the run (lab 05's fixed port: a free one the notebook chose)."""
         from ddplab.course import contract
         from ddplab.defaults import Status
-        from ddplab.origins import catalog
-        from ddplab.rank import lab_args
-        lab = catalog.find_lab(self.path.name[:2])
-        parser = lab_args.parser({"variants": [v.name for v in lab.variants],
-                                  "knobs": contract.declared(lab.number)}, None)
+        lab = self._lab()
         argv, rest = contract.script_args(lab.number, knobs)
         assert not rest, f"not knobs of lab {lab.number}: {sorted(rest)}"
-        want = vars(parser.parse_args(["--variant", variant, *argv, *args]))
+        want = self._parse(["--variant", variant, *argv, *args])
         stall_s = lab.stall_s if stall_s is None else stall_s
         network_env = ((lab.extra.get("network") or {}).get(variant) or {}).get("env", {})
+        found = []
         for r in self.runs():
             if r.variant != variant or r.nproc != nproc or (r.check is not None) != check or r.stall_s != stall_s:
                 continue
             if r.status == Status.INTERRUPTED:      # ended by the notebook on purpose (lab 11 stops one mid-wait)
                 continue
-            script = next((i for i, w in enumerate(r.command) if w.endswith(".py") and Path(w).name == lab.path.name),
-                          None)
-            if script is None:
-                continue
-            try:
-                got = vars(parser.parse_args(list(r.command[script + 1:])))
-            except SystemExit:
+            got = self.knobs_of(r)
+            if got is None or {k: v for k, v in got.items() if k not in ignore} != \
+                    {k: v for k, v in want.items() if k not in ignore}:
                 continue
             ran_env = json.loads((self._folders[id(r)] / runfiles.COMMAND).read_text()).get("env", {})
-            if got == want and {k: v for k, v in ran_env.items() if k not in network_env} == dict(env or {}):
-                return r
-        return None
+            if {k: v for k, v in ran_env.items() if k not in network_env} == dict(env or {}):
+                found.append(r)
+        return found
+
+    def knobs_of(self, r) -> dict | None:
+        """The variant and knob values ``r``'s command line gave the lab's script, as the script's own
+        parser reads them (None: not a run of this lab's script)."""
+        name = self._lab().path.name
+        script = next((i for i, w in enumerate(r.command) if w.endswith(".py") and Path(w).name == name), None)
+        if script is None:
+            return None
+        try:
+            return self._parse(list(r.command[script + 1:]))
+        except SystemExit:
+            return None
+
+    def _lab(self):
+        from ddplab.origins import catalog
+        return catalog.find_lab(self.path.name[:2])
+
+    def _parse(self, argv: list) -> dict:
+        from ddplab.course import contract
+        from ddplab.rank import lab_args
+        lab = self._lab()
+        parser = lab_args.parser({"variants": [v.name for v in lab.variants],
+                                  "knobs": contract.declared(lab.number)}, None)
+        return vars(parser.parse_args(argv))
 
 
 class Runs:
     """The runs a lab's tests assert on, each made once per test module: the notebook's own where it
     ran the same variant with the same knobs (``Executed.run_of``, loaded from its result.json), else
-    one started here with ``start(variant, run_root=root, **knobs)`` (and ``args=[...]`` where given). Either way the launcher reported
-    nothing left and the ranks' socket folder is gone; a run started here leaves no process."""
+    one started here with ``start(variant, run_root=root, **knobs)`` (and ``args=[...]`` where given).
+    Either way the launcher reported nothing left and the ranks' socket folder is gone; a run started
+    here leaves no process."""
 
     def __init__(self, notebook: Executed, root: Path, start):
         self.notebook, self.root, self.start = notebook, root, start
