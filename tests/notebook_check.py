@@ -4,11 +4,12 @@ compared with the stored outputs.
 A lab whose test file reads the notebook's own runs (``READ_BY_LAB_TESTS``) executes its notebook in
 that file (``execute``: once per worker process), and its tests assert on the runs the notebook
 made, loaded from their result.json, where the notebook ran the same variant with the same knobs
-(``Executed.run_of``); a run the notebook did not make is started by the test as before. The other
-notebooks execute in tests/test_notebooks.py and tests/test_notebooks_later.py, two files so that
-pytest-xdist's --dist loadfile puts them on different workers. Why: the same lab variants ran twice
-in every CI, once in the notebook and once in the lab's tests, and make test is CPU-bound on the
-ranks' torch imports (about 3 CPU-s a 2-rank run here)."""
+(``Executed.run_of``); a run the notebook did not make is started by the test as before. Every lab
+does (01-12); notebook 00, whose one run no lab test reads, executes in tests/test_notebooks.py.
+Why: the same lab variants ran twice in every CI, once in the notebook and once in the lab's tests,
+and make test is CPU-bound on the ranks' torch imports (about 3 CPU-s a 2-rank run here); and each
+notebook now runs on whichever pytest-xdist worker (--dist loadfile) runs its lab's file, so the
+notebooks no longer pile up in two files."""
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "build" / "test-notebooks"
 # labs whose test file executes the notebook and reads its runs (tests/test_labNN.py)
-READ_BY_LAB_TESTS = ("01", "02", "03", "04", "05", "06", "08", "09", "10", "11", "12")
-SPLIT = "07"     # about half of the stored execution's seconds on each side
+READ_BY_LAB_TESTS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12")
 ELSEWHERE = [p for p in NOTEBOOKS if p.name[:2] in READ_BY_LAB_TESTS]
-FIRST = [p for p in NOTEBOOKS if p.name[:2] < SPLIT and p not in ELSEWHERE]
-LATER = [p for p in NOTEBOOKS if p.name[:2] >= SPLIT and p not in ELSEWHERE]
+HERE = [p for p in NOTEBOOKS if p not in ELSEWHERE]      # executed in tests/test_notebooks.py (00)
 
 
 @dataclass
