@@ -100,13 +100,19 @@ class Executed:
 
     def knobs_of(self, r) -> dict | None:
         """The variant and knob values ``r``'s command line gave the lab's script, as the script's own
-        parser reads them (None: not a run of this lab's script)."""
+        parser reads them (None: not a run of this lab's script). A multi-node run's command is the
+        cluster's agents (``python -m ddplab.origins.cluster agents cluster.json``): its script's
+        command line is each node's, in cluster.json (node 0's; every node runs the same script)."""
         name = self._lab().path.name
-        script = next((i for i, w in enumerate(r.command) if w.endswith(".py") and Path(w).name == name), None)
+        command = list(r.command)
+        cluster = self._folders.get(id(r), Path(r.run_dir)) / runfiles.CLUSTER
+        if not any(Path(w).name == name for w in command) and cluster.exists():
+            command = json.loads(cluster.read_text())["nodes"][0]["command"]
+        script = next((i for i, w in enumerate(command) if w.endswith(".py") and Path(w).name == name), None)
         if script is None:
             return None
         try:
-            return self._parse(list(r.command[script + 1:]))
+            return self._parse(list(command[script + 1:]))
         except SystemExit:
             return None
 
