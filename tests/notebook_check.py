@@ -139,7 +139,6 @@ class Runs:
     def __init__(self, notebook: Executed, root: Path, start):
         self.notebook, self.root, self.start = notebook, root, start
         self._made: dict = {}
-        self.started: list = []      # (variant, knobs) of the runs the notebook did not make
 
     def __call__(self, variant: str, args: tuple = (), **knobs):
         key = (variant, tuple(args), repr(sorted(knobs.items())))
@@ -147,7 +146,6 @@ class Runs:
             r = self.notebook.run_of(variant, args=tuple(args), **knobs)
             if r is None:
                 r = self.start(variant, run_root=self.root, **({"args": list(args)} if args else {}), **knobs)
-                self.started.append((variant, args, knobs))
                 from conftest import assert_nothing_left
                 assert_nothing_left(str(self.root))
             from ddplab.origins.job import socket_dir
