@@ -115,8 +115,12 @@ def run_lab(tmp_path):
 # The longest files first (CI at 35f6534: the notebook files 460 and 381 s, test_launch 232 s, every
 # other file under 85 s). pytest-xdist's --dist loadfile hands files to the workers in collection
 # order, and the notebook files came last alphabetically: one worker ran the last of them alone
-# while the other had finished. Longest first, the short files fill in around them.
-LONGEST_FIRST = ("test_notebooks.py", "test_notebooks_later.py", "test_launch.py")
+# while the other had finished. Longest first, the short files fill in around them. Since each lab's
+# test file executes its notebook (tests/notebook_check.py), the longest are these (CI at f9031c3:
+# test_fixit 395 s, test_lab09 355, test_reasoning 240, test_lab12 188, test_launch 164; labs 01, 06
+# and 07 with their notebooks about 100-160 s here; test_warm 106, test_lab11 98).
+LONGEST_FIRST = ("test_fixit.py", "test_lab09.py", "test_reasoning.py", "test_lab12.py", "test_launch.py",
+                 "test_lab06.py", "test_lab01.py", "test_lab07.py", "test_warm.py", "test_lab11.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,28 +7,34 @@ from ddplab.course import claims
 from ddplab.course import lab01
 
 import exercise_cases
+import notebook_check
 from burner import LOADS, load
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 pytestmark = pytest.mark.multiprocess
 LAB = catalog.find_lab("01")
+PG_TIMEOUT_S = 10    # the notebook's own (its parameters cell): its run with that timeout serves the tests below
+
+# the lab's notebook, executed once here; its runs serve the fixtures below
+notebook = notebook_check.notebook_fixture("01")
+runs = notebook_check.runs_fixture("01", lab01.run_variant)
 
 
 @pytest.fixture(scope="module")
-def broken(tmp_path_factory):
+def broken(runs):
     """One real run of the broken variant, shared by the diagnosis test and the exercise checkers."""
-    import ddplab
-    from conftest import assert_nothing_left
+    return runs("broken")
 
-    root = tmp_path_factory.mktemp("lab01-broken")
-    r = ddplab.run("01", variant="broken", run_root=root)
-    assert r.leftover == ()
-    assert_nothing_left(str(root))
-    return r
+
+@pytest.fixture(scope="module")
+def with_timeout(runs):
+    """The broken variant with init_process_group(timeout=10 s): PyTorch's own error."""
+    return runs("broken", pg_timeout_s=PG_TIMEOUT_S)
 
 
 @pytest.fixture
-def hang_run(request, run_lab, broken):
-    return broken if request.param == "broken" else run_lab("01", variant=request.param)
+def hang_run(request, runs):
+    return runs(request.param)
 
 
 @pytest.mark.timeout(120)
@@ -60,8 +66,8 @@ def test_hang_variants_name_each_ranks_collective_line_and_number(hang_run):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("variant", ["fixed-sampler", "fixed-join"])
-def test_fixed_variants_finish(run_lab, variant):
-    r = run_lab("01", variant=variant)
+def test_fixed_variants_finish(runs, variant):
+    r = runs(variant)
     assert (r.status, r.signature) == (LAB.variant(variant).expect, LAB.variant(variant).signature) == ("ok", None)
     assert r.stall is None and r.first_failure is None
     done = {rec["rank"]: rec["steps"] for rec in r.records_of("done")}
@@ -73,12 +79,12 @@ def test_fixed_variants_finish(run_lab, variant):
 
 
 @pytest.mark.timeout(120)
-def test_pytorch_timeout_error_is_waited_for_and_recognised(run_lab):
+def test_pytorch_timeout_error_is_waited_for_and_recognised(with_timeout):
     """A collective timeout that fires within 30 s is PyTorch's own answer: the verdict waits for it."""
-    r = run_lab("01", variant="broken", args=["--pg-timeout-s", "5"])
+    r = with_timeout
     assert (r.status, r.signature) == ("failed", "collective-timeout")
     assert r.first_failure in (0, 1) and r.cause.type == "RuntimeError"
-    assert "5000ms" in r.cause.message
+    assert f"{PG_TIMEOUT_S * 1000}ms" in r.cause.message
     assert r.divergence.kind == "different-op" and r.divergence.ops == {0: "barrier", 1: "all_reduce"}
 
 
@@ -131,13 +137,14 @@ def test_check_waiting_rank(broken):
 
 
 @pytest.fixture(scope="module", params=LOADS)
-def tta(request, broken):
+def tta(request, broken, with_timeout):
     """The time-to-answer run of the notebook, with its parameters cell's timeout (10 s): on this machine
-    as it is (with the shared broken run), and again with a CPU burner beside both runs."""
+    as it is (the notebook's own two runs, as its measure_time_to_answer made them), and again with a
+    CPU burner beside both runs."""
     if request.param == "idle":
-        return lab01.measure_time_to_answer(10, broken=broken, progress=None)
+        return lab01.TimeToAnswer(lab01.default_pg_timeout_s(), PG_TIMEOUT_S, with_timeout, broken)
     with load(request.param):
-        return lab01.measure_time_to_answer(10, progress=None)
+        return lab01.measure_time_to_answer(PG_TIMEOUT_S, progress=None)
 
 
 @pytest.mark.timeout(300)

@@ -12,7 +12,9 @@ from ddplab.engine import signatures
 from ddplab.course import lab02
 
 import exercise_cases
+import notebook_check
 from burner import LOADS, load
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 
@@ -45,17 +47,16 @@ def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, knobs, words):
     assert not job_processes(str(tmp_path)), "a rank was started"
 
 
-def _run(run_lab, variant, **knobs):
-    lab02.validate(**knobs)
-    args = ["--mem-limit-mb", str(knobs.get("mem_limit_mb", lab02.DEFAULT_MEM_LIMIT_MB)),
-            "--accum", str(knobs.get("accum", 0))]
-    return run_lab("02", variant=variant, args=args)
+# the lab's notebook, executed once here (its parameters cell's cap, 48 MiB, is the lab's default);
+# its runs serve the tests below
+notebook = notebook_check.notebook_fixture("02")
+runs = notebook_check.runs_fixture("02", lab02.run)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_oom_fails_fast_with_the_oom_signature(run_lab):
-    r = _run(run_lab, "oom")
+def test_oom_fails_fast_with_the_oom_signature(runs):
+    r = runs("oom")
     assert (r.status, r.signature) == ("failed", _oom_signature())
     assert r.first_failure == 1                            # the rank whose batch did not fit (its exit code
                                                            # races with the peer's SIGABRT, see test_launch)
@@ -78,8 +79,8 @@ def _module_run(tmp_path_factory, variant, **knobs):
 
 
 @pytest.fixture(scope="module")
-def skip(tmp_path_factory):
-    return _module_run(tmp_path_factory, "skip-batch")
+def skip(runs):
+    return runs("skip-batch")
 
 
 @pytest.mark.multiprocess
@@ -109,9 +110,12 @@ def test_check_waiting_rank(skip):
 
 
 @pytest.fixture(scope="module", params=LOADS)
-def plotted(request, tmp_path_factory):
+def plotted(request, runs, tmp_path_factory):
     """The fixed-accumulate run the notebook plots (its parameters cell's 48 MiB cap), on this machine as it
-    is and again with a CPU burner beside it: exercise 2 is judged from this run's own points."""
+    is (the notebook's own) and again with a CPU burner beside it: exercise 2 is judged from this run's own
+    points."""
+    if request.param == "idle":
+        return runs("fixed-accumulate", mem_limit_mb=48)
     with load(request.param):
         return _module_run(tmp_path_factory, "fixed-accumulate", mem_limit_mb=48)
 
@@ -146,17 +150,14 @@ def test_check_accum_is_read_off_the_learners_own_plot(plotted):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_oom_killer_sigkills_the_rank_without_a_python_error(tmp_path):
+def test_oom_killer_sigkills_the_rank_without_a_python_error(runs):
     """The kernel's OOM killer for real (a child memory cgroup, where this machine permits one): the
     last rank is SIGKILLed at the long step, leaves no Python error; the peer loses its connection."""
-    from conftest import assert_nothing_left
-
     reason = lab02.cgroup_reason()
     if reason:
         pytest.skip(f"no memory cgroup here: {reason}")
-    r = lab02.run("oom-killer", run_root=tmp_path)
+    r = runs("oom-killer")
     assert r.leftover == () and lab02.remove_cgroups(r) == []
-    assert_nothing_left(str(tmp_path))
     f = lab02.oom_killer_facts(r)
     assert r.status == "failed" and not f["hung"]
     # the cause is the killed rank, not the peer whose connection closed: it left no error and ended on SIGKILL
@@ -178,8 +179,8 @@ def test_claim_without_a_cgroup_is_not_tested_here():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_fixed_accumulate_gives_the_full_batch_gradient_in_less_memory(run_lab):
-    r = _run(run_lab, "fixed-accumulate")
+def test_fixed_accumulate_gives_the_full_batch_gradient_in_less_memory(runs):
+    r = runs("fixed-accumulate")
     assert (r.status, r.signature) == ("ok", None)
     m = lab02.memory_figures(r)
     assert m["max_abs_diff"] <= 1e-5
@@ -192,8 +193,8 @@ def test_fixed_accumulate_gives_the_full_batch_gradient_in_less_memory(run_lab):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_fixed_coordinated_skip_every_rank_skips_together(run_lab):
-    r = _run(run_lab, "fixed-coordinated-skip")
+def test_fixed_coordinated_skip_every_rank_skips_together(runs):
+    r = runs("fixed-coordinated-skip")
     assert (r.status, r.signature) == ("ok", None)
     skipped = r.records_of("skipped")
     assert sorted(s["rank"] for s in skipped) == [0, 1]

@@ -11,29 +11,18 @@ from ddplab.errors import DdplabError
 from ddplab.course import lab03
 
 import exercise_cases
+import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 DETAIL = lab03.DETAIL_ENV
+GUARD_STEPS = 20     # the notebook's own (quick) guard_steps: its fixed-guard run serves the tests below
 
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One real run per variant (default knobs, fixed-guard with 10 steps), made on first use and shared
-    by the variant tests and the exercise checkers; each is checked for leftovers."""
-    from conftest import assert_nothing_left
-
-    root = tmp_path_factory.mktemp("lab03")
-    cache = {}
-
-    def get(variant, **kw):
-        key = (variant, tuple(sorted(kw.items())))
-        if key not in cache:
-            r = lab03.run_variant(variant, run_root=root / f"{variant}-{len(cache)}", **kw)
-            assert r.leftover == ()
-            assert_nothing_left(str(root))
-            cache[key] = r
-        return cache[key]
-    return get
+# the lab's notebook, executed once here; one real run per variant, made on first use and shared by the
+# variant tests and the exercise checkers: the notebook's own where it ran the same (loaded from its
+# result.json), else started here
+notebook = notebook_check.notebook_fixture("03")
+runs = notebook_check.runs_fixture("03", lab03.run_variant)
 
 
 def expected(variant):
@@ -80,8 +69,8 @@ def test_gather_ragged_aborts_in_gloo(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_gather_ragged_with_detail_names_the_shapes(run_lab):
-    r = run_lab("03", variant="gather-ragged", env=DETAIL)
+def test_gather_ragged_with_detail_names_the_shapes(runs):
+    r = runs("gather-ragged", env=DETAIL)
     assert (r.status, r.signature) == ("failed", "collective-mismatch")
     rep = lab03.detail_report(r)
     assert rep["op"] == "ALLGATHER" and rep["sequence_number"] == 2   # the third gather: the last batch
@@ -111,13 +100,13 @@ def test_fixed_pad_gather_equals_single_process(runs):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_fixed_guard_names_shapes_pads_and_measures_its_cost(runs):
-    r = runs("fixed-guard", steps=10)
+    r = runs("fixed-guard", steps=GUARD_STEPS)
     assert (r.status, r.signature) == expected("fixed-guard") == ("ok", None)
     assert lab03.compare(r)["equal"]
     caught = lab03.guard_caught(r)
     assert caught["shapes"] == [[7, 4], [6, 4]] and caught["batch"] == 2
     cost = lab03.guard_cost(r)
-    assert cost["steps"] == 10 and 0 < cost["guard_ms"] and 0 < cost["step_ms"]
+    assert cost["steps"] == GUARD_STEPS and 0 < cost["guard_ms"] and 0 < cost["step_ms"]
 
 
 @pytest.mark.multiprocess
@@ -142,8 +131,8 @@ def test_dtype_silent_ends_ok_with_wrong_sums_on_every_rank_and_the_cast_fixes_t
     assert {v["dtype"] for v in fixed["ranks"].values()} == {"float32"}
 
 
-def test_fixed_guard_raise_fails_with_a_clear_message(run_lab):
-    r = run_lab("03", variant="fixed-guard", args=["--on-mismatch", "raise"])
+def test_fixed_guard_raise_fails_with_a_clear_message(runs):
+    r = runs("fixed-guard", on_mismatch="raise")
     assert (r.status, r.signature) == ("failed", "tensor-size-mismatch")
     assert r.first_failure in (0, 1) and r.cause.type == "ShapeMismatchError"   # every rank's guard raises
     assert "rank 0 has [7, 4], rank 1 has [6, 4]" in r.cause.message
@@ -189,7 +178,7 @@ def test_exercise_checkers_without_an_answer_say_not_yet():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_check_failing_right_wrong_and_adversarial(runs):
-    results = {v: runs(v, steps=10) if v == "fixed-guard" else runs(v) for v in lab03.SHAPES}
+    results = {v: runs(v, steps=GUARD_STEPS) if v == "fixed-guard" else runs(v) for v in lab03.SHAPES}
     right = {"gather-ragged", "model-mismatch"}
     assert {v for v, r in results.items() if r.status == "failed"} == right
     exercise_cases.check_all(

@@ -13,8 +13,13 @@ from ddplab.errors import DdplabError
 from ddplab.course import lab04
 
 import exercise_cases
+import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
+# the DataParallel variants as the emulation: with fewer than 2 GPUs that is the lab's (and the notebook's)
+# dp="auto", so the notebook's runs serve; each test asserts which one ran, from the run's own records
+DP = "emulation" if lab04.gpu_count() >= 2 else "auto"
 
 
 def expected(variant):
@@ -22,22 +27,22 @@ def expected(variant):
     return v.expect, v.signature
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One real run per variant (DataParallel variants as the emulation, bucketing small), made on first
-    use and shared by the variant tests, the claim check and the exercise checkers."""
-    from conftest import assert_nothing_left
+# the lab's notebook, executed once here; its runs serve the fixture below
+notebook = notebook_check.notebook_fixture("04")
 
-    root = tmp_path_factory.mktemp("lab04")
-    cache = {}
+
+@pytest.fixture(scope="module")
+def runs(notebook, tmp_path_factory):
+    """One real run per variant (DataParallel variants as the emulation, bucketing small: the notebook's
+    quick n_seqs and reps), made on first use and shared by the variant tests, the claim check and the
+    exercise checkers: the notebook's own where it ran the same (loaded from its result.json), else
+    started here."""
+    made = notebook_check.Runs(notebook, tmp_path_factory.mktemp("lab04"), lab04.run_variant)
 
     def get(variant):
-        if variant not in cache:
-            d = root / variant
-            cache[variant] = run04(lambda target, **kw: lab04.ddplab.run(target, run_root=d, **kw), variant)
-            assert cache[variant].leftover == ()
-            assert_nothing_left(str(d))
-        return cache[variant]
+        if variant in lab04.DP_VARIANTS:
+            return made(variant, dp=DP)
+        return made(variant, **({"n_seqs": 256, "reps": 1} if variant == "bucketing" else {}))
     return get
 
 

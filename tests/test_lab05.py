@@ -11,9 +11,12 @@ from ddplab.engine import signatures
 from ddplab.course import lab05
 
 import exercise_cases
+import notebook_check
 from conftest import assert_nothing_left
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
+RACE_STEPS = 100    # the notebook's race_steps: its two-jobs runs (one alone, one racing pair) serve the tests
 
 
 def test_eaddrinuse_message_is_port_in_use():
@@ -42,21 +45,60 @@ def test_bad_repetitions_is_a_clear_error():
         lab05.two_jobs("two-jobs", repetitions=0)
 
 
+# the lab's notebook, executed once here; its runs serve the fixture below
+notebook = notebook_check.notebook_fixture("05")
+
+
+def _port(notebook, r) -> int:
+    """The fixed port (--master-port) ``r`` was launched with."""
+    return notebook.knobs_of(r)["port"]
+
+
+def _jobs(notebook, variant, size, **knobs) -> list[tuple]:
+    """The notebook's jobs of ``variant`` with these knobs on a port of their own (size 1), or its pairs
+    (size 2: lab05.pair, two jobs started at once on one fixed port), as tuples of runs: its runs
+    grouped by the port they were given, which the notebook chose free (so any port matches)."""
+    by_port: dict = {}
+    for r in notebook.runs_of(variant, ignore=("port",), **knobs):
+        by_port.setdefault(_port(notebook, r), []).append(r)
+    return [tuple(rs) for rs in by_port.values() if len(rs) == size]
+
+
+def _pair(notebook, variant, **knobs):
+    """The notebook's first pair of ``variant`` rebuilt as lab05.pair returned it (its wall_s, the pair's
+    own clock, is not saved: the longer job's), or None."""
+    found = _jobs(notebook, variant, 2, **knobs)
+    if not found:
+        return None
+    rs = found[0]
+    return lab05.Pair(lab05.classify(rs), _port(notebook, rs[0]), rs, max(r.wall_s for r in rs))
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(notebook, tmp_path_factory):
     """The runs the assertions, the claim check and the exercise checkers below share: port-taken and
-    article-retry on one port, one pair of two-jobs at once on one port, one pair of fixed-free-port."""
+    article-retry on one port, one pair of two-jobs at once on one port, one pair of fixed-free-port, one
+    two-jobs alone, fixed-retry: the notebook's own where it ran them (loaded from their result.json),
+    else started here."""
     root = tmp_path_factory.mktemp("lab05")
     port = ports.free_port()
-    out = {"port": port,
-           "taken": lab05.run_variant("port-taken", port=port, run_root=root / "taken"),
+
+    def one(variant, **knobs):
+        found = _jobs(notebook, variant, 1, **knobs)
+        return found[0][0] if found else lab05.run_variant(variant, port=port, run_root=root / variant, **knobs)
+    out = {"taken": one("port-taken"),
            # no deadline: the stall rule ends it (the article's sleep is 60 s, rank 1's init timeout 30 min)
-           "article": lab05.run_article_retry(port=port, run_root=root / "article"),
-           "race": [lab05.pair("two-jobs", run_root=root / "race", args=["--steps", "100"])],   # 5 s overlap
-           "fixed": lab05.two_jobs("fixed-free-port", repetitions=1, run_root=root / "fixed"),
+           "article": one("article-retry"),
+           "race": [_pair(notebook, "two-jobs", steps=RACE_STEPS)      # 5 s overlap
+                    or lab05.pair("two-jobs", run_root=root / "race", steps=RACE_STEPS)],
+           "fixed": [_pair(notebook, "fixed-free-port")
+                     or lab05.pair("fixed-free-port", run_root=root / "fixed")],
            # one job by itself on a hand-chosen free port: the other half of "choose an available port"
-           "alone": lab05.run_variant("two-jobs", run_root=root / "alone")}
-    for r in (out["taken"], out["article"], out["alone"], *(x for p in out["race"] + out["fixed"] for x in p.results)):
+           "alone": one("two-jobs", steps=RACE_STEPS),
+           "retry": one("fixed-retry")}
+    out["port"] = _port(notebook, out["taken"])
+    for r in (out["taken"], out["article"], out["alone"], out["retry"],
+              *(x for p in out["race"] + out["fixed"] for x in p.results)):
         assert r.leftover == (), f"{r.variant}: launcher reported leftovers: {r.leftover}"
     assert_nothing_left(str(root))
     return out
@@ -160,9 +202,9 @@ def test_check_error_answer(runs):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
-def test_fixed_retry_succeeds_on_another_port(run_lab):
-    port = ports.free_port()
-    r = run_lab("05", variant="fixed-retry", args=["--master-port", str(port)])
+def test_fixed_retry_succeeds_on_another_port(runs, notebook):
+    r = runs["retry"]
+    port = _port(notebook, r)
     assert (r.status, r.signature) == ("ok", None)
     joined = r.records_of("joined")
     assert len(joined) == 2 and len({j["port"] for j in joined}) == 1 and joined[0]["port"] != port

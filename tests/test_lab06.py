@@ -1,14 +1,15 @@
 """Lab 06: initialization that never finishes. Real torchrun jobs (gloo, 2 ranks) for every variant,
 the timeout sweep, the silent master in a network namespace, and the pre-flight.
 
-Most of these jobs spend their time waiting for a timeout, so the module starts them all at once
-(a few at a time, in threads, each through ddplab.run into its own run directory) and the tests
-below assert on their results; the whole file then takes about as long as its longest job."""
+The lab's notebook is executed here once, and its runs serve the jobs it made with the same knobs
+(loaded from their result.json). Most of the other jobs spend their time waiting for a timeout, so
+the module starts them all at once (a few at a time, in threads, each through ddplab.run into its
+own run directory) and the tests below assert on their results."""
 import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from ddplab.engine import signatures
 from ddplab.course import lab06
 
 import exercise_cases
+import notebook_check
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 LAB = catalog.find_lab("06")
@@ -31,6 +34,12 @@ HAS_NETNS, NO_NETNS = lab06.netns_available()
 requires_netns = pytest.mark.skipif(not HAS_NETNS, reason=NO_NETNS or "needs ip netns")
 # No deadlines: article-sleep (PyTorch's default 30-minute timeout) is ended by the stall rule once no
 # rank makes progress; the other variants end by themselves, on PyTorch's own (short) timeouts.
+# A variant's knobs here where the notebook gives them (missing-rank: its explicit_timeout_s, which is
+# the lab's own default for that variant), so that the notebook's run serves
+KNOBS = {"missing-rank": {"timeout_s": 3.0}}
+
+# the lab's notebook, executed once here; its runs serve the jobs fixture below
+notebook = notebook_check.notebook_fixture("06")
 
 
 def _fired(message: str | None, timeout_s: float) -> bool:
@@ -53,22 +62,33 @@ def _doctor_preflight(root):
     return p.returncode, json.loads(p.stdout), p.stderr
 
 
+def _done(result) -> Future:
+    f = Future()
+    f.set_result(result)
+    return f
+
+
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Every multi-process job of this file, started together (4 at a time; the hang first)."""
+def jobs(notebook, tmp_path_factory):
+    """Every multi-process job of this file: the notebook's own run of a variant where it made it with
+    the same knobs, the others started together (4 at a time; the hang first)."""
     root = tmp_path_factory.mktemp("lab06")
-    work = {f"variant:{v}": (lab06.run_variant, (v,), {})
+    work = {f"variant:{v}": (lab06.run_variant, (v,), KNOBS.get(v, {}))
             for v in sorted((v.name for v in LAB.variants), key=lambda v: v != "article-sleep")}
     if HAS_NETNS:
         work["netns"] = (_netns_unreachable, (), {})
-    work["mismatch:world-size"] = (lab06.run_variant, ("env-mismatch", ["--mismatch", "world-size"]), {})
+    work["mismatch:world-size"] = (lab06.run_variant, ("env-mismatch",), {"mismatch": "world-size"})
     work["sweep"] = (lab06.timeout_sweep, (), {"timeouts": (0.5, 3.0), "delays": (1.5,)})
     work["preflight"] = (_doctor_preflight, (), {})
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {}
         for k, (fn, args, kw) in work.items():
             where = root / k.replace(":", "-")
-            futures[k] = pool.submit(fn, *args, **kw, run_root=where) if kw or args else pool.submit(fn, where)
+            made = notebook.run_of(*args, **kw) if fn is lab06.run_variant else None
+            if made is not None:
+                futures[k] = _done(made)
+            else:
+                futures[k] = pool.submit(fn, *args, **kw, run_root=where) if kw or args else pool.submit(fn, where)
     for k, f in futures.items():   # a job that raised fails its own test only
         r = f.result()[2] if k == "netns" and f.exception() is None else f.result() if f.exception() is None else None
         if hasattr(r, "leftover"):

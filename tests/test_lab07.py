@@ -10,29 +10,34 @@ from ddplab.course import claims
 from ddplab.course import lab07 as L
 
 import exercise_cases
+import notebook_check
 from burner import LOADS, load
+from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# The notebook's own (quick) parameters, as lab07's run_grid / run_fixes / run_link put them on the
+# script's command line: its runs of these serve the tests below.
+STEPS, ROUNDS, SIZES = 4, 6, [4 ** k for k in range(5, 13)]      # steps, fix_rounds; run_link: 1 KiB .. 16 MiB
+ARGS = {"broken": L._argv(width=[256, 1024], batch=[8, 256], steps=STEPS, warmup=1, rounds=1, profile=False),
+        "fixed": L._argv(width=[1024], batch=[8], steps=STEPS, fix=L.FIXES, accum_k=4, bucket_cap_mb=100.0,
+                         rounds=ROUNDS, warmup=1),
+        "link": L._argv(sizes=SIZES, reps=3)}
+
+# the lab's notebook, executed once here; its runs serve the fixture below
+notebook = notebook_check.notebook_fixture("07")
+
+
+def _start(variant, run_root, args, env):
+    return ddplab.run("07", variant=variant, args=args, env=env, run_root=run_root)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(notebook, tmp_path_factory):
     """The broken grid, the fixes and the link, one real run each, shared by the assertions, the claim
-    check and the exercise checkers below."""
-    root = tmp_path_factory.mktemp("lab07")
-    out = {
-        "broken": ddplab.run("07", variant="broken", env=ONE_THREAD, run_root=root,
-                             args=["--width", "64,768", "--batch", "4,512", "--steps", "3", "--warmup", "1"]),
-        "fixed": ddplab.run("07", variant="fixed", env=ONE_THREAD, run_root=root,
-                            args=["--width", "256", "--batch", "8", "--steps", "4", "--warmup", "1", "--accum-k", "4",
-                                  "--rounds", "5"]),
-        "link": ddplab.run("07", variant="link", env=ONE_THREAD, run_root=root,
-                           args=["--sizes", "1024,65536,4194304", "--reps", "3"]),
-    }
-    for k, r in out.items():
-        assert r.leftover == (), f"{k}: launcher reported leftovers: {r.leftover}"
-    assert_nothing_left(str(root))
-    return out
+    check and the exercise checkers below: the notebook's own (loaded from its result.json), else
+    started here with the same command line."""
+    made = notebook_check.Runs(notebook, tmp_path_factory.mktemp("lab07"), _start)
+    return {v: made(v, args=tuple(args), env=ONE_THREAD) for v, args in ARGS.items()}
 
 
 @pytest.mark.multiprocess
@@ -41,16 +46,16 @@ def test_broken_grid_decomposes_each_step(runs):
     r = runs["broken"]
     assert (r.status, r.signature) == ("ok", None)
     steps = r.records_of("step")
-    assert len(steps) == 2 * 4 * 3                       # ranks x configurations x steps
+    assert len(steps) == 2 * 4 * STEPS                   # ranks x configurations x steps
     for s in steps:
         assert s["wire_bytes"] == 4 * s["params"]          # fp32 gradients, all of them, once per step
         assert s["compute_s"] + s["exposed_s"] == pytest.approx(s["step_s"], abs=2e-6)
         assert s["overlap_s"] <= s["comm_s"] + 1e-6 and s["buckets"] >= 1
-    assert {d["config"] for d in r.records_of("ddp_logging")} == {"w64-b4-none", "w64-b512-none",
-                                                                  "w768-b4-none", "w768-b512-none"}
+    assert {d["config"] for d in r.records_of("ddp_logging")} == {"w256-b8-none", "w256-b256-none",
+                                                                  "w1024-b8-none", "w1024-b256-none"}
     rows = {x["config"]: x for x in L.summarize(r)}
-    # the same bytes, 128x the compute: the small batch's communication share must be the larger one
-    assert rows["w768-b4-none"]["comm_frac"] > rows["w768-b512-none"]["comm_frac"]
+    # the same bytes, 32x the compute: the small batch's communication share must be the larger one
+    assert rows["w1024-b8-none"]["comm_frac"] > rows["w1024-b256-none"]["comm_frac"]
     # every rank ran one thread, as the notebook's sentence says (read from the ranks' own records)
     assert L.threads_per_rank(r) == {0: 1, 1: 1}
     assert L.threads_sentence([r]).startswith(f"2 ranks x [1] thread(s) = 2 of {L.cores()} cores busy")
@@ -68,10 +73,10 @@ def test_fixed_variant_bytes_and_loss(runs):
     assert rows["accumulate"]["micro"] == 4 and rows["batch"]["batch"] == 32
     assert rows["bucket"]["loss_gap"] == 0 and rows["static"]["loss_gap"] == 0       # same arithmetic
     assert rows["fp16"]["loss_gap"] < 1e-2 and rows["bf16"]["loss_gap"] < 1e-2       # compression stays close
-    assert len(rows["none"]["losses"]) == 4
-    # 5 interleaved rounds: each fix paired with the baseline of the same round
-    assert all(len(x["round_samples_per_s"]) == 5 and len(x["round_speedups"]) == 5 for x in rows.values())
-    assert rows["none"]["round_speedups"] == [1.0] * 5
+    assert len(rows["none"]["losses"]) == STEPS
+    # interleaved rounds: each fix paired with the baseline of the same round
+    assert all(len(x["round_samples_per_s"]) == ROUNDS and len(x["round_speedups"]) == ROUNDS for x in rows.values())
+    assert rows["none"]["round_speedups"] == [1.0] * ROUNDS
 
 
 @pytest.mark.multiprocess
@@ -80,7 +85,7 @@ def test_link_bandwidth_below_copy_bandwidth(runs):
     r = runs["link"]
     assert (r.status, r.signature) == ("ok", None)
     rows, copy_bw = L.link_rows(r)
-    assert [x["bytes"] for x in rows] == [1024, 65536, 4194304]
+    assert [x["bytes"] for x in rows] == SIZES
     assert all(x["busbw"] > 0 for x in rows) and copy_bw > 0
     assert rows[-1]["busbw"] > rows[0]["busbw"]     # 1 KiB is latency-bound, 4 MiB is not
     assert rows[-1]["busbw"] < 2 * copy_bw          # a loopback all-reduce cannot beat memory copies

@@ -1,5 +1,6 @@
 """Every notebook executes once, headless, under papermill with its CI-sized parameters (into
-build/test-notebooks/); on that one execution the cells tagged nbval-check-output are compared with
+build/test-notebooks/: 00 here, each lab's in its tests/test_labNN.py, whose tests read its runs,
+tests/notebook_check.py); on that one execution the cells tagged nbval-check-output are compared with
 the outputs stored in notebooks/ (ddplab.course.build.compare_checked). The stored outputs must
 come from one commit that is not older than the notebook's lab script or workbook module."""
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.course import build
-from notebook_check import ELSEWHERE, FIRST, LATER, NOTEBOOKS, ROOT, execute_and_compare
+from notebook_check import ELSEWHERE, HERE, NOTEBOOKS, ROOT, execute_and_compare
 
 
 def test_every_lab_has_a_notebook():
@@ -33,14 +34,14 @@ def test_notebook_structure(path):
 @pytest.mark.notebook
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("path", FIRST, ids=[p.stem for p in FIRST])
+@pytest.mark.parametrize("path", HERE, ids=[p.stem for p in HERE])
 def test_notebook_executes_once_and_its_checked_cells_match(path, session_runs_dir):
-    execute_and_compare(path, session_runs_dir)       # 07-11: tests/test_notebooks_later.py
+    execute_and_compare(path, session_runs_dir)       # 01-12: tests/test_labNN.py
 
 
 def test_every_notebook_is_executed_by_one_test_file():
-    # the two halves here, and the labs whose own test file executes the notebook and reads its runs
-    assert FIRST and LATER and sorted(FIRST + LATER + ELSEWHERE) == NOTEBOOKS
+    # 00 here, and the labs whose own test file executes the notebook and reads its runs
+    assert "00" in {p.name[:2] for p in HERE} and sorted(HERE + ELSEWHERE) == NOTEBOOKS
     for p in ELSEWHERE:
         test = ROOT / "tests" / f"test_lab{p.name[:2]}.py"
         assert "notebook_check.notebook_fixture(" in test.read_text(), f"{test.name} must execute {p.name}"
