@@ -75,11 +75,10 @@ notebooks: $(STAMP)
 	@$(SYSTEM) labs
 	$(BIN)/python -m ddplab.course.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
 
-# Three workers (pytest-xdist, one file at a time each) on 2 cores: most of a multi-process test is
-# waiting (torch imports, stall windows). Two workers took 1056 s on a fresh clone here (1960 s of
-# tests); the notebooks (630 s) execute once, in tests/test_notebooks.py (00-06) and
-# tests/test_notebooks_later.py (07-12), which also check their cells tagged nbval-check-output, while the
-# third worker runs the rest. TEST_WORKERS=2 for the old split.
+# Three workers (pytest-xdist, one file at a time each) on 2 cores: much of a multi-process test is
+# waiting (stall windows, timeouts). Each lab's test file executes its notebook once (papermill), checks
+# its cells tagged nbval-check-output and asserts on the notebook's own runs (tests/notebook_check.py);
+# notebook 00 executes in tests/test_notebooks.py. TEST_WORKERS=2 for two workers.
 TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
 	@$(SYSTEM) labs browser

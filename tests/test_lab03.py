@@ -13,6 +13,7 @@ from ddplab.course import lab03
 import exercise_cases
 import notebook_check
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
+from fixit_check import test_the_notebooks_unfixed_attempt_is_graded_not_yet  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 DETAIL = lab03.DETAIL_ENV

@@ -13,6 +13,7 @@ import exercise_cases
 import notebook_check
 from burner import LOADS, load
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
+from fixit_check import test_the_notebooks_unfixed_attempt_is_graded_not_yet  # noqa: F401
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # The notebook's own (quick) parameters, as lab07's run_grid / run_fixes / run_link put them on the
