@@ -162,9 +162,12 @@ def test_preflight_finds_the_firewall_and_the_interface_before_the_job():
 def disagree(notebook, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab09-disagree")
     out = {"launch": lab09.launch_check("nodes-disagree", run_root=root, progress=None),
-           "job": _run(notebook, root, "nodes-disagree", steps=STEPS),
+           # the ranks of the two nodes together (the variants' own nproc per node: 2+2, and 1+2 fixed)
+           "job": notebook.run_of("nodes-disagree", nproc=4, steps=STEPS)
+           or _run(notebook, root, "nodes-disagree", steps=STEPS),
            "fixed-launch": lab09.launch_check("fixed-world-size", run_root=root, progress=None),
-           "fixed": _run(notebook, root, "fixed-world-size", steps=STEPS)}
+           "fixed": notebook.run_of("fixed-world-size", nproc=3, steps=STEPS)
+           or _run(notebook, root, "fixed-world-size", steps=STEPS)}
     assert out["job"].leftover == () and out["fixed"].leftover == ()
     assert_nothing_left(str(root))
     return out
