@@ -727,6 +727,26 @@ def _alloc_bytes(args: str, consts: dict[str, int]) -> int | None:
     return math.prod(dims) * size if dims else None
 
 
+_ROOT_NAME = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(?!\s*=[^=])")
+
+
+def _derived_from(line: str, text: str, hops: int = 4) -> set[str]:
+    """The names a send's tensor comes from in the script: the names on its line (not attributes, not keyword
+    names), and, a few assignments or appends back (``x = ...``, ``inputs.append(x)``), the names those read."""
+    call = line[line.find("(") + 1:] if "(" in line else line
+    names = set(_ROOT_NAME.findall(call))
+    for _ in range(hops):
+        more = set(names)
+        for t in (x.split("#", 1)[0] for x in text.splitlines()):
+            m = re.match(r"^\s*(\w+)\s*=([^=].*)$", t) or re.match(r"^\s*(\w+)\.(?:append|extend)\((.*)\)", t)
+            if m and m.group(1) in names:
+                more |= set(_ROOT_NAME.findall(m.group(2)))
+        if more == names:
+            break
+        names = more
+    return names
+
+
 def p2p_sent_site(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str]):
     """At a receive that got more bytes than its buffer (gloo's "N vs M"): the peer that was sending to it, and
     the one receive buffer of the script whose size is what that peer sent (an empty tensor a recv fills: the
@@ -744,22 +764,46 @@ def p2p_sent_site(ranks: tuple[RankResult, ...], first: int, sources: Mapping[st
             continue
         frames = [f for f in ((r.error.frames if r.error else ()) or r.stack or ()) if f.file in sources]
         if frames and re.search(r"\b(?:dist\.)?i?send\(", source_line(frames[0], sources)):
-            senders.append((r.rank, frames[0].file))
+            senders.append((r.rank, frames[0]))
     if not senders:
         return (), None
-    file = senders[0][1]
+    file = senders[0][1].file
+    sent = _derived_from(source_line(senders[0][1], sources), sources.get(file) or "")
     consts = _constants(file, sources)
     lines = (sources.get(file) or "").splitlines()
     hits = []
     for i, t in enumerate(lines):
         a, name = _BUFFER.search(t), re.match(r"^\s*(\w+)\s*=", t)
         # a receive buffer (an empty tensor a recv fills on the next lines) of the size the peer sent
-        if a and name and _alloc_bytes(a.group(1), consts) == got and any(
+        if a and name and name.group(1) in sent and _alloc_bytes(a.group(1), consts) == got and any(
                 re.search(rf"\bi?recv\(\s*{name.group(1)}\b", x) for x in lines[i + 1:i + 4]):
             hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
-    if len(hits) != 1:
+    if len(hits) == 1:
+        return tuple(sorted({k for k, _ in senders})), hits[0]
+    return receiver_buffer_site(own, int(m.group(2)), sources)
+
+
+def receiver_buffer_site(own: RankResult, expected: int, sources: Mapping[str, str]):
+    """The other reading of a receive that got another size: no buffer upstream of the peer's tensor has the
+    size it sent (the peer sent what it computed), so the receive buffer is the one to match it: the empty
+    tensor the failing recv fills, made in its function with the size the receive expected. ((rank,), line);
+    ((), None) where the recv's buffer is not such an allocation."""
+    f = own.frame
+    lines = (sources.get(f.file) or "").splitlines() if f is not None else []
+    if not 0 < (f.line if f else 0) <= len(lines):
         return (), None
-    return tuple(sorted({k for k, _ in senders})), hits[0]
+    m = re.search(r"\bi?recv\(\s*(\w+)\b", lines[f.line - 1])
+    if m is None:
+        return (), None
+    consts = _constants(f.file, sources)
+    for j in range(f.line - 1, _function_start(lines, f.line) - 1, -1):
+        t = lines[j - 1].split("#", 1)[0]
+        if re.match(rf"^\s*{m.group(1)}\s*=[^=]", t):
+            a = _BUFFER.search(t)
+            if a and _alloc_bytes(a.group(1), consts) == expected:
+                return (own.rank,), stacks.Frame(f.func, f.file, j, lines[j - 1].strip())
+            return (), None
+    return (), None
 
 
 def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | None = None) -> Verdict:
