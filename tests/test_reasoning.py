@@ -351,3 +351,52 @@ def test_exceptions_no_entry_knew_now_name_their_cause_and_fix(run_lab, tmp_path
     assert r.rank(r.first_failure).frame.line in m.fix_lines
     text = r.explain()
     assert fix_words in text and "Cause not identified" not in text and "Lab " not in text
+
+
+def test_the_premises_that_find_a_line_to_fix_read_the_script_and_decline_where_they_do_not_hold(tmp_path):
+    """The text half of refine's four general rules, on the suite's mutants (their real runs are the fault
+    suite's; the recv test above runs the receive case): each finds the labelled line, and each declines (None)
+    on the unchanged base, where its premise does not hold. No processes: the rules read text only."""
+    from ddplab.engine import classify
+    from ddplab.engine.stacks import Frame
+    from ddplab.result import RankError, RankResult
+
+    def src(op_id):
+        m = _mutant(op_id, tmp_path)
+        return m, {m.path: Path(m.path).read_text()}
+    m, s = src("unused-parameter")
+    assert classify.unused_submodule_site(m.path, s).line in m.fix_lines
+    base = str(FAULTS / "bases" / "ddp_trainer.py")
+    assert classify.unused_submodule_site(base, {base: Path(base).read_text()}) is None
+    m, s = src("rank0-sanity-forward")
+    assert classify.guarded_collective_site(m.path, s).line in m.fix_lines
+    assert classify.guarded_collective_site(base, {base: Path(base).read_text()}) is None
+    m, s = src("eval-whole-split")
+    call = next(i + 1 for i, t in enumerate(s[m.path].splitlines()) if "logits, loss = model(X, Y)" in t
+                and i + 1 > m.fix_lines[0])
+    err = RankError("RuntimeError", "can't allocate memory", (Frame("estimate_loss", m.path, call),), 0.0)
+    assert classify.batch_made_site(err, s).line in m.fix_lines
+    # the receive side: rank 0 got 512 bytes for a 256-byte buffer from rank 1, whose tensor comes from a
+    # receive buffer of 512 bytes (the line to fix); where the peer's tensor is computed, the receiver's own buffer
+    m, s = src("recv-wrong-shape")
+    lines = s[m.path].splitlines()
+    recv = next(i + 1 for i, t in enumerate(lines) if "dist.recv(grad" in t)
+    send = next(i + 1 for i, t in enumerate(lines) if "dist.send(inputs[m].grad" in t)
+    log = "op.preamble.length <= op.nbytes. 512 vs 256. Received data size doesn't match expected size."
+    r0 = RankResult(0, 1, "exited", None, "SIGABRT", log_tail=log,
+                    error=RankError("RuntimeError", "x", (Frame("main", m.path, recv),), 0.0))
+    r1 = RankResult(1, 2, "exited", None, "SIGTERM",
+                    error=RankError("RuntimeError", "reset", (Frame("main", m.path, send),), 0.0))
+    culprits, at = classify.p2p_sent_site((r0, r1), 0, s)
+    assert culprits == (1,) and at.line in m.fix_lines
+    m, s = src("recv-buffer-dtype")
+    lines = s[m.path].splitlines()
+    recv = next(i + 1 for i, t in enumerate(lines) if "dist.recv(x" in t)
+    send = next(i + 1 for i, t in enumerate(lines) if "dist.send(y.detach()" in t)
+    log = "op.preamble.length <= op.nbytes. 256 vs 128. Received data size doesn't match expected size."
+    r1 = RankResult(1, 2, "exited", None, "SIGABRT", log_tail=log,
+                    error=RankError("RuntimeError", "x", (Frame("main", m.path, recv),), 0.0))
+    r0 = RankResult(0, 1, "exited", None, "SIGTERM",
+                    error=RankError("RuntimeError", "reset", (Frame("main", m.path, send),), 0.0))
+    culprits, at = classify.p2p_sent_site((r0, r1), 1, s)
+    assert culprits == (1,) and at.line in m.fix_lines

@@ -283,4 +283,55 @@ OPERATORS = [
         ("optimizer", "delete", "")],
        "ok", "all", "optimizer-before-wrap", "https://github.com/huggingface/accelerate/issues/3256",
        "the optimizer built before the FSDP wrap holds parameters FSDP no longer uses: nothing trains", check=True),
+    # ---------------------------------------------------------------- added: real reports outside the catalog of
+    # issue 32's start (ddplab.causes and the signatures at 60464d8 had no entry for their class)
+    op("workers-per-gpu", "ddp_trainer",
+       [("re:return DataLoader\\(dataset, batch_size=batch_size, shuffle=False", "replace",
+         "num_workers = (os.cpu_count() or 2) // torch.cuda.device_count()  # loader workers per GPU\n"
+         "return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=num_workers)")],
+       "failed", "all", "device-count-zero", "https://github.com/Noble-Lab/casanovo/pull/81",
+       "the loader's workers split per GPU (cpu count // torch.cuda.device_count()), which is 0 on a CPU machine "
+       "(also https://github.com/mzjb/DeepH-pack/pull/4)"),
+    op("init-checkpoint-race", "gpt_accum",
+       [("wrap", "before",
+         "import tempfile, time\n"
+         "init_path = os.path.join(tempfile.gettempdir(), f\"faults_init_{os.environ['MASTER_PORT']}.pt\")\n"
+         "if master_process:  # rank 0 writes the initial weights every rank starts from\n"
+         "    time.sleep(2); torch.save(model.state_dict(), init_path)\n"
+         "model.load_state_dict(torch.load(init_path))")],
+       "failed", "nonzero", "read-before-write", "https://github.com/allenai/OLMo/pull/234",
+       "the initial checkpoint read by every rank before rank 0 has written it (no barrier between)", fault=4),
+    op("fsdp-loader-shuffle", "fsdp_train",
+       [("re:loader = DataLoader\\(data", "replace",
+         "loader = DataLoader(data, batch_size=16, shuffle=True, sampler=sampler)  # shuffled, as before")],
+       "failed", "all", "sampler-shuffle-exclusive", "https://github.com/AgatheSenellart/MultiVae/issues/33",
+       "shuffle=True hard-coded in the DataLoader while distributed training passes a DistributedSampler"),
+    op("rank0-preprocess-timeout", "gpt_accum",
+       [("init", "replace", "import datetime\n"
+                            'init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=5))'),
+        ("seed", "after", "if ddp_rank > 0:\n"
+                          "    dist.barrier()  # wait while rank 0 tokenizes the dataset\n"
+                          "else:\n"
+                          "    import time; time.sleep(8)  # tokenize the dataset and write the cache (rank 0 only)\n"
+                          "    dist.barrier()")],
+       "failed", "nonzero", "timeout-too-short", "https://github.com/JIA-Lab-research/LongLoRA/issues/45",
+       "rank 0 prepares the dataset while the others wait in a barrier, longer than the process group's timeout "
+       "(also https://github.com/Lightning-AI/pytorch-lightning/pull/19448)", fault=1),
+    op("recv-buffer-dtype", "pipeline",
+       [("recv_buf", "replace", "x = torch.empty(MICRO, WIDTH, dtype=torch.float16)  # activations travel in half")],
+       "failed", "nonzero", "p2p-size-mismatch", "https://github.com/pytorch/pytorch/pull/165539",
+       "a receive buffer of another dtype than the tensor the previous stage sends (float32): the byte sizes differ "
+       "(also https://github.com/pytorch/pytorch/issues/102355)"),
+    op("weighted-sampler-ddp", "ddp_trainer",
+       [("sampler", "replace",
+         "sampler = torch.utils.data.WeightedRandomSampler(torch.ones(len(dataset)), num_samples=len(dataset))"
+         "  # balance the classes"),
+        ("set_epoch", "delete", "")],
+       "ok", "all", "data-not-sharded", "https://github.com/Parskatt/RoMa/issues/32",
+       "a WeightedRandomSampler (class balance) in a DDP script: not a distributed sampler, every rank draws from "
+       "the whole dataset", check=True),
+    op("set-epoch-constant", "ddp_trainer",
+       [("set_epoch", "replace", "self.train_data.sampler.set_epoch(0)  # the sampler's epoch")],
+       "ok", "all", "no-set-epoch", "https://github.com/facebookresearch/ClassyVision/pull/118",
+       "the epoch not passed on to the sampler (set_epoch with a constant): the same shuffle every epoch", check=True),
 ]

@@ -550,6 +550,262 @@ def read_before_written(ranks: tuple[RankResult, ...], first: int, sources: Mapp
     return False
 
 
+# --- the line that set a failure up, found from the cause's premise in the script (general, not per script) ---
+_COLLECTIVE_CALL = re.compile(r"\b(?:dist|torch\.distributed)\.(?:all_reduce|all_gather\w*|broadcast\w*|reduce\w*|"
+                              r"gather\w*|scatter\w*|barrier|all_to_all\w*|monitored_barrier)\(")
+_DDP_WRAP = re.compile(r"^\s*([\w.]+)\s*=\s*(?:\w+\.)*(?:DDP|DistributedDataParallel|FSDP|FullyShardedDataParallel)\(")
+_SAMPLER = re.compile(r"\b\w*Sampler\(")
+
+
+def _tree(file: str, sources: Mapping[str, str]):
+    import ast
+    try:
+        return ast.parse(sources.get(file) or "")
+    except (SyntaxError, ValueError):
+        return None
+
+
+def unused_submodule_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At DDP's "parameters that were not used in producing loss": the one ``self.NAME = ...(...)`` of a module's
+    ``__init__`` whose NAME no other method of that class reads (a layer defined and never used in forward).
+    None: no such line, or more than one."""
+    import ast
+    tree = _tree(file, sources)
+    if tree is None:
+        return None
+    lines = (sources.get(file) or "").splitlines()
+    hits = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        init = next((m for m in methods if m.name == "__init__"), None)
+        if init is None or not any(m.name == "forward" for m in methods):
+            continue
+        read = {n.attr for m in methods if m is not init for n in ast.walk(m)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+        for st in ast.walk(init):
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
+                for t in st.targets:
+                    if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                            and t.attr not in read):
+                        hits.append(stacks.Frame(init.name, file, st.lineno, lines[st.lineno - 1].strip()))
+    return hits[0] if len(hits) == 1 else None
+
+
+def _function_start(lines: list[str], line: int) -> int:
+    """The 1-based line of the ``def`` that holds ``line`` (1 at module level)."""
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+    for j in range(line - 2, -1, -1):
+        t = lines[j]
+        if t.strip() and len(t) - len(t.lstrip()) < indent and _HEADER.match(t):
+            return j + 1
+    return 1
+
+
+_BATCH_ARG = re.compile(r"\b(?:bs|batch_size|\w*batch\w*)\s*=[^=]")
+
+
+def batch_made_site(e, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At an out-of-memory error with no batch-size constant to blame: the line that made the failing call's
+    input with a batch size of its own (``X, Y = get_batch(split, bs=len(data) // 4)``), read from the user's
+    frames outermost first: the call's argument names, and the nearest line before it in the same function that
+    assigns one of them. None where that line sets no batch size."""
+    from ddplab.engine.stacks import is_user_file
+    for f in reversed([f for f in (e.frames or ()) if is_user_file(f.file)]):
+        lines = (sources.get(f.file) or "").splitlines()
+        if not 0 < f.line <= len(lines):
+            continue
+        call = lines[f.line - 1]
+        args = call[call.find("(") + 1:] if "(" in call else ""
+        names = set(re.findall(r"\b[A-Za-z_]\w*\b", args)) - _NOT_NAMES
+        if not names:
+            continue
+        for j in range(f.line - 1, _function_start(lines, f.line) - 1, -1):
+            t = lines[j - 1]
+            m = re.match(r"^\s*([\w\s,.*]+?)\s*=[^=]", t)
+            if m and names & set(re.findall(r"\w+", m.group(1))):
+                if _BATCH_ARG.search(t[m.end() - 1:]):
+                    return stacks.Frame(f.func, f.file, j, t.strip())
+                break
+    return None
+
+
+def guarded_collective_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At a hang where the ranks issued different collectives and none stands under a rank condition: the one
+    line of the script that issues a collective (a ``dist.`` collective, or a call of the DDP/FSDP-wrapped model,
+    whose forward broadcasts buffers) under a condition on the rank: a collective only some ranks issued, which
+    has returned and shifted the ranks' sequences. None: no such line, or more than one."""
+    lines = (sources.get(file) or "").splitlines()
+    wrapped = {m.group(1) for t in lines for m in [_DDP_WRAP.match(t)] if m}
+    calls = [re.compile(rf"(?<![\w.]){re.escape(w)}\(") for w in wrapped]
+    hits = []
+    for i, t in enumerate(lines):
+        if t.lstrip().startswith("#") or not (_COLLECTIVE_CALL.search(t) or any(c.search(t) for c in calls)):
+            continue
+        if rank_guard(stacks.Frame("", file, i + 1, t.strip()), sources) is not None:
+            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    return hits[0] if len(hits) == 1 else None
+
+
+def _loops(file: str, sources: Mapping[str, str]):
+    """(first line, last line, iterates over range()) of every for loop of the script."""
+    import ast
+    tree = _tree(file, sources)
+    out = []
+    for n in ast.walk(tree) if tree is not None else ():
+        if isinstance(n, (ast.For, ast.AsyncFor)):
+            it = n.iter
+            if isinstance(it, ast.Call) and getattr(it.func, "id", "") == "enumerate" and it.args:
+                it = it.args[0]
+            rng = isinstance(it, ast.Call) and getattr(it.func, "id", "") == "range"
+            out.append((n.lineno, n.end_lineno or n.lineno, rng))
+    return out
+
+
+def uneven_loop_site(ranks: tuple[RankResult, ...], sources: Mapping[str, str]) -> stacks.Frame | None:
+    """At a hang where the ranks issued different collectives: one rank has left a loop (its frame in a
+    function stands after the loop) that another rank is still in, and that rank is inside a loop over data (a
+    ``for`` over something other than range()): the ranks ran a different number of batches. The number of
+    batches is the sampler's: the one sampler made in the script. None where the premise or the line is missing."""
+    from ddplab.engine.stacks import is_user_file
+    alive = [r for r in ranks if r.state in ALIVE and r.stack]
+    for behind in alive:
+        own = [f for f in behind.stack if is_user_file(f.file)]
+        loops = {f.file: _loops(f.file, sources) for f in own}
+        in_data = any(a <= f.line <= b and not rng for f in own for a, b, rng in loops[f.file])
+        if not in_data:
+            continue
+        for ahead in alive:
+            if ahead is behind:
+                continue
+            for g in (f for f in ahead.stack if is_user_file(f.file)):
+                f = next((f for f in own if (f.file, f.func) == (g.file, g.func)), None)
+                if f is not None and any(a <= f.line <= b < g.line for a, b, _ in loops[f.file]):
+                    return site(_SAMPLER.pattern, f.file, sources)
+    return None
+
+
+_P2P_BYTES = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+_BUFFER = re.compile(r"\btorch\.(?:empty|zeros)\(([^()]*)\)")
+_ELEMENT_BYTES = {"float64": 8, "double": 8, "int64": 8, "long": 8, "float16": 2, "half": 2, "bfloat16": 2,
+                  "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _constants(file: str, sources: Mapping[str, str]) -> dict[str, int]:
+    """The script's module-level whole-number constants (``WIDTH, MICRO = 16, 4``)."""
+    import ast
+    tree = _tree(file, sources)
+    out: dict[str, int] = {}
+    for st in (tree.body if tree is not None else ()):
+        if isinstance(st, ast.Assign) and len(st.targets) == 1:
+            t, v = st.targets[0], st.value
+            pairs = (zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
+                     and len(t.elts) == len(v.elts) else [(t, v)])
+            for a, b in pairs:
+                if isinstance(a, ast.Name) and isinstance(b, ast.Constant) and type(b.value) is int:
+                    out[a.id] = b.value
+    return out
+
+
+def _alloc_bytes(args: str, consts: dict[str, int]) -> int | None:
+    import math
+    parts = [p.strip() for p in args.split(",") if p.strip()]
+    dims, size = [], 4
+    for p in parts:
+        if "=" in p:
+            k, _, v = p.partition("=")
+            if k.strip() == "dtype":
+                size = _ELEMENT_BYTES.get(v.strip().rsplit(".", 1)[-1], 4)
+            continue
+        expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(consts[m.group(0)]) if m.group(0) in consts else "x", p)
+        try:
+            n = _number(expr) if "x" not in expr else None
+        except (ValueError, TypeError):
+            n = None
+        if n is None:
+            return None
+        dims.append(n)
+    return math.prod(dims) * size if dims else None
+
+
+_ROOT_NAME = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(?!\s*=[^=])")
+
+
+def _derived_from(line: str, text: str, hops: int = 4) -> set[str]:
+    """The names a send's tensor comes from in the script: the names on its line (not attributes, not keyword
+    names), and, a few assignments or appends back (``x = ...``, ``inputs.append(x)``), the names those read."""
+    call = line[line.find("(") + 1:] if "(" in line else line
+    names = set(_ROOT_NAME.findall(call))
+    for _ in range(hops):
+        more = set(names)
+        for t in (x.split("#", 1)[0] for x in text.splitlines()):
+            m = re.match(r"^\s*(\w+)\s*=([^=].*)$", t) or re.match(r"^\s*(\w+)\.(?:append|extend)\((.*)\)", t)
+            if m and m.group(1) in names:
+                more |= set(_ROOT_NAME.findall(m.group(2)))
+        if more == names:
+            break
+        names = more
+    return names
+
+
+def p2p_sent_site(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str]):
+    """At a receive that got more bytes than its buffer (gloo's "N vs M"): the peer that was sending to it, and
+    the one receive buffer of the script whose size is what that peer sent (an empty tensor a recv fills: the
+    peer's tensor was made from a receive of the wrong size upstream, not computed at that size). (culprits,
+    line); ((), None) where the log names no sizes, no peer stood at a send, or not exactly one receive buffer
+    has the sent size (then which side's shape is wrong is not in the evidence)."""
+    own = next((r for r in ranks if r.rank == first), None)
+    m = _P2P_BYTES.search((own.log_tail or "") if own is not None else "")
+    if own is None or m is None:
+        return (), None
+    got = int(m.group(1))
+    senders = []
+    for r in ranks:
+        if r.rank == first:
+            continue
+        frames = [f for f in ((r.error.frames if r.error else ()) or r.stack or ()) if f.file in sources]
+        if frames and re.search(r"\b(?:dist\.)?i?send\(", source_line(frames[0], sources)):
+            senders.append((r.rank, frames[0]))
+    if not senders:
+        return (), None
+    file = senders[0][1].file
+    sent = _derived_from(source_line(senders[0][1], sources), sources.get(file) or "")
+    consts = _constants(file, sources)
+    lines = (sources.get(file) or "").splitlines()
+    hits = []
+    for i, t in enumerate(lines):
+        a, name = _BUFFER.search(t), re.match(r"^\s*(\w+)\s*=", t)
+        # a receive buffer (an empty tensor a recv fills on the next lines) of the size the peer sent
+        if a and name and name.group(1) in sent and _alloc_bytes(a.group(1), consts) == got and any(
+                re.search(rf"\bi?recv\(\s*{name.group(1)}\b", x) for x in lines[i + 1:i + 4]):
+            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    if len(hits) == 1:
+        return tuple(sorted({k for k, _ in senders})), hits[0]
+    return receiver_buffer_site(own, int(m.group(2)), sources)
+
+
+def receiver_buffer_site(own: RankResult, expected: int, sources: Mapping[str, str]):
+    """The other reading of a receive that got another size: no buffer upstream of the peer's tensor has the
+    size it sent (the peer sent what it computed), so the receive buffer is the one to match it: the empty
+    tensor the failing recv fills, made in its function with the size the receive expected. ((rank,), line);
+    ((), None) where the recv's buffer is not such an allocation."""
+    f = own.frame
+    lines = (sources.get(f.file) or "").splitlines() if f is not None else []
+    if not 0 < (f.line if f else 0) <= len(lines):
+        return (), None
+    m = re.search(r"\bi?recv\(\s*(\w+)\b", lines[f.line - 1])
+    if m is None:
+        return (), None
+    consts = _constants(f.file, sources)
+    for j in range(f.line - 1, _function_start(lines, f.line) - 1, -1):
+        t = lines[j - 1].split("#", 1)[0]
+        if re.match(rf"^\s*{m.group(1)}\s*=[^=]", t):
+            a = _BUFFER.search(t)
+            if a and _alloc_bytes(a.group(1), consts) == expected:
+                return (own.rank,), stacks.Frame(f.func, f.file, j, lines[j - 1].strip())
+            return (), None
+    return (), None
+
+
 def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | None = None) -> Verdict:
     """The verdict with what the culprit ranks' own source lines add (``sources``: {file: text} of the
     user files the ranks' frames name, read at the verdict; ``files``: {path: mtime} of the files the
@@ -612,4 +868,15 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         fix_at = batch_site(where.error, frame.file, sources)
     if fix_at is None and guard is not None:
         fix_at = guard
+    if fix_at is None and frame is not None and sig == "unused-parameters":
+        fix_at = unused_submodule_site(frame.file, sources)
+    elif fix_at is None and frame is not None and sig in ("cpu-oom", "cuda-oom") and where.error is not None:
+        fix_at = batch_made_site(where.error, sources)
+    elif (fix_at is None and v.status == Status.HUNG and not culprits and frame is not None
+          and sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes")):
+        fix_at = guarded_collective_site(frame.file, sources) or uneven_loop_site(ranks, sources)
+    elif v.status == Status.FAILED and sig == "p2p-size-mismatch" and first is not None:
+        senders, at = p2p_sent_site(ranks, first, sources)
+        if at is not None:
+            culprits, fix_at = senders, at
     return replace(v, signature=sig, culprits=culprits, fix_at=fix_at)
