@@ -74,6 +74,8 @@ workbook: $(STAMP)
 notebooks: $(STAMP)
 	@$(SYSTEM) labs
 	$(BIN)/python -m ddplab.course.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
+	# the stored notebooks' cells that the build writes (seconds, minutes) reach the sources too
+	$(BIN)/python -m ddplab.course.assign sources
 
 # Three workers (pytest-xdist, one file at a time each) on 2 cores: much of a multi-process test is
 # waiting (stall windows, timeouts). Each lab's test file executes its notebook once (papermill), checks
