@@ -58,3 +58,20 @@ def _cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:  # pragma: no cover - not Linux
         return time.monotonic()
+
+
+def judged_runs(request, tmp_path_factory, start, variants, name: str) -> dict:
+    """The body of a lab's module fixture parametrized by ``LOADS``: the runs its checkers judge, by
+    variant. "idle": the module's ``runs`` fixture's (the notebook's own runs, no new one); "burner":
+    each variant started again by ``start(variant, run_root=..., progress=None)`` with a core spinning
+    beside it. Either way nothing of the runs is left."""
+    if request.param == "idle":
+        runs = request.getfixturevalue("runs")
+        return {v: runs[v] for v in variants}
+    from conftest import assert_nothing_left
+    root = tmp_path_factory.mktemp(f"{name}-burner")
+    with load(request.param):
+        out = {v: start(v, run_root=root, progress=None) for v in variants}
+    assert_nothing_left(str(root))
+    assert all(r.leftover == () for r in out.values()), {v: r.leftover for v, r in out.items()}
+    return out

@@ -13,7 +13,7 @@ from ddplab.course import lab08
 
 import exercise_cases
 import notebook_check
-from burner import LOADS, load
+from burner import LOADS, judged_runs
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 from fixit_check import test_the_notebooks_unfixed_attempt_is_graded_not_yet  # noqa: F401
 
@@ -148,14 +148,8 @@ ACCUMULATE = ("accumulate-fixed", "accumulate-article")
 def accumulated(request, tmp_path_factory):
     """The two runs the exercise checkers judge: the notebook's (idle: no new run), and again with a CPU
     burner beside them (issue 34: a right answer passes on a loaded machine too)."""
-    if request.param == "idle":
-        runs = request.getfixturevalue("runs")
-        return {v: runs[v] for v in ACCUMULATE}
-    root = tmp_path_factory.mktemp("lab08-burner")
-    with load(request.param):
-        out = {v: lab08.run_variant(v, run_root=root, progress=None) for v in ACCUMULATE}
-    assert_nothing_left(str(root))
-    assert all((r.status, r.leftover) == ("ok", ()) for r in out.values()), [r.headline() for r in out.values()]
+    out = judged_runs(request, tmp_path_factory, lab08.run_variant, ACCUMULATE, "lab08")
+    assert all(r.status == "ok" for r in out.values()), [r.headline() for r in out.values()]
     return out
 
 

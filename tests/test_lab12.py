@@ -15,7 +15,7 @@ from ddplab.course import lab12
 
 import exercise_cases
 import notebook_check
-from burner import LOADS, load
+from burner import LOADS, judged_runs
 from notebook_check import test_notebook_executes_once_and_its_checked_cells_match  # noqa: F401
 from fixit_check import test_the_notebooks_unfixed_attempt_is_graded_not_yet  # noqa: F401
 
@@ -214,15 +214,7 @@ JUDGED = ("bn-unsynced", "module-update")     # the runs the two checkers judge
 def judged(request, tmp_path_factory):
     """The runs the exercise checkers judge: the notebook's (idle: no new run), and again with a CPU burner
     beside them (issue 34: a right answer passes on a loaded machine too)."""
-    if request.param == "idle":
-        runs = request.getfixturevalue("runs")
-        return {v: runs[v] for v in JUDGED}
-    root = tmp_path_factory.mktemp("lab12-burner")
-    with load(request.param):
-        out = {v: lab12.run_variant(v, run_root=root, progress=None) for v in JUDGED}
-    assert_nothing_left(str(root))
-    assert all(r.leftover == () for r in out.values())
-    return out
+    return judged_runs(request, tmp_path_factory, lab12.run_variant, JUDGED, "lab12")
 
 
 @pytest.mark.multiprocess
