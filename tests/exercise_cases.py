@@ -115,3 +115,17 @@ def check_all(ex: Exercise, *runs, right, neighbour, other_rank=NA, shown=NA, wr
         if set(map(_key, accepted)) != {_key(ex.kind.parse(r, ex.name)) for r in rights}:
             bad.append(f"accepted {accepted!r} is not the right answers {rights!r}")
     assert not bad, f"{ex.key}:\n" + "\n".join(bad)
+
+
+def check_best_fix(L, frows: list) -> list:
+    """Lab 07's best-fix checker on one fixes run's rows (``L``: ddplab.course.lab07): right, every fix
+    within the checker's noise of the best speedup measured in this run (which fixes those are depends on
+    this machine's run); wrong, the others, whichever they are here. Returns those others."""
+    best = L.best_fix(frows)
+    close = [r["fix"] for r in frows if r["fix"] in L.FIXES
+             and (r["fix"] == best["fix"] or r["speedup"] >= L.WITHIN_BEST * best["speedup"])]
+    far = [r["fix"] for r in frows if r["fix"] in L.FIXES and r["fix"] not in close]
+    check_all(L.check_best_fix, frows, right=close + [f" {best['fix'].upper()} "],
+              neighbour=far[0] if far else "none", shown="1024",
+              wrong=far[1:] + ["bat", best["fix"][:-1], best["label"], "none"])
+    return far

@@ -130,14 +130,7 @@ def test_claim_check_is_computed_from_the_runs(runs):
 def test_check_best_fix(runs):
     frows = L.fix_rows(L.summarize(runs["fixed"]))
     best = L.best_fix(frows)
-    # right: every fix within the checker's noise of the best speedup measured in this run (which fixes those
-    # are depends on this machine's run); wrong: the others, whichever they are here
-    close = [r["fix"] for r in frows if r["fix"] in L.FIXES
-             and (r["fix"] == best["fix"] or r["speedup"] >= L.WITHIN_BEST * best["speedup"])]
-    far = [r["fix"] for r in frows if r["fix"] in L.FIXES and r["fix"] not in close]
-    exercise_cases.check_all(L.check_best_fix, frows, right=close + [f" {best['fix'].upper()} "],
-                             neighbour=far[0] if far else "none", shown="1024",
-                             wrong=far[1:] + ["bat", best["fix"][:-1], best["label"], "none"])
+    far = exercise_cases.check_best_fix(L, frows)
     for fix in far:
         assert best["label"] not in L.check_best_fix._verdict(fix, frows).message   # a hint, not the answer
 
