@@ -42,10 +42,6 @@ def fix_lines(ex) -> list[str]:
     return [line.strip() for line in ex.reference.splitlines() if line.strip() and line not in broken]
 
 
-def exercise_of(lab: str):
-    return next(ex for ex in fixit.exercises() if ex.lab == lab)
-
-
 @pytest.mark.notebook
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
@@ -54,7 +50,7 @@ def test_the_notebooks_unfixed_attempt_is_graded_not_yet(notebook):
     if notebook.skipped:
         pytest.skip(notebook.skipped)
     from notebook_check import OUT
-    ex = exercise_of(notebook.path.name[:2])
+    ex = fixit.get(notebook.path.name[:2])       # one exercise a lab, its id the lab's number
     attempts = [r for r in notebook.runs() if magic.source_of(r) == ex.broken]
     assert len(attempts) == 1, f"{notebook.path.name} ran the broken script of fix-it {ex.id} {len(attempts)} times"
     r = attempts[0]
