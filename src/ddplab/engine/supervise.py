@@ -16,7 +16,11 @@ or loading data on a loaded machine is slow, not stuck, however long it takes.
 
 A rank with a thread that is runnable (or in uninterruptible I/O) on two samples in a row is
 waiting for a core, not for its peers: on an overloaded machine it may gain no CPU time for seconds,
-and that is progress owed, not a stall.
+and that is progress owed, not a stall. So is a rank whose TCP traffic moves while the rank does not
+(``network_moved``): on a lossy link a lost segment is resent after a timeout that doubles each time
+it is lost again, and the receiver's window can close while it holds segments out of order, so a
+collective can sit for seconds with a few KB acknowledged at a time, then go on (lab 09's 5 % lossy
+link was judged hung in CI, under load). In a hang the queues stand still.
 
 Two things hold a stall verdict back, both read from the ranks: a rank that has just started or
 exited (a change of state is progress), and PyTorch's own timeout about to fire. When a blocked
@@ -99,6 +103,69 @@ def waiting_for_cpu(p: psutil.Process) -> bool:
     return False
 
 
+# /proc/<pid>/net/tcp (the rank's own network namespace): state 01 is ESTABLISHED, timer 01 the
+# retransmission timer (02 keepalive, 04 a zero-window probe).
+TCP_ESTABLISHED, RETRANSMIT_TIMER = "01", "01"
+# After this many timeouts of one segment in a row (0.2 s doubling: 6 s at least) the peer is taken as
+# gone or cut off, not slow: a wait on it is no longer progress owed.
+MAX_RETRANSMITS = 4
+
+
+def _socket_inodes(p: psutil.Process) -> set[str]:
+    inodes = set()
+    for q in _tree(p):
+        try:
+            fds = os.listdir(f"/proc/{q.pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{q.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    return inodes
+
+
+def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, bool]]:
+    """Each established TCP connection of the rank (and of its children), by socket inode: bytes not
+    yet acknowledged by the peer, bytes received and not yet read, and whether the kernel is resending
+    (retransmission timer armed on unacknowledged bytes, at most MAX_RETRANSMITS timeouts so far).
+    Linux (/proc); empty elsewhere. A connection still dialling (SYN_SENT) is not one: a firewall that
+    drops it and a lossy link look the same there."""
+    inodes = _socket_inodes(p)
+    out: dict[str, tuple[int, int, bool]] = {}
+    if not inodes:
+        return out
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{p.pid}/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            # sl local remote st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...
+            f = line.split()
+            if len(f) < 10 or f[3] != TCP_ESTABLISHED or f[9] not in inodes:
+                continue
+            tx, rx = (int(v, 16) for v in f[4].split(":"))
+            resending = bool(tx) and f[5].split(":")[0] == RETRANSMIT_TIMER and int(f[6], 16) <= MAX_RETRANSMITS
+            out[f[9]] = (tx, rx, resending)
+    return out
+
+
+def network_moved(before: dict, now: dict) -> bool:
+    """The rank's TCP traffic is moving, though the rank itself does not: bytes are in flight or
+    unread and the queues changed since the last look (a lossy link acknowledging slowly, a window
+    reopening), or the kernel is resending a lost segment. In a hang every queue stands still: empty,
+    or full towards a peer that does not read (its zero-window probes change nothing)."""
+    if any(resending for _, _, resending in now.values()):
+        return True
+    busy = any(tx or rx for tx, rx, _ in now.values())
+    return busy and {k: v[:2] for k, v in now.items()} != {k: v[:2] for k, v in before.items()}
+
+
 def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
     """CPU use over the last CPU_WINDOW_S (over all the samples there are, when they span less and
     at least SAMPLE_S: a stall window shorter than CPU_WINDOW_S must still see a starting job's CPU)
@@ -137,6 +204,8 @@ class RankWatch:
     rdzv: dict | None = None                     # what its rendezvous handler last said
     rdzv_t: float = 0.0
     runnable_n: int = 0                          # consecutive samples with a runnable thread
+    tcp: dict = field(default_factory=dict)      # its TCP queues at the last look (tcp_queues)
+    network_n: int = 0                           # samples at which only its TCP traffic moved
 
     @property
     def alive(self) -> bool:
@@ -240,6 +309,13 @@ class Supervisor:
         if w.runnable_n >= 2:
             w.last_progress = now
             return
+        if w.idle_s(now) >= SAMPLE_S:
+            tcp = tcp_queues(w.proc)
+            moved, w.tcp = network_moved(w.tcp, tcp), tcp
+            if moved:
+                w.last_progress = now
+                w.network_n += 1
+                return
         if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
             w.ledger_t = now
             dump = probe.ledger(w.sock, timeout_s=1.0)
