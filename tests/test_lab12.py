@@ -4,6 +4,8 @@ real reports of silent divergence, and the cases --check cannot see ("not checke
 from pathlib import Path
 
 import pytest
+
+from ddplab.views.render_check import finding_sentence
 from conftest import assert_nothing_left
 
 import ddplab
@@ -26,7 +28,8 @@ SILENT = {
     "accumulate_off_by_one.py": {"step-in-no-sync", "replicas-differ"},
     "bn_broadcast_buffers_false.py": {"buffers-differ"},
     "set_epoch_per_rank.py": {"samples-overlap", "samples-dropped"},
-    "full_dataset_every_rank.py": {"samples-overlap"},
+    "full_dataset_every_rank.py": {"samples-overlap"},   # its inputs are the same too: one finding, the loader's
+    "same_seed_random_batches.py": {"same-inputs"},       # no loader: the inputs DDP's forward got
 }
 
 
@@ -272,6 +275,25 @@ def test_replicas_first_differing_step_and_tensor():
     rep = compare_records({0: _rank(models=[_model(checkpoints=base)]), 1: _rank(models=[_model(checkpoints=other)])})
     f = rep.of_kind("replicas-differ")[0]
     assert (f.ranks, f.step, f.since_equal, f.object, f.count, f.of) == ((1,), 20, 10, "b", 1, 2)
+
+
+def test_same_inputs_only_when_every_rank_got_the_same_changing_batches():
+    cp = lambda fwd, inputs: {"kind": "forward", "fwd": fwd, "step": fwd // 10, "params": [1], "buffers": [],
+                              "inputs": inputs}
+    same = [cp(1, [5, 6]), cp(11, [7, 8]), cp(21, [9, 1])]
+    recs = {r: _rank(models=[_model(checkpoints=list(same))]) for r in (0, 1)}
+    f = compare_records(recs).of_kind("same-inputs")[0]
+    assert (f.ranks, f.step, f.count, f.of) == ((0, 1), 0, 3, 3)
+    assert "bit-identical inputs" in finding_sentence(f) and "seed" in f.fix
+    # right: one checked forward where rank 1's batch differs is enough to name nothing
+    recs[1]["models"][0]["checkpoints"][2] = cp(21, [9, 2])
+    assert "same-inputs" not in compare_records(recs).kinds()
+    # adversarial: one fixed tensor fed to every rank at every step (a constant stand-in, not a stream)
+    fixed = {r: _rank(models=[_model(checkpoints=[cp(1, [5]), cp(11, [5]), cp(21, [5])])]) for r in (0, 1)}
+    assert compare_records(fixed).findings == ()
+    # one checked forward is too little to say
+    one = {r: _rank(models=[_model(checkpoints=[cp(1, [5, 6])])]) for r in (0, 1)}
+    assert compare_records(one).findings == ()
 
 
 @pytest.mark.multiprocess

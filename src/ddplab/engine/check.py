@@ -1,8 +1,8 @@
 """``ddplab run --check``: after the run, compare what each rank recorded about itself (the rank hook's
 ``ranks/rankN.check.json``, written by ``_rankhook/ddplab_rankcheck.py`` with no collective added) and
 return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
-never, the same order every epoch, optimizer steps inside ``no_sync()``, unequal accumulation, a
-parameter with no gradient on some ranks, updates that bypassed the DDP wrapper.
+never, the same order every epoch, the same inputs on every rank, optimizer steps inside ``no_sync()``,
+unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
 DataLoader) and counts; the fix for each kind lives once, in ``FIXES``. Sentences are made in
@@ -39,6 +39,9 @@ FIXES = {
                     "rank steps a parameter the others left alone",
     "update-outside-ddp": "run the forward of a training step through the DDP wrapper (model(x), not model.module(x)) "
                           "on every rank",
+    "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
+                   "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
+                   "(DDP copies rank 0's weights to every rank at construction)",
 }
 KINDS = tuple(FIXES)
 # A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
@@ -174,6 +177,10 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         findings += fs
         checksums += n
     data, epochs = _compare_loaders(recs, ranks)
+    if any(f.kind == "samples-overlap" for f in data):
+        # the loader's own records already say which samples every rank shared: the inputs that were the
+        # same on every rank are that finding seen from the model, not a second problem
+        findings = [f for f in findings if f.kind != "same-inputs"]
     findings += data
     if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
         if any(recs[r].get("loaders") for r in ranks):
@@ -216,6 +223,9 @@ def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
             if odd_b:
                 buf_found = Finding("buffers-differ", odd_b, label(bname), step=cps[r0]["step"], count=nb,
                                     of=len(bnames))
+    same = _same_inputs(keyed, common, r0)
+    if same is not None:
+        out.append(same)
     finals = {r: m.get("final") for r, m in models.items()}
     if param_found is None and all(finals.values()) and len({f["step"] for f in finals.values()}) == 1:
         odd, name, n = _first_diff({r: f["params"] for r, f in finals.items()}, names)
@@ -247,6 +257,21 @@ def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
                                count=max(v[1] for v in per.values() if v), of=max(steps.values())))
             break
     return out, len(common)
+
+
+def _same_inputs(keyed: dict, common: list, r0: int) -> Finding | None:
+    """Every rank gave the model bit-identical inputs at every checked forward (at least two), and the
+    inputs changed from one checked forward to the next (data flowing, not a constant stand-in): the
+    ranks trained on the same data. A fixed tensor fed to every rank names nothing."""
+    fwd = [k for k in common if k[0] == "forward" and all(keyed[r][k].get("inputs") for r in keyed)]
+    if len(fwd) < 2:
+        return None
+    if any(len({tuple(keyed[r][k]["inputs"]) for r in keyed}) > 1 for k in fwd):
+        return None
+    if len({tuple(keyed[r0][k]["inputs"]) for k in fwd}) < 2:
+        return None
+    return Finding("same-inputs", tuple(sorted(keyed)), "the DDP model's inputs", step=keyed[r0][fwd[0]]["step"],
+                   count=len(fwd), of=len(fwd))
 
 
 def _loader_key(rec: dict) -> tuple:

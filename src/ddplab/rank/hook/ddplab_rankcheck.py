@@ -10,6 +10,7 @@ results:
   DistributedDataParallel.forward   to count forwards with grad, and note whether each was inside no_sync()
   the wrapped module's forward pre-hook (every N-th such forward, after DDP's buffer broadcast):
                                     a checksum of every parameter and buffer (their bits, summed as integers)
+                                    and of each input tensor the forward was given
   optimizer step (torch's global pre-hook)  steps taken inside no_sync(), forwards per step, parameters
                                     without a gradient, steps on a watched model with no forward through DDP
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
@@ -103,6 +104,16 @@ def _checkpoint(torch, m, ddp, kind, buffers=True):
     return rec
 
 
+def _input_tensors(torch, args, kwargs):
+    """The tensors a forward was given: its arguments, and the items of a list, tuple or dict among them
+    (a batch passed as one), in order; nothing deeper."""
+    out = []
+    for v in list(args) + list(kwargs.values()):
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        out += [t for t in items if isinstance(t, torch.Tensor)]
+    return out
+
+
 def _final(torch):
     for m in S.models:
         ddp = m.ref()
@@ -136,15 +147,17 @@ def install(write, after_import):
             S.models.append(m)
             m.checkpoints.append(_checkpoint(torch, m, self, "construct"))
 
-            def pre_hook(module, args):
+            def pre_hook(module, args, kwargs):
                 if m.arm:
                     m.arm = False
                     try:
-                        m.checkpoints.append(_checkpoint(torch, m, self, "forward"))
+                        rec = _checkpoint(torch, m, self, "forward")
+                        rec["inputs"] = _sums(torch, _input_tensors(torch, args, kwargs))
+                        m.checkpoints.append(rec)
                     except Exception as e:
                         S.errors.append(f"checksum: {type(e).__name__}: {e}")
 
-            self.module.register_forward_pre_hook(pre_hook)
+            self.module.register_forward_pre_hook(pre_hook, with_kwargs=True)
         except Exception as e:
             S.errors.append(f"watch DDP: {type(e).__name__}: {e}")
 
