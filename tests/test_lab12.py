@@ -30,6 +30,7 @@ SILENT = {
     "set_epoch_per_rank.py": {"samples-overlap", "samples-dropped"},
     "full_dataset_every_rank.py": {"samples-overlap"},   # its inputs are the same too: one finding, the loader's
     "same_seed_random_batches.py": {"same-inputs"},       # no loader: the inputs DDP's forward got
+    "optimizer_before_fsdp_wrap.py": {"steps-without-gradients"},   # FSDP: replicas not compared, steps are
 }
 
 
@@ -275,6 +276,32 @@ def test_replicas_first_differing_step_and_tensor():
     rep = compare_records({0: _rank(models=[_model(checkpoints=base)]), 1: _rank(models=[_model(checkpoints=other)])})
     f = rep.of_kind("replicas-differ")[0]
     assert (f.ranks, f.step, f.since_equal, f.object, f.count, f.of) == ((1,), 20, 10, "b", 1, 2)
+
+
+def test_steps_without_gradients_only_when_no_step_of_any_rank_had_one():
+    recs = {r: _rank(steps=5, gradless_steps=5) for r in (0, 1)}
+    f = compare_records(recs).of_kind("steps-without-gradients")[0]
+    assert (f.ranks, f.count, f.of) == ((0, 1), 5, 5) and "nothing trained" in finding_sentence(f)
+    recs[1]["gradless_steps"] = 4            # one step of one rank had a gradient: something trained
+    assert "steps-without-gradients" not in compare_records(recs).kinds()
+    none = {r: _rank(steps=0, gradless_steps=0) for r in (0, 1)}     # no step at all: nothing to say
+    assert "steps-without-gradients" not in compare_records(none).kinds()
+
+
+def test_final_buffers_are_compared_only_where_ddp_never_syncs_them():
+    fin = lambda bufs: {"kind": "final", "fwd": 8, "step": 8, "params": [1, 2], "buffers": bufs}
+    recs = {0: _rank(models=[_model(sync_buffers=False, buffer_names=["bn.running_mean"], final=fin([3]))]),
+            1: _rank(models=[_model(sync_buffers=False, buffer_names=["bn.running_mean"], final=fin([4]))])}
+    f = compare_records(recs).of_kind("buffers-differ")[0]
+    assert (f.ranks, f.object, f.step) == ((1,), "bn.running_mean", 8)
+    # with the sync on, the last forward leaves each rank's buffers its own by design: nothing to name
+    for r in recs.values():
+        r["models"][0]["sync_buffers"] = True
+    assert compare_records(recs).findings == ()
+    # sync off and the same stats on every rank (the same data): nothing either
+    for r in recs.values():
+        r["models"][0].update(sync_buffers=False, final=fin([3]))
+    assert compare_records(recs).findings == ()
 
 
 def test_same_inputs_only_when_every_rank_got_the_same_changing_batches():

@@ -2,7 +2,8 @@
 ``ranks/rankN.check.json``, written by ``_rankhook/ddplab_rankcheck.py`` with no collective added) and
 return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
 never, the same order every epoch, the same inputs on every rank, optimizer steps inside ``no_sync()``,
-unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper.
+unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper,
+optimizer steps that found no gradient at all.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
 DataLoader) and counts; the fix for each kind lives once, in ``FIXES``. Sentences are made in
@@ -39,6 +40,10 @@ FIXES = {
                     "rank steps a parameter the others left alone",
     "update-outside-ddp": "run the forward of a training step through the DDP wrapper (model(x), not model.module(x)) "
                           "on every rank",
+    "steps-without-gradients": "build the optimizer from the parameters backward reaches: after the model is "
+                               "wrapped (FSDP replaces the module's parameters with its own, so an optimizer made "
+                               "before the wrap holds tensors nothing updates), and call zero_grad() before "
+                               "backward, not between backward and step",
     "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
                    "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
                    "(DDP copies rank 0's weights to every rank at construction)",
@@ -176,6 +181,11 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         fs, n = _compare_model(models)
         findings += fs
         checksums += n
+    steps = {r: recs[r].get("steps", 0) for r in ranks}
+    if all(steps.values()) and all(recs[r].get("gradless_steps") == steps[r] for r in ranks):
+        # every optimizer step on every rank found no gradient on any of its parameters: nothing trained
+        findings.append(Finding("steps-without-gradients", ranks, "optimizer.step()", step=0,
+                                count=max(steps.values()), of=max(steps.values())))
     data, epochs = _compare_loaders(recs, ranks)
     if any(f.kind == "samples-overlap" for f in data):
         # the loader's own records already say which samples every rank shared: the inputs that were the
@@ -223,16 +233,21 @@ def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
             if odd_b:
                 buf_found = Finding("buffers-differ", odd_b, label(bname), step=cps[r0]["step"], count=nb,
                                     of=len(bnames))
-    same = _same_inputs(keyed, common, r0)
-    if same is not None:
-        out.append(same)
     finals = {r: m.get("final") for r, m in models.items()}
+    if (buf_found is None and all(f and "buffers" in f for f in finals.values())
+            and not any(m.get("sync_buffers", True) for m in models.values())
+            and len({f["step"] for f in finals.values()}) == 1):
+        # DDP never synced this model's buffers (broadcast_buffers=False): at the end they are each rank's own
+        odd_b, bname, nb = _first_diff({r: f["buffers"] for r, f in finals.items()}, bnames)
+        if odd_b:
+            buf_found = Finding("buffers-differ", odd_b, label(bname), step=finals[r0]["step"], count=nb,
+                                of=len(bnames))
     if param_found is None and all(finals.values()) and len({f["step"] for f in finals.values()}) == 1:
         odd, name, n = _first_diff({r: f["params"] for r, f in finals.items()}, names)
         if odd:
             param_found = Finding("replicas-differ", odd, label(name), step=finals[r0]["step"], count=n,
                                   of=len(names), since_equal=last_equal)
-    out += [f for f in (param_found, buf_found) if f is not None]
+    out += [f for f in (param_found, buf_found, _same_inputs(keyed, common, r0)) if f is not None]
     steps = {r: m["steps"] for r, m in models.items()}
     for kind, key in (("step-in-no-sync", "unsynced_steps"), ("update-outside-ddp", "bypass_steps")):
         did = {r: m[key] for r, m in models.items() if m.get(key)}

@@ -53,6 +53,9 @@ def finding_sentence(f: "Finding") -> str:
     if k == "update-outside-ddp":
         return (f"updates outside the DDP wrapper: {who} took {f.count} optimizer steps with no forward through DDP "
                 f"since the step before (first at step {f.step}), so no gradient was averaged")
+    if k == "steps-without-gradients":
+        return (f"nothing trained: at every one of the {f.of} optimizer steps on {who}, none of the optimizer's "
+                f"parameters had a gradient, so the steps changed nothing")
     if k == "same-inputs":
         return (f"the same data on every rank: at each of the {f.count} checked forwards (the first at step "
                 f"{f.step}) {who} gave the model bit-identical inputs, so they trained on one stream of data, "

@@ -12,7 +12,8 @@ results:
                                     a checksum of every parameter and buffer (their bits, summed as integers)
                                     and of each input tensor the forward was given
   optimizer step (torch's global pre-hook)  steps taken inside no_sync(), forwards per step, parameters
-                                    without a gradient, steps on a watched model with no forward through DDP
+                                    without a gradient, steps on a watched model with no forward through DDP,
+                                    steps at which none of the optimizer's parameters had a gradient
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
                                     Subset to the underlying dataset, and the sampler's kind and epoch
   init_process_group, destroy_process_group (a final checksum before it), FSDP construction (not checked)
@@ -40,6 +41,7 @@ class _State:
         self.fsdp = []
         self.steps = 0              # optimizer steps, every optimizer
         self.unwrapped_steps = 0    # steps on parameters no watched DDP model holds
+        self.gradless_steps = 0     # steps at which no parameter of the optimizer had a gradient
         self.train_forwards = 0     # DDP forwards with grad, all models
         self.errors = []
 
@@ -119,7 +121,9 @@ def _final(torch):
         ddp = m.ref()
         if ddp is not None and (m.final is None or m.final["step"] != m.steps):
             try:
-                m.final = _checkpoint(torch, m, ddp, "final", buffers=False)
+                # buffers only where DDP never syncs them: with the sync on, the last forward leaves them
+                # rank-local by design; with it off they are each rank's own all along
+                m.final = _checkpoint(torch, m, ddp, "final", buffers=not m.sync_buffers)
             except Exception as e:
                 S.errors.append(f"final checksum: {type(e).__name__}: {e}")
 
@@ -186,6 +190,8 @@ def install(write, after_import):
                 cached = (n, {id(p) for g in opt.param_groups for p in g["params"]})
                 opt.__dict__["_ddplab_ids"] = cached
             ids = cached[1]
+            if n and all(p.grad is None for g in opt.param_groups for p in g["params"]):
+                S.gradless_steps += 1
             hit = False
             for m in S.models:
                 if not (m.param_ids & ids):
@@ -354,6 +360,7 @@ def install(write, after_import):
                 loaders.append({k: v for k, v in rec.items() if not k.startswith("_")})
             write("check.json", {"every": S.every, "process_group": S.process_group, "fsdp": S.fsdp,
                             "steps": S.steps, "unwrapped_steps": S.unwrapped_steps,
+                            "gradless_steps": S.gradless_steps,
                             "models": [m.to_dict() for m in S.models], "loaders": loaders, "errors": S.errors})
         except Exception as e:
             sys.stderr.write(f"[ddplab] --check could not write its records: {type(e).__name__}: {e}\n")
