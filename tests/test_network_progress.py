@@ -56,10 +56,10 @@ SCRIPT = textwrap.dedent('''
             c2.send(b"x" * 65536)
     except BlockingIOError:
         pass
-    def window_closed():      # the sender no longer resends and both queues have stopped filling
+    def window_closed():      # both queues have stopped filling
         a = tcp_queues(me)
         time.sleep(0.1)
-        return a == tcp_queues(me) and not mine(c2)[2]
+        return a == tcp_queues(me)
     settled = until(window_closed)
     before = tcp_queues(me)
     time.sleep(0.3)
@@ -72,11 +72,8 @@ SCRIPT = textwrap.dedent('''
     subprocess.run(["nft", "add chain inet loss input { type filter hook input priority 0 ; }"], check=True)
     subprocess.run(["nft", f"add rule inet loss input tcp dport {port} drop"], check=True)
     c3.sendall(b"y" * 1000)
-    resending = until(lambda: mine(c3) is not None and mine(c3)[2])
     before = tcp_queues(me)
-    time.sleep(0.3)          # nothing is acknowledged meanwhile: the queues stand still, the kernel resends
-    out["lossy"] = {"resending": resending, "moved": network_moved(before, tcp_queues(me)), "queues": mine(c3),
-                    "same": before == tcp_queues(me)}
+    out["lossy"] = {"moved": until(lambda: network_moved(before, tcp_queues(me))), "queues": mine(c3)}
     print(json.dumps(out))
 ''')
 
@@ -86,8 +83,8 @@ def test_a_hangs_sockets_stand_still_and_a_lossy_links_move():
     p = subprocess.run(["unshare", "-n", sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=50)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["idle"]["queues"] == [0, 0, False] and not out["idle"]["moved"], out
+    assert out["idle"]["queues"] == [0, 0, 0] and not out["idle"]["moved"], out
     assert out["unread"]["settled"] and out["unread"]["queues"][0] > 0, out      # bytes the peer never took
     assert not out["unread"]["moved"], out
-    assert out["lossy"]["resending"] and out["lossy"]["same"] and out["lossy"]["moved"], out
-    assert out["lossy"]["queues"][0] == 1000, out                                 # none acknowledged
+    # nothing acknowledged, so only the kernel's resending moved: the count of resends grew
+    assert out["lossy"]["moved"] and out["lossy"]["queues"][0] == 1000 and out["lossy"]["queues"][2] >= 1, out

@@ -91,6 +91,53 @@ def test_the_warm_process_goes_with_its_launcher(tmp_path, how):
             proc.kill()
 
 
+ORPHAN_JOB = textwrap.dedent("""
+    import os, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
+""")
+ORPHAN_LAUNCHER = textwrap.dedent("""
+    import sys
+    import ddplab
+    ddplab.run(sys.argv[1], nproc=2, args=[sys.argv[2]], stall_s=600, run_root=sys.argv[3], progress=None)
+""")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_run_whose_launcher_is_killed_mid_run_ends_with_it(tmp_path):
+    """A kernel killed or restarted while a run is in flight: the warm process sees its launcher go and
+    exits; the run's agent, forked from it, gets SIGTERM (PR_SET_PDEATHSIG) and ends its ranks as
+    torchrun does. Nothing of the run is left."""
+    job, pids = tmp_path / "job.py", tmp_path / "pids"
+    job.write_text(ORPHAN_JOB)
+    pids.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_LAUNCHER, str(job), str(pids), str(tmp_path / "runs")],
+                            env={**os.environ, warm.ENV: "1"})
+    try:
+        deadline = __import__("time").monotonic() + 120
+        while len(list(pids.glob("rank*.pid"))) < 2:           # both ranks joined and are sleeping
+            assert proc.poll() is None and __import__("time").monotonic() < deadline, "the ranks never started"
+            __import__("time").sleep(0.1)
+        ranks = [psutil.Process(int(f.read_text())) for f in sorted(pids.glob("rank*.pid"))]
+        agent = psutil.Process(ranks[0].ppid())
+        assert json.loads(next((tmp_path / "runs").rglob("command.json")).read_text())["warm_parent"]
+        proc.kill()                                             # no finally, no atexit: as a killed kernel
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs([agent, *ranks], timeout=60)
+        assert not alive, f"left running after the launcher was killed: {[p.pid for p in alive]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for f in pids.glob("rank*.pid"):
+            try:
+                os.kill(int(f.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_attach_to_the_warm_process_says_what_it_is(tmp_path, monkeypatch):
     from ddplab.origins.attach import find_job
     from ddplab.errors import DdplabError

@@ -20,7 +20,7 @@ and that is progress owed, not a stall. So is a rank whose TCP traffic moves whi
 (``network_moved``): on a lossy link a lost segment is resent after a timeout that doubles each time
 it is lost again, and the receiver's window can close while it holds segments out of order, so a
 collective can sit for seconds with a few KB acknowledged at a time, then go on (lab 09's 5 % lossy
-link was judged hung in CI, under load). In a hang the queues stand still.
+link was judged hung in CI, under load). Only a change counts: in a hang the queues stand still.
 
 Two things hold a stall verdict back, both read from the ranks: a rank that has just started or
 exited (a change of state is progress), and PyTorch's own timeout about to fire. When a blocked
@@ -128,14 +128,14 @@ def _socket_inodes(p: psutil.Process) -> set[str]:
     return inodes
 
 
-def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, bool]]:
+def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, int]]:
     """Each established TCP connection of the rank (and of its children), by socket inode: bytes not
-    yet acknowledged by the peer, bytes received and not yet read, and whether the kernel is resending
-    (retransmission timer armed on unacknowledged bytes, at most MAX_RETRANSMITS timeouts so far).
-    Linux (/proc); empty elsewhere. A connection still dialling (SYN_SENT) is not one: a firewall that
-    drops it and a lossy link look the same there."""
+    yet acknowledged by the peer, bytes received and not yet read, and how many times in a row the
+    kernel has resent unacknowledged bytes (0 unless the retransmission timer is armed on some).
+    Linux (/proc); empty elsewhere. A connection still dialling (SYN_SENT) is not one: a firewall
+    that drops it and a lossy link look the same there."""
     inodes = _socket_inodes(p)
-    out: dict[str, tuple[int, int, bool]] = {}
+    out: dict[str, tuple[int, int, int]] = {}
     if not inodes:
         return out
     for table in ("tcp", "tcp6"):
@@ -150,20 +150,26 @@ def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, bool]]:
             if len(f) < 10 or f[3] != TCP_ESTABLISHED or f[9] not in inodes:
                 continue
             tx, rx = (int(v, 16) for v in f[4].split(":"))
-            resending = bool(tx) and f[5].split(":")[0] == RETRANSMIT_TIMER and int(f[6], 16) <= MAX_RETRANSMITS
-            out[f[9]] = (tx, rx, resending)
+            resent = int(f[6], 16) if tx and f[5].split(":")[0] == RETRANSMIT_TIMER else 0
+            out[f[9]] = (tx, rx, resent)
     return out
 
 
 def network_moved(before: dict, now: dict) -> bool:
-    """The rank's TCP traffic is moving, though the rank itself does not: bytes are in flight or
-    unread and the queues changed since the last look (a lossy link acknowledging slowly, a window
-    reopening), or the kernel is resending a lost segment. In a hang every queue stands still: empty,
-    or full towards a peer that does not read (its zero-window probes change nothing)."""
-    if any(resending for _, _, resending in now.values()):
-        return True
-    busy = any(tx or rx for tx, rx, _ in now.values())
-    return busy and {k: v[:2] for k, v in now.items()} != {k: v[:2] for k, v in before.items()}
+    """The rank's TCP traffic is moving, though the rank itself is not: on a connection seen at both
+    looks the bytes in flight or unread changed (a lossy link acknowledging slowly, a window
+    reopening), or the kernel is resending bytes it timed out on (at least once and at most
+    MAX_RETRANSMITS times in a row: between two resends nothing changes for up to twice the last
+    wait). In a hang every queue stands still (empty, or full towards a peer that does not read), and
+    so can a few bytes the kernel holds with its timer armed but never resent (seen: 9 bytes on rank
+    0's own store connection, for minutes): a timer alone is not movement."""
+    for inode, (tx, rx, resent) in now.items():
+        if 1 <= resent <= MAX_RETRANSMITS:
+            return True
+        was = before.get(inode)
+        if was is not None and (tx or rx) and (tx, rx) != was[:2]:
+            return True
+    return False
 
 
 def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:

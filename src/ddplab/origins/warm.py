@@ -274,7 +274,8 @@ def serve(fd: int, main) -> None:
         except OSError:
             return False
 
-    send({"ready": os.getpid()})
+    server = os.getpid()
+    send({"ready": server})
     children: set[int] = set()
     while True:
         r, _, _ = select.select([sock], [], [], 0.05)
@@ -295,7 +296,7 @@ def serve(fd: int, main) -> None:
                 continue
             if pid == 0:
                 warnings.filters[:] = filters
-                _agent(sock, req, fds, main)
+                _agent(sock, req, fds, main, server)
             for f in fds:
                 os.close(f)
             children.add(pid)
@@ -313,7 +314,21 @@ def serve(fd: int, main) -> None:
     sock.close()
 
 
-def _agent(sock: socket.socket, req: dict, fds: list[int], main) -> None:
+def _end_with(server: int) -> None:
+    """Linux: SIGTERM this agent when the warm process exits, which it does when its launcher is gone.
+    A run whose launcher was killed mid-run (a notebook kernel restarted or killed, a CLI killed) then
+    ends as torchrun ends on SIGTERM, its workers with it, instead of running on unwatched."""
+    import signal
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != server:          # the warm process went before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _agent(sock: socket.socket, req: dict, fds: list[int], main, server: int) -> None:
     """In the forked child: become the run's torchrun agent, exactly as a fresh process would be."""
     import random
     import signal
@@ -323,6 +338,7 @@ def _agent(sock: socket.socket, req: dict, fds: list[int], main) -> None:
     try:
         sock.close()
         os.setsid()
+        _end_with(server)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
