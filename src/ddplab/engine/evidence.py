@@ -132,22 +132,28 @@ def _hex_addr(text: str) -> str:
     return f"{ip}:{int(port, 16)}"
 
 
-def netns_tcp_connections(pid: int) -> tuple[dict, ...]:
-    """A process's TCP sockets as its own network namespace sees them (/proc/PID/net/tcp, matched to
-    its file descriptors): psutil reads /proc/net, the caller's namespace, and finds nothing for a
-    rank on a ddplab.origins.cluster node."""
-    inodes = set()
+def socket_inodes(pid: int) -> set[str] | None:
+    """The inodes of a process's sockets (its /proc/PID/fd links); None where they cannot be read."""
     try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return ()
-    out = []
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def netns_tcp_rows(pid: int, inodes: set[str]) -> list[list[str]]:
+    """The rows of /proc/PID/net/tcp and tcp6 (the process's own network namespace) whose socket is
+    one of ``inodes``, split into their fields: sl local remote st tx_queue:rx_queue tr:tm->when
+    retrnsmt uid timeout inode ..."""
+    rows = []
     for table in ("tcp", "tcp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
@@ -156,9 +162,22 @@ def netns_tcp_connections(pid: int) -> tuple[dict, ...]:
         for ln in lines:
             f = ln.split()
             if len(f) > 9 and f[9] in inodes:
-                remote = _hex_addr(f[2])
-                out.append({"laddr": _hex_addr(f[1]), "raddr": None if remote.endswith(":0") else remote,
-                            "status": _TCP_STATES.get(f[3], f[3])})
+                rows.append(f)
+    return rows
+
+
+def netns_tcp_connections(pid: int) -> tuple[dict, ...]:
+    """A process's TCP sockets as its own network namespace sees them (/proc/PID/net/tcp, matched to
+    its file descriptors): psutil reads /proc/net, the caller's namespace, and finds nothing for a
+    rank on a ddplab.origins.cluster node."""
+    inodes = socket_inodes(pid)
+    if inodes is None:
+        return ()
+    out = []
+    for f in netns_tcp_rows(pid, inodes):
+        remote = _hex_addr(f[2])
+        out.append({"laddr": _hex_addr(f[1]), "raddr": None if remote.endswith(":0") else remote,
+                    "status": _TCP_STATES.get(f[3], f[3])})
     return tuple(out)
 
 

@@ -111,47 +111,20 @@ TCP_ESTABLISHED, RETRANSMIT_TIMER = "01", "01"
 MAX_RETRANSMITS = 4
 
 
-def _socket_inodes(p: psutil.Process) -> set[str]:
-    inodes = set()
-    for q in _tree(p):
-        try:
-            fds = os.listdir(f"/proc/{q.pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"/proc/{q.pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    return inodes
-
-
 def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, int]]:
     """Each established TCP connection of the rank (and of its children), by socket inode: bytes not
     yet acknowledged by the peer, bytes received and not yet read, and how many times in a row the
     kernel has resent unacknowledged bytes (0 unless the retransmission timer is armed on some).
     Linux (/proc); empty elsewhere. A connection still dialling (SYN_SENT) is not one: a firewall
     that drops it and a lossy link look the same there."""
-    inodes = _socket_inodes(p)
+    inodes = set().union(*(evidence.socket_inodes(q.pid) or () for q in _tree(p)))
     out: dict[str, tuple[int, int, int]] = {}
-    if not inodes:
-        return out
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{p.pid}/net/{table}") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
+    for f in evidence.netns_tcp_rows(p.pid, inodes) if inodes else ():
+        if f[3] != TCP_ESTABLISHED:
             continue
-        for line in lines:
-            # sl local remote st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...
-            f = line.split()
-            if len(f) < 10 or f[3] != TCP_ESTABLISHED or f[9] not in inodes:
-                continue
-            tx, rx = (int(v, 16) for v in f[4].split(":"))
-            resent = int(f[6], 16) if tx and f[5].split(":")[0] == RETRANSMIT_TIMER else 0
-            out[f[9]] = (tx, rx, resent)
+        tx, rx = (int(v, 16) for v in f[4].split(":"))
+        resent = int(f[6], 16) if tx and f[5].split(":")[0] == RETRANSMIT_TIMER else 0
+        out[f[9]] = (tx, rx, resent)
     return out
 
 
