@@ -218,7 +218,7 @@ def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
     # checkpoints aligned by (kind, forwards with grad): the same point of training on every rank
     keyed = {r: {(c["kind"], c["fwd"]): c for c in m["checkpoints"]} for r, m in models.items()}
     common = sorted(set.intersection(*(set(k) for k in keyed.values())), key=lambda k: (k[0] != "construct", k[1]))
-    param_found = buf_found = None
+    param_found = None
     last_equal = None
     for key in common:
         cps = {r: keyed[r][key] for r in models}
@@ -228,21 +228,21 @@ def _compare_model(models: dict[int, dict]) -> tuple[list[Finding], int]:
                                   since_equal=last_equal)
         elif not odd and param_found is None:
             last_equal = cps[r0]["step"]
-        if buf_found is None and all("buffers" in c for c in cps.values()):
+    finals = {r: m.get("final") for r, m in models.items()}
+    same_end = all(finals.values()) and len({f["step"] for f in finals.values()}) == 1
+    # buffers at every aligned checkpoint that holds them: the forwards DDP synced before, and the end only
+    # where DDP never syncs them (broadcast_buffers=False: the hook then sums them in the final checkpoint)
+    unsynced = not any(m.get("sync_buffers", True) for m in models.values())
+    points = [{r: keyed[r][key] for r in models} for key in common] + ([finals] if same_end and unsynced else [])
+    buf_found = None
+    for cps in points:
+        if all("buffers" in c for c in cps.values()):
             odd_b, bname, nb = _first_diff({r: c["buffers"] for r, c in cps.items()}, bnames)
             if odd_b:
                 buf_found = Finding("buffers-differ", odd_b, label(bname), step=cps[r0]["step"], count=nb,
                                     of=len(bnames))
-    finals = {r: m.get("final") for r, m in models.items()}
-    if (buf_found is None and all(f and "buffers" in f for f in finals.values())
-            and not any(m.get("sync_buffers", True) for m in models.values())
-            and len({f["step"] for f in finals.values()}) == 1):
-        # DDP never synced this model's buffers (broadcast_buffers=False): at the end they are each rank's own
-        odd_b, bname, nb = _first_diff({r: f["buffers"] for r, f in finals.items()}, bnames)
-        if odd_b:
-            buf_found = Finding("buffers-differ", odd_b, label(bname), step=finals[r0]["step"], count=nb,
-                                of=len(bnames))
-    if param_found is None and all(finals.values()) and len({f["step"] for f in finals.values()}) == 1:
+                break
+    if param_found is None and same_end:
         odd, name, n = _first_diff({r: f["params"] for r, f in finals.items()}, names)
         if odd:
             param_found = Finding("replicas-differ", odd, label(name), step=finals[r0]["step"], count=n,

@@ -184,7 +184,6 @@ class RankWatch:
     rdzv_t: float = 0.0
     runnable_n: int = 0                          # consecutive samples with a runnable thread
     tcp: dict = field(default_factory=dict)      # its TCP queues at the last look (tcp_queues)
-    network_n: int = 0                           # samples at which only its TCP traffic moved
 
     @property
     def alive(self) -> bool:
@@ -293,7 +292,6 @@ class Supervisor:
             moved, w.tcp = network_moved(w.tcp, tcp), tcp
             if moved:
                 w.last_progress = now
-                w.network_n += 1
                 return
         if w.sock and now - w.ledger_t >= LEDGER_EVERY_S:
             w.ledger_t = now
