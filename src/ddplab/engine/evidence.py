@@ -166,6 +166,26 @@ def netns_tcp_rows(pid: int, inodes: set[str]) -> list[list[str]]:
     return rows
 
 
+_RETRANSMIT_TIMER = "01"    # /proc/net/tcp's "tr" field: 01 retransmission, 02 keepalive, 04 zero-window probe
+
+
+def tcp_queues(pid: int, pids: list[int]) -> dict[str, tuple[int, int, int]]:
+    """Each established TCP connection of ``pids`` (a rank and its children), by socket inode, as
+    ``pid``'s network namespace sees it: bytes not yet acknowledged by the peer, bytes received and not
+    yet read, and how many times in a row the kernel has resent unacknowledged bytes (0 unless the
+    retransmission timer is armed on some). Linux (/proc); empty elsewhere. A connection still dialling
+    (SYN_SENT) is not one: a firewall that drops it and a lossy link look the same there."""
+    inodes = set().union(*(socket_inodes(q) or () for q in pids))
+    out: dict[str, tuple[int, int, int]] = {}
+    for f in netns_tcp_rows(pid, inodes) if inodes else ():
+        if _TCP_STATES.get(f[3]) != "ESTABLISHED":
+            continue
+        tx, rx = (int(v, 16) for v in f[4].split(":"))
+        resent = int(f[6], 16) if tx and f[5].split(":")[0] == _RETRANSMIT_TIMER else 0
+        out[f[9]] = (tx, rx, resent)
+    return out
+
+
 def netns_tcp_connections(pid: int) -> tuple[dict, ...]:
     """A process's TCP sockets as its own network namespace sees them (/proc/PID/net/tcp, matched to
     its file descriptors): psutil reads /proc/net, the caller's namespace, and finds nothing for a

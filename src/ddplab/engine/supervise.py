@@ -103,29 +103,14 @@ def waiting_for_cpu(p: psutil.Process) -> bool:
     return False
 
 
-# /proc/<pid>/net/tcp (the rank's own network namespace): state 01 is ESTABLISHED, timer 01 the
-# retransmission timer (02 keepalive, 04 a zero-window probe).
-TCP_ESTABLISHED, RETRANSMIT_TIMER = "01", "01"
 # After this many timeouts of one segment in a row (0.2 s doubling: 6 s at least) the peer is taken as
 # gone or cut off, not slow: a wait on it is no longer progress owed.
 MAX_RETRANSMITS = 4
 
 
 def tcp_queues(p: psutil.Process) -> dict[str, tuple[int, int, int]]:
-    """Each established TCP connection of the rank (and of its children), by socket inode: bytes not
-    yet acknowledged by the peer, bytes received and not yet read, and how many times in a row the
-    kernel has resent unacknowledged bytes (0 unless the retransmission timer is armed on some).
-    Linux (/proc); empty elsewhere. A connection still dialling (SYN_SENT) is not one: a firewall
-    that drops it and a lossy link look the same there."""
-    inodes = set().union(*(evidence.socket_inodes(q.pid) or () for q in _tree(p)))
-    out: dict[str, tuple[int, int, int]] = {}
-    for f in evidence.netns_tcp_rows(p.pid, inodes) if inodes else ():
-        if f[3] != TCP_ESTABLISHED:
-            continue
-        tx, rx = (int(v, 16) for v in f[4].split(":"))
-        resent = int(f[6], 16) if tx and f[5].split(":")[0] == RETRANSMIT_TIMER else 0
-        out[f[9]] = (tx, rx, resent)
-    return out
+    """The TCP queues of the rank and its children (``evidence.tcp_queues``)."""
+    return evidence.tcp_queues(p.pid, [q.pid for q in _tree(p)])
 
 
 def network_moved(before: dict, now: dict) -> bool:
