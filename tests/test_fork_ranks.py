@@ -12,7 +12,7 @@ import pytest
 import ddplab
 from ddplab.defaults import GRACE_S
 from ddplab.origins import job as jobs
-from ddplab.origins import launch, warm, zygote
+from ddplab.origins import catalog, launch, warm, zygote
 from conftest import assert_nothing_left
 
 pytestmark = pytest.mark.skipif(not (warm.enabled() and zygote.enabled()),
@@ -127,3 +127,13 @@ def test_a_lab_forks_its_ranks_and_a_users_script_does_not(tmp_path, monkeypatch
     assert _info(script, 0)["forked_from"] is None and _info(off, 0)["forked_from"] is None
     for r in (lab, script, off):
         assert_nothing_left(str(r.run_dir))
+
+
+def test_a_variant_whose_lesson_reads_the_start_up_gets_fresh_ranks(tmp_path):
+    """Lab 01's exercise 2 counts a timeout from a hang that the ranks' start-up puts seconds after
+    launch: its broken variant says so in its LAB entry, and resolve gives it fresh interpreters."""
+    lab = catalog.find_lab("01")
+    assert lab.variant("broken").fresh_ranks and not lab.variant("fixed-sampler").fresh_ranks
+    assert not jobs.resolve("01", "broken", None, None, run_root=tmp_path).fork_ranks
+    assert jobs.resolve("01", "fixed-sampler", None, None, run_root=tmp_path).fork_ranks
+    assert not jobs.resolve(lab.path, None, 2, None, run_root=tmp_path).fork_ranks
