@@ -41,9 +41,7 @@ LAB = {
         "broken": {
             "expect": "hung", "signature": "hang-different-collectives",
             "about": "uneven hand-made shards: rank 0 leaves the loop and waits in a barrier, "
-                     "rank 1 in backward's all-reduce",
-            "fresh_ranks": "exercise 2 counts a timeout from the hang, which the ranks' "
-                           "start-up puts seconds after launch"},
+                     "rank 1 in backward's all-reduce"},
         "rank-conditional": {
             "expect": "hung", "signature": "hang-different-collectives",
             "about": "a barrier inside `if rank == 0:` (checkpointing), the other rank goes on "

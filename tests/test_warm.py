@@ -49,7 +49,7 @@ def test_runs_use_one_warm_process_and_judge_as_cold_runs_do(tmp_path, monkeypat
     assert failed.status == "failed" and failed.returncode == 1     # torchrun's ChildFailedError: exit 1
     # the agent's console is the run's torchrun.log, as a cold agent's is
     assert "ChildFailedError" in (Path(failed.run_dir) / "torchrun.log").read_text()
-    # the ranks were the forked agent's children (a lab's forked from its zygote: ddplab.origins.zygote)
+    # the ranks were the forked agent's children: fresh processes, not forks of the warm process
     info = json.loads((Path(ok.run_dir) / "ranks" / "rank0.json").read_text())
     assert info["pid"] != _agent(ok)["agent_pid"]
 

@@ -45,8 +45,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--warm"]:
         # the warm process that forks each run's agent (ddplab.origins.warm)
         from ddplab.origins.warm import serve
-        rank = serve(int(sys.argv[2]), main)
-        if rank is not None:       # a lab's rank, forked from its agent's zygote (ddplab.origins.zygote)
-            rank()
+        serve(int(sys.argv[2]), main)
     else:
         main(sys.argv[1:])

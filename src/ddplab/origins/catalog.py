@@ -33,13 +33,10 @@ class Variant:
     signature: str | None     # the failure signature it must show (None for ok)
     about: str
     measured: str | None = None   # what it measures, when its verdicts compare times: it runs alone (ddplab.origins.turns)
-    # why its lesson reads the ranks' start-up: its ranks start as fresh interpreters, never forked
-    # (ddplab.origins.zygote: a forked rank starts in a fraction of a second)
-    fresh_ranks: str | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "expect": self.expect, "signature": self.signature, "about": self.about,
-                "measured": self.measured, "fresh_ranks": self.fresh_ranks}
+                "measured": self.measured}
 
 
 @dataclass(frozen=True)
@@ -122,8 +119,7 @@ def read_lab(path: Path) -> Lab:
     if spec is None:
         raise ValueError(f"{path}: no literal LAB = {{...}} dict at module level")
     variants = tuple(
-        Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""), v.get("measured"),
-                v.get("fresh_ranks"))
+        Variant(name, v.get("expect", "ok"), v.get("signature"), v.get("about", ""), v.get("measured"))
         for name, v in spec["variants"].items()
     )
     known = {"title", "article", "variants", "stall_s", "nproc", "min_nproc"}

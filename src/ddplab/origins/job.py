@@ -63,9 +63,6 @@ class Job:
     run_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     check: bool = False         # ddplab run --check: the rank hook records, ddplab.engine.check compares
-    # a lab's ranks are forked from a process that imported torch (ddplab.origins.zygote says why only a lab's);
-    # a user's script gets fresh python processes, as torchrun makes them
-    fork_ranks: bool = False
 
 
 def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | None, deadline_s: float | None,
@@ -119,7 +116,7 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
             raise DdplabError(st.describe(), hint="pass --port 0 to pick a free one")
     run_dir = new_run_dir(Path(run_root or runs_root()) / name, variant or "run")
     return Job(name, script, lab, variant, nproc, stall_s, deadline_s, port, host, script_args, run_dir, dict(env or {}),
-               bool(check), fork_ranks=lab is not None and not lab.variant(variant).fresh_ranks)
+               bool(check))
 
 
 _ISSUED: set[Path] = set()        # run folders this process has named (two jobs may start in one millisecond)

@@ -149,14 +149,12 @@ class StartedJob:
             # Own session: Ctrl-C in a terminal does not reach torchrun directly; the job is ended by
             # the pipeline. A single-node job's agent is forked from a process that imported torch
             # already (ddplab.origins.warm: the first run may wait for that import, neither the job's time nor a stall).
-            proc = warm.start(cmd, penv, console, fork_ranks=job.fork_ranks)
+            proc = warm.start(cmd, penv, console)
         t0 = time.monotonic()   # the job's clock starts with its agent
         # which agent ran it: forked warm (its parent: ddplab.origins.warm's process) or started cold
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
-             "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None,
-             # asked for; whether each rank was forked is in its rankN.json (forked_from)
-             "fork_ranks": job.fork_ranks and isinstance(proc, warm.WarmProcess)}, indent=2))
+             "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
         return Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
 
     def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:

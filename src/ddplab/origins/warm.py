@@ -144,16 +144,14 @@ class Server:
                     self.broken = True
         return self.ready and not self.broken
 
-    def start(self, cmd: list[str], env: dict[str, str], console_fd: int,
-              fork_ranks: bool = False) -> WarmProcess | None:
+    def start(self, cmd: list[str], env: dict[str, str], console_fd: int) -> WarmProcess | None:
         """Fork an agent for ``cmd`` (``AGENT + torchrun's arguments``); None when it cannot be
-        done warm (the caller starts it cold). ``fork_ranks``: its workers are forked too
-        (``ddplab.origins.zygote``)."""
+        done warm (the caller starts it cold)."""
         if import_environment(env) != self.imports:
             return None
         if not self.wait_ready():
             return None
-        msg = json.dumps({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "fork_ranks": fork_ranks}).encode()
+        msg = json.dumps({"argv": cmd[3:], "env": env, "cwd": os.getcwd()}).encode()
         if len(msg) > MAX_PACKET // 2:
             return None
         with self.lock:
@@ -240,14 +238,13 @@ def server() -> Server | None:
         return _server
 
 
-def start(cmd: list[str], env: dict[str, str], console, fork_ranks: bool = False) -> "WarmProcess | subprocess.Popen":
+def start(cmd: list[str], env: dict[str, str], console) -> "WarmProcess | subprocess.Popen":
     """The job's parent process: a torchrun agent forked warm where it can be, else ``cmd`` by
     ``subprocess.Popen`` (own session, stdin from /dev/null, stdout and stderr to ``console``), as
-    any other command is (a multi-node job's ``python -m ddplab.origins.cluster agents``).
-    ``fork_ranks``: a warm agent's workers are forked as well (``ddplab.origins.zygote``)."""
+    any other command is (a multi-node job's ``python -m ddplab.origins.cluster agents``)."""
     srv = server() if cmd[:len(AGENT)] == AGENT else None
     if srv is not None:
-        proc = srv.start(cmd, env, console.fileno(), fork_ranks=fork_ranks)
+        proc = srv.start(cmd, env, console.fileno())
         if proc is not None:
             return proc
     return subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -258,18 +255,17 @@ def start(cmd: list[str], env: dict[str, str], console, fork_ranks: bool = False
 # The warm process (python -m ddplab.origins._torchrun --warm FD)
 # ----------------------------------------------------------------------------------------------
 
-def serve(fd: int, main):
+def serve(fd: int, main) -> None:
     """The warm process: fork one agent per request, each running ``main(argv)`` (``_torchrun.main``,
-    handed in by ``_torchrun``'s own entry point, so this module imports nothing of it). Returns
-    only in a rank forked from an agent's zygote: the function that runs its script."""
+    handed in by ``_torchrun``'s own entry point, so this module imports nothing of it)."""
     import signal
     import warnings
 
+    filters = list(warnings.filters)                      # the agent gets a fresh process's filters back
+    warnings.simplefilter("ignore", DeprecationWarning)   # Python 3.12+: fork() with torch's helper thread
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # the launcher ends it by closing the pair
     sock = socket.socket(fileno=fd)
     import torch.distributed.run  # noqa: F401  (the import every agent would make)
-    from ddplab.origins import zygote
-    zygote.preload()              # and those every DDP rank makes, for the ranks forked from an agent
 
     def send(msg: dict) -> bool:
         try:
@@ -292,18 +288,15 @@ def serve(fd: int, main):
                 break    # the launcher is gone
             try:
                 req = json.loads(data)
-                # Python 3.12+ warns of fork() with torch's helper thread; the agent (and a rank forked
-                # from it) keeps a fresh process's filters, those torch's imports added
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    pid = os.fork()
+                pid = os.fork()
             except Exception as e:   # noqa: BLE001 - said to the launcher, which starts the agent cold
                 for f in fds:
                     os.close(f)
                 send({"error": f"{type(e).__name__}: {e}"})
                 continue
             if pid == 0:
-                return _agent(sock, req, fds, main, server)
+                warnings.filters[:] = filters
+                _agent(sock, req, fds, main, server)
             for f in fds:
                 os.close(f)
             children.add(pid)
@@ -319,7 +312,6 @@ def serve(fd: int, main):
             children.discard(pid)
             send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
     sock.close()
-    return None
 
 
 def _end_with(server: int) -> None:
@@ -336,15 +328,13 @@ def _end_with(server: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _agent(sock: socket.socket, req: dict, fds: list[int], main, server: int):
-    """In the forked child: become the run's torchrun agent, exactly as a fresh process would be.
-    Never returns, except in a rank forked from its zygote (the function that runs the rank)."""
+def _agent(sock: socket.socket, req: dict, fds: list[int], main, server: int) -> None:
+    """In the forked child: become the run's torchrun agent, exactly as a fresh process would be."""
     import random
     import signal
     import traceback
 
     code = 1
-    rank = None
     try:
         sock.close()
         os.setsid()
@@ -362,11 +352,6 @@ def _agent(sock: socket.socket, req: dict, fds: list[int], main, server: int):
         random.seed()
         sys.argv = ["-m", *req["argv"]]
         sys.stdout.reconfigure(line_buffering=True)   # as PYTHONUNBUFFERED would have it, near enough
-        if req.get("fork_ranks"):
-            from ddplab.origins import zygote
-            rank = zygote.start(import_environment, import_environment(os.environ))
-            if rank is not None:
-                return rank           # a forked rank: it leaves through the interpreter's own exit
         try:
             main(req["argv"])
             code = 0
@@ -378,10 +363,9 @@ def _agent(sock: socket.socket, req: dict, fds: list[int], main, server: int):
             traceback.print_exc()
             code = 1
     finally:
-        if rank is None:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:   # noqa: BLE001
-                    pass
-            os._exit(code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:   # noqa: BLE001
+                pass
+        os._exit(code)

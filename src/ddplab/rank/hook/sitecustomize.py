@@ -59,9 +59,7 @@ def _install():
     sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
     info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
             "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
-            "world_size": os.environ.get("WORLD_SIZE"), "socket": sock,
-            # a lab's rank forked from its agent's zygote (ddplab.origins.zygote), not a fresh interpreter
-            "forked_from": int(os.environ["DDPLAB_RANK_FORKED_FROM"]) if "DDPLAB_RANK_FORKED_FROM" in os.environ else None}
+            "world_size": os.environ.get("WORLD_SIZE"), "socket": sock}
     final = os.path.join(folder, names.rank_name(rank, names.INFO))
     tmp = os.path.join(folder, "." + names.rank_name(rank, names.INFO))
     with open(tmp, "w") as f:
@@ -120,12 +118,6 @@ def _install():
             import traceback
             frames = [{"file": fs.filename, "line": fs.lineno, "func": fs.name, "text": fs.line}
                       for fs in traceback.extract_stack()[:-1]][::-1]
-            # up to the script's own module frame: a forked rank (ddplab.origins.zygote) has the
-            # frames that ran it below, where a fresh interpreter has none
-            main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-            ends = [i for i, f in enumerate(frames) if f["func"] == "<module>" and f["file"] == main_file]
-            if ends:
-                frames = frames[:ends[0] + 1]
             handling = sys.exc_info()[1]
             if handling is not None and not isinstance(handling, SystemExit):
                 # a framework (hydra, click) that caught the script's exception, printed it and exits:
@@ -425,17 +417,9 @@ def _int(v):
 
 def _after_import(name, callback):
     """Run ``callback`` in the importing thread right after module ``name`` has finished importing
-    (a post-import hook: nothing is imported early, nothing polls). A forked rank
-    (ddplab.origins.zygote) has ``name`` already: the callback runs now."""
+    (a post-import hook: nothing is imported early, nothing polls)."""
     import importlib.abc
     import importlib.machinery
-
-    if name in sys.modules:
-        try:
-            callback()
-        except Exception:
-            pass
-        return
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path, target=None):
