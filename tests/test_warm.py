@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from conftest import wait_until
 
 import ddplab
 from ddplab.defaults import ALIVE
@@ -118,10 +119,10 @@ def test_a_run_whose_launcher_is_killed_mid_run_ends_with_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN_LAUNCHER, str(job), str(pids), str(tmp_path / "runs")],
                             env={**os.environ, warm.ENV: "1"})
     try:
-        deadline = time.monotonic() + 120
-        while len(list(pids.glob("rank*.pid"))) < 2:           # both ranks joined and are sleeping
-            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
-            time.sleep(0.1)
+        # both ranks joined and are sleeping (or the launcher ended first: then it fails below)
+        wait_until(lambda: len(list(pids.glob("rank*.pid"))) >= 2 or proc.poll() is not None,
+                   "the ranks started", limit_s=120)
+        assert proc.poll() is None, "the launcher ended before its ranks started"
         ranks = [psutil.Process(int(f.read_text())) for f in sorted(pids.glob("rank*.pid"))]
         agent = psutil.Process(ranks[0].ppid())
         assert json.loads(next((tmp_path / "runs").rglob("command.json")).read_text())["warm_parent"]
