@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,43 @@ def test_a_rank_that_raised_and_is_slow_to_exit_makes_the_job_failed_not_hung(ru
     assert r.cause.type == "ConnectionError" and r.cause.message == "rank 1 lost its data server"
     assert r.stall is not None                 # ddplab ended it at the stall (rank 1 was still exiting)
     assert r.rank(1).state == "hung" and r.rank(1).error is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_probed_while_it_exits_answers_and_ends(run_lab, tmp_path):
+    # CI: lab 06 timeout-sweep's ranks wrote their exit records and never ended. The hook shut its
+    # worker server down at exit, and shutdown() keeps the GIL while it waits for a request in flight,
+    # whose handler waits for the GIL. Here every probe made while the ranks compute is in flight then.
+    from ddplab.engine import probe
+    go, runs = tmp_path / "go", tmp_path / "runs"
+    seen = {"answered": set(), "unanswered": 0}
+    done = threading.Event()
+
+    def ask_every_rank():
+        while not done.is_set():
+            for info in runs.glob("**/ranks/rank[0-9].json"):
+                try:
+                    sock = json.loads(info.read_text())["socket"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                answer = probe.ask(sock, "ddplab_rendezvous", timeout_s=0.3)
+                if answer is not None:
+                    seen["answered"].add(info.name)
+                elif go.exists():
+                    seen["unanswered"] += 1
+            if len(seen["answered"]) == 2:
+                go.touch()
+
+    prober = threading.Thread(target=ask_every_rank, daemon=True)
+    prober.start()
+    try:
+        r = run_lab(SCRIPTS / "probed_at_exit.py", args=["--go", str(go)], run_root=runs)
+    finally:
+        done.set()
+        prober.join()
+    assert r.status == "ok" and r.cause is None, r.explain()
+    assert [x.exit_code for x in r.ranks] == [0, 0]
+    assert seen["unanswered"] >= 1       # a probe did wait on a computing rank: the case under test
 
 
 @pytest.mark.timeout(120)

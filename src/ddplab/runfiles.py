@@ -73,6 +73,13 @@ def socket_name(rank):
     return f"r{rank}.sock"
 
 
+def probe_lock(sock_path):
+    """The lock file beside a rank's worker-server socket: a prober holds it shared until its request
+    is answered; the rank takes it exclusively as it exits, before it shuts the server down
+    (ddplab.engine.probe, the rank hook)."""
+    return f"{sock_path}.lock"
+
+
 def node_torchrun(index):
     """One node's torchrun outcome (a multi-node job; merged into torchrun.json)."""
     return f"torchrun.node{index}.json"

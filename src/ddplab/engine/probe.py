@@ -8,12 +8,31 @@ thread is blocked in a collective: ``fr_trace_json`` (the flight recorder's ledg
 (every Python thread's stack, faulthandler format) and ddplab's ``ddplab_rendezvous``.
 
 Plain ``http.client`` over an ``AF_UNIX`` socket; no torch import here (the launcher stays light).
+
+A request holds ``runfiles.probe_lock(socket)`` shared until the rank has answered it, also after
+the caller has stopped waiting (``timeout_s``): a reaper thread keeps the connection until the answer
+comes. The rank, as it exits, removes its socket and takes that lock exclusively before it shuts the
+server down, because the server's ``shutdown()`` keeps the GIL while it waits for a handler in
+flight, and the handlers need the GIL: shutting down with one in flight hung the rank, and a handler
+left to run during the interpreter's finalization aborts it. A rank that is exiting (the lock
+taken) is not asked: ``ask`` returns None. Nor is one whose last request from this process is
+still unanswered after ``timeout_s``: the new request would wait for the same GIL.
 """
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
+import os
 import socket
+import threading
+import time
+
+from ddplab import runfiles
+
+# sockets with a request of this process still unanswered: set when its reaper has the answer
+_unanswered: dict[str, threading.Event] = {}
+_unanswered_guard = threading.Lock()
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -30,17 +49,64 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def ask(sock_path: str, handler: str, timeout_s: float = 2.0) -> bytes | None:
     """The body of ``handler``'s answer, or None when the rank does not answer (no server yet,
-    gone, or busy past ``timeout_s``)."""
+    gone, exiting, or busy past ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    with _unanswered_guard:
+        earlier = _unanswered.get(sock_path)
+    if earlier is not None and not earlier.wait(timeout_s):
+        return None
+    timeout_s = deadline - time.monotonic()
+    if timeout_s <= 0:
+        return None
+    try:
+        lock = os.open(runfiles.probe_lock(sock_path), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:          # the rank is exiting: it holds the lock until it is gone
+        os.close(lock)
+        return None
     conn = _UnixConnection(sock_path, timeout_s)
     try:
         conn.request("POST", f"/handler/{handler}")
         resp = conn.getresponse()
         body = resp.read()
         return body if resp.status == 200 else None
+    except TimeoutError:
+        # sent, not answered yet: the handler may still be waiting for the rank's GIL
+        if conn.sock is not None:
+            sock, conn.sock = conn.sock, None
+            answered = threading.Event()
+            with _unanswered_guard:
+                _unanswered[sock_path] = answered
+            threading.Thread(target=_reap, args=(sock_path, sock, lock, answered), daemon=True,
+                             name="ddplab-probe-reaper").start()
+            lock = None
+        return None
     except (OSError, http.client.HTTPException):
         return None
     finally:
         conn.close()
+        if lock is not None:
+            os.close(lock)        # and with it the shared lock
+
+
+def _reap(sock_path: str, sock: socket.socket, lock: int, answered: threading.Event) -> None:
+    """Keep a timed-out request's connection and lock until the rank answers (the server writes its
+    answer once the handler has returned) or the connection ends (the rank is gone)."""
+    try:
+        sock.settimeout(None)
+        sock.recv(1)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+        os.close(lock)
+        with _unanswered_guard:
+            if _unanswered.get(sock_path) is answered:
+                del _unanswered[sock_path]
+        answered.set()
 
 
 def ledger(sock_path: str, timeout_s: float = 2.0) -> dict | None:

@@ -148,7 +148,7 @@ def _install():
     import atexit
     atexit.register(record_exit)
     if sock:
-        _after_import("torch.distributed", lambda: _start_worker_server(sock))
+        _after_import("torch.distributed", lambda: _start_worker_server(sock, names.probe_lock(sock)))
     if os.environ.get("DDPLAB_CHECK"):
         # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
         _after_import("torch", lambda: _install_check(write))
@@ -284,7 +284,7 @@ def _install_check(write):
         print(f"[ddplab] --check is off in this rank ({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def _start_worker_server(sock):
+def _start_worker_server(sock, lock_path):
     """torch's control-plane server on ``sock`` (C++ thread), plus ddplab's rendezvous handler."""
     global _DDPLAB_WORKER_SERVER
     try:
@@ -305,10 +305,6 @@ def _start_worker_server(sock):
         server = _DDPLAB_WORKER_SERVER
         owner = os.getpid()
 
-        def _shutdown():
-            with _quiet_stderr():
-                server.shutdown()
-
         def stop():
             # A forked child (a DataLoader worker) inherits threading's atexit list and runs it when
             # multiprocessing ends it; its copy of the listening socket is the rank's own, and
@@ -319,15 +315,21 @@ def _start_worker_server(sock):
                 os.unlink(sock)          # no new requests from here on
             except OSError:
                 pass
-            # shutdown() waits for a request in flight; ddplab's rendezvous handler is Python and needs
-            # the GIL, which shutdown() called from the main thread would hold: a rank probed as it
-            # exited hung there (seen in CI). From a helper thread, the main thread waits without it.
-            t = threading.Thread(target=_shutdown, name="ddplab-worker-server-stop", daemon=True)
-            t.start()
-            t.join(2.0)
+            # shutdown() keeps the GIL while it waits for a request in flight, whose handler waits
+            # for the GIL: shutting down then hung the rank, and a handler left to run during
+            # finalization aborts it. Each prober holds this lock shared until its request is
+            # answered (ddplab.engine.probe); waiting for it exclusively (without the GIL) lets the
+            # handlers finish first. Held until the process ends: no prober asks again.
+            try:
+                import fcntl
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except (ImportError, OSError):
+                pass
+            with _quiet_stderr():
+                server.shutdown()
 
-        # before threading's own shutdown, while a thread may still be started (Python 3.12+ refuses
-        # new threads in atexit handlers)
+        # first thing at exit: threading's shutdown runs before atexit's handlers
         register = getattr(threading, "_register_atexit", None)
         try:
             register(stop) if register else atexit.register(stop)
