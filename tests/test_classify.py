@@ -125,6 +125,23 @@ def test_a_rank_that_exited_while_its_peer_waits():
     assert v.divergence.kind == "shorter-ledger" and v.divergence.ops == {0: "all_reduce", 1: None}
 
 
+def test_a_rank_that_exited_after_issuing_the_collective_its_peer_waits_in_is_not_blamed():
+    # lab 09's lossy link at stress: rank 1 finished its last all-reduce and exited while its bytes
+    # were still being resent; rank 0 waited for them. rank 1 did not leave instead of taking part.
+    _, v = hung("hang_rank_exited")
+    r0, r1 = v.ranks
+    waited = ledger.pending(r0.ledger)
+    assert waited is not None and all(c.seq != waited.seq for c in r1.ledger)     # as captured: never issued
+    took_part = r1.ledger + (replace(waited, completed=True),)
+    ranks = (r0, replace(r1, ledger=took_part))
+    div = ledger.divergence({r.rank: r.ledger for r in ranks})
+    assert classify.hang_signature(ranks, div) == "hang-same-collective"           # cause not identified
+    assert "hang-same-collective" in signatures.UNIDENTIFIED
+    # the same rank with another op at that number did not take part in the wait
+    other = replace(waited, op="broadcast", completed=True)
+    assert classify.hang_signature((r0, replace(r1, ledger=r1.ledger + (other,))), None) == "hang-rank-exited"
+
+
 def test_an_interrupt_with_live_ranks_gets_a_hang_signature_and_status_interrupted():
     d = run_dir("hang_different_op")
     ev = evidence.read_run(d)

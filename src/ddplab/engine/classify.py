@@ -228,6 +228,7 @@ class HangFacts:
                                            # to a peer that is itself in the same direction: an ordering deadlock
     spawned: tuple[RankResult, ...] = ()   # live ranks waiting for processes they started with mp.spawn
     asks: Asks | None = None               # what the processes in init_process_group asked it for
+    gone_joined: bool = False              # every exited rank had issued the collectives the others wait in
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
@@ -241,7 +242,23 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
         divergence_kind=divergence.kind if divergence is not None else None,
         in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
-        asks=rendezvous_asks(ranks))
+        asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll))
+
+
+def gone_joined(ranks: tuple[RankResult, ...], in_coll: tuple[RankResult, ...]) -> bool:
+    """Every rank that had exited had itself issued each collective the waiting ranks are blocked in
+    (its final ledger holds the same process group, number and op): it left after taking part, not
+    instead. Seen on a lossy link: rank 0 finished its last all-reduce and exited while its bytes were
+    still being resent, and rank 1 waited for them. False when a ledger that would show it is missing."""
+    gone = [r for r in ranks if r.state == RankState.EXITED]
+    waits = [ledger_mod.pending(r.ledger or ()) for r in in_coll]
+    if not gone or not waits or any(c is None for c in waits):
+        return False
+    for r in gone:
+        issued = {(c.pg, c.seq): c.op for c in (r.ledger or ())}
+        if any(issued.get((c.pg, c.seq)) != c.op for c in waits):
+            return False
+    return True
 
 
 BLOCKING_SEND, BLOCKING_RECV = {"send", "send_object_list"}, {"recv", "recv_object_list"}

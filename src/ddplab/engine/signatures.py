@@ -186,7 +186,8 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "At least one rank had already finished while the others still waited in a collective.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01",
-        hang_rule=lambda f: bool(f.gone and f.in_coll), precedence=40),
+        # not when every rank that left had itself issued the collectives the others wait in
+        hang_rule=lambda f: bool(f.gone and f.in_coll) and not f.gone_joined, precedence=40),
     Signature(
         "rank-exited-early", "A rank finished while another still waited in a collective",
         (),
