@@ -109,15 +109,18 @@ ORPHAN_LAUNCHER = textwrap.dedent("""
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
-def test_a_run_whose_launcher_is_killed_mid_run_ends_with_it(tmp_path):
-    """A kernel killed or restarted while a run is in flight: the warm process sees its launcher go and
-    exits; the run's agent, forked from it, gets SIGTERM (PR_SET_PDEATHSIG) and ends its ranks as
-    torchrun does. Nothing of the run is left."""
+@pytest.mark.parametrize("kind", ["warm", "cold"])
+def test_a_run_whose_launcher_is_killed_mid_run_ends_with_it(tmp_path, kind):
+    """A kernel killed or restarted while a run is in flight. Warm: the warm process sees its launcher
+    go and exits; the run's agent, forked from it, gets SIGTERM (PR_SET_PDEATHSIG). Cold (the agent
+    started by Popen: DDPLAB_WARM_AGENT=0, off Linux, an environment torch reads at import): the agent
+    gets SIGTERM when the launcher goes (the same flag, set before torchrun is exec'd). torchrun
+    then ends its ranks. Nothing of the run is left."""
     job, pids = tmp_path / "job.py", tmp_path / "pids"
     job.write_text(ORPHAN_JOB)
     pids.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", ORPHAN_LAUNCHER, str(job), str(pids), str(tmp_path / "runs")],
-                            env={**os.environ, warm.ENV: "1"})
+                            env={**os.environ, warm.ENV: "1" if kind == "warm" else "0"})
     try:
         # both ranks joined and are sleeping (or the launcher ended first: then it fails below)
         wait_until(lambda: len(list(pids.glob("rank*.pid"))) >= 2 or proc.poll() is not None,
@@ -125,7 +128,8 @@ def test_a_run_whose_launcher_is_killed_mid_run_ends_with_it(tmp_path):
         assert proc.poll() is None, "the launcher ended before its ranks started"
         ranks = [psutil.Process(int(f.read_text())) for f in sorted(pids.glob("rank*.pid"))]
         agent = psutil.Process(ranks[0].ppid())
-        assert json.loads(next((tmp_path / "runs").rglob("command.json")).read_text())["warm_parent"]
+        command = json.loads(next((tmp_path / "runs").rglob("command.json")).read_text())
+        assert bool(command["warm_parent"]) == (kind == "warm") and command["agent_pid"] == agent.pid
         proc.kill()                                             # no finally, no atexit: as a killed kernel
         proc.wait(timeout=30)
         gone, alive = psutil.wait_procs([agent, *ranks], timeout=60)

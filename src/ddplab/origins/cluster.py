@@ -42,6 +42,7 @@ import psutil
 from ddplab import runfiles
 from ddplab.defaults import AGENT_GRACE_S
 from ddplab.errors import DdplabError
+from ddplab.origins import envutil
 from ddplab.tools.system import PARTS, Need, missing
 
 PREFIX = "ddplab"
@@ -452,7 +453,10 @@ def agents_main(spec_path: str) -> int:
     procs = []
     for node in spec["nodes"]:
         log = open(node["log"], "wb")
-        procs.append(subprocess.Popen(node["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        # each node's agent ends with this process (SIGTERM from the kernel), as this one ends with the
+        # launcher: a killed launcher leaves no node running
+        procs.append(subprocess.Popen(envutil.ending_with_this_process(node["command"]), stdout=log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     # Like a cluster scheduler (srun --kill-on-bad-exit), when one node's agent fails the others are
     # ended: torchrun ends the workers of its own node only, so a rank left waiting for a peer that
     # failed on another node would otherwise wait for its 30-minute timeout.

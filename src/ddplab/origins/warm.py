@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+from ddplab.origins import envutil
+
 ENV = "DDPLAB_WARM_AGENT"
 # Variables the launcher sets for each run (job.launch_environment): they matter to the ranks, and
 # the agent reads them after the fork, not at import.
@@ -247,8 +249,9 @@ def start(cmd: list[str], env: dict[str, str], console) -> "WarmProcess | subpro
         proc = srv.start(cmd, env, console.fileno())
         if proc is not None:
             return proc
-    return subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+    return subprocess.Popen(envutil.ending_with_this_process(cmd), stdout=console, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
 
 
 # ----------------------------------------------------------------------------------------------
