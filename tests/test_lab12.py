@@ -323,6 +323,42 @@ def test_same_inputs_only_when_every_rank_got_the_same_changing_batches():
     assert compare_records(one).findings == ()
 
 
+def _wrap(s, sync=False, written=False):
+    return {"index": 0, "sum": s, "sync_module_states": sync, "written_before_training": written}
+
+
+def test_init_differs_only_when_fsdp_sharded_unequal_weights_and_trained_from_them():
+    recs = {0: _rank(fsdp=["FullyShardedDataParallel"], fsdp_wraps=[_wrap(11)]),
+            1: _rank(fsdp=["FullyShardedDataParallel"], fsdp_wraps=[_wrap(12)])}
+    f = compare_records(recs).of_kind("init-differs")[0]
+    assert (f.ranks, f.object) == ((1,), "FSDP-wrapped model #0")
+    assert "different initial weights" in finding_sentence(f) and "same seed" in f.fix
+    same = {r: _rank(fsdp_wraps=[_wrap(11)]) for r in (0, 1)}                     # right: equal weights
+    assert "init-differs" not in compare_records(same).kinds()
+    synced = {0: _rank(fsdp_wraps=[_wrap(11, sync=True)]), 1: _rank(fsdp_wraps=[_wrap(12, sync=True)])}
+    assert "init-differs" not in compare_records(synced).kinds()                  # rank 0's weights sent out
+    loaded = {0: _rank(fsdp_wraps=[_wrap(11, written=True)]), 1: _rank(fsdp_wraps=[_wrap(12, written=True)])}
+    assert "init-differs" not in compare_records(loaded).kinds()                  # a checkpoint loaded over them
+    untrained = {0: _rank(fsdp_wraps=[_wrap(11, written=None)]), 1: _rank(fsdp_wraps=[_wrap(12, written=None)])}
+    assert "init-differs" not in compare_records(untrained).kinds()               # never trained from them
+    unknown = {0: _rank(fsdp_wraps=[_wrap(None)]), 1: _rank(fsdp_wraps=[_wrap(12)])}
+    assert "init-differs" not in compare_records(unknown).kinds()                 # a checksum that failed
+    assert "init-differs" not in compare_records({0: _rank(fsdp_wraps=[_wrap(11)]), 1: _rank()}).kinds()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode,found", [("same-seed", set()), ("seed-per-rank", {"init-differs"}),
+                                        ("loaded", set()), ("no-set-epoch", {"same-order"})])
+def test_check_on_fsdp_names_unequal_weights_and_the_same_order(mode, found, tmp_path):
+    # FSDP1 shards what each rank built (pytorch/pytorch#75870); its forwards count as training for the
+    # loaders as DDP's do (the FSDP tutorial's missing set_epoch, yangkky/distributed_tutorial#5)
+    r = ddplab.run(SCRIPTS / "check" / "fsdp_init.py", args=["--mode", mode], check=True, run_root=tmp_path,
+                   progress=None)
+    assert r.status == "ok" and r.check.kinds() == found, r.explain()
+    assert [n.why for n in r.check.not_checked] == ["fsdp"]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_figure_shows_each_runs_curves_and_what_check_found(runs):

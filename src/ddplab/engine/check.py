@@ -44,6 +44,9 @@ FIXES = {
                                "wrapped (FSDP replaces the module's parameters with its own, so an optimizer made "
                                "before the wrap holds tensors nothing updates), and call zero_grad() before "
                                "backward, not between backward and step",
+    "init-differs": "build the model from the same seed on every rank (torch.manual_seed(seed) before it is "
+                    "made), load the same checkpoint into it on every rank, or on GPUs wrap it with "
+                    "FSDP(..., sync_module_states=True) to start every rank from rank 0's weights",
     "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
                    "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
                    "(DDP copies rank 0's weights to every rank at construction)",
@@ -186,6 +189,7 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         # every optimizer step on every rank found no gradient on any of its parameters: nothing trained
         findings.append(Finding("steps-without-gradients", ranks, "optimizer.step()", step=0,
                                 count=max(steps.values()), of=max(steps.values())))
+    findings += _compare_fsdp_wraps(recs, ranks)
     data, epochs = _compare_loaders(recs, ranks)
     if any(f.kind == "samples-overlap" for f in data):
         # the loader's own records already say which samples every rank shared: the inputs that were the
@@ -195,7 +199,7 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
     if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
         if any(recs[r].get("loaders") for r in ranks):
             not_checked.append(NotChecked("data", "no-training-loader", ranks,
-                                          "no DataLoader epoch fed a DDP forward with gradients"))
+                                          "no DataLoader epoch fed a DDP or FSDP forward with gradients"))
     return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs)
 
 
@@ -289,12 +293,31 @@ def _same_inputs(keyed: dict, common: list, r0: int) -> Finding | None:
                    count=len(fwd), of=len(fwd))
 
 
+def _compare_fsdp_wraps(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """FSDP (FSDP1) shards a model each rank built itself; without sync_module_states it assumes they
+    were equal. The i-th outermost wrap of every rank, compared: their parameters' checksums before
+    sharding differ, nothing synced them, and every rank trained from them (its first forward with
+    gradients found no parameter written since the wrap: no checkpoint loaded over them)."""
+    out = []
+    n = min(len(recs[r].get("fsdp_wraps", ())) for r in ranks) if len(ranks) > 1 else 0
+    for i in range(n):
+        wraps = {r: recs[r]["fsdp_wraps"][i] for r in ranks}
+        if any(w.get("sum") is None or w.get("sync_module_states") or w.get("written_before_training") is not False
+               for w in wraps.values()):
+            continue
+        base = wraps[ranks[0]]["sum"]
+        odd = tuple(r for r in ranks if wraps[r]["sum"] != base)
+        if odd:
+            out.append(Finding("init-differs", odd, f"FSDP-wrapped model #{i}", step=0))
+    return out
+
+
 def _loader_key(rec: dict) -> tuple:
     return (rec["dataset"], rec["size"])
 
 
 def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[list[Finding], int]:
-    """Training epochs (those during which the rank ran a DDP forward with grad), per loader,
+    """Training epochs (those during which the rank ran a DDP or FSDP forward with grad), per loader,
     loaders matched across ranks by their underlying dataset (type and size) and order."""
     per_rank: dict[int, dict[tuple, list[tuple[dict, dict]]]] = {}
     for r in ranks:

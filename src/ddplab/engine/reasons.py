@@ -52,8 +52,15 @@ def user_call(frames: tuple[Frame, ...], values: dict | None = None) -> UserCall
     frame is the user's."""
     for i, f in enumerate(frames):
         if is_user_file(f.file):
-            return UserCall(f, frames[i - 1] if i else None, frames[0] if i else None, dict(values or {}))
+            # the library function the user called: --check's wrappers (the rank hook's) are not it
+            inner = [g for g in frames[:i] if not _rank_hook_file(g.file)]
+            return UserCall(f, inner[-1] if inner else None, frames[0] if inner else None, dict(values or {}))
     return None
+
+
+def _rank_hook_file(path: str) -> bool:
+    """A frame of the code ddplab runs inside each rank (ddplab/rank/hook: --check's wrappers)."""
+    return "/ddplab/rank/hook/" in (path or "").replace("\\", "/")
 
 
 def error_chain(e: "RankError") -> tuple:

@@ -12,7 +12,7 @@ NOTHING = {"no-process-group": "nothing to check: no process group",
            "no-records": "nothing to check: no rank left check records (did any rank import torch?)"}
 WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas were not compared",
        "fsdp": "FSDP shards parameters (replicas are not meant to be equal), so they were not compared",
-       "no-training-loader": "no DataLoader epoch fed a DDP forward with gradients, so the data was not compared"}
+       "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared"}
 
 
 def _ranks(rs) -> str:
@@ -60,6 +60,10 @@ def finding_sentence(f: "Finding") -> str:
         return (f"the same data on every rank: at each of the {f.count} checked forwards (the first at step "
                 f"{f.step}) {who} gave the model bit-identical inputs, so they trained on one stream of data, "
                 f"the work of one rank")
+    if k == "init-differs":
+        return (f"different initial weights: {who} built the model with parameters different from rank 0's, and "
+                f"FSDP sharded them as they were (sync_module_states off, no checkpoint loaded before training), "
+                f"so the model is put together from the shards of different initialisations ({f.object})")
     return f"{k}: {who}"
 
 

@@ -16,7 +16,12 @@ results:
                                     steps at which none of the optimizer's parameters had a gradient
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
                                     Subset to the underlying dataset, and the sampler's kind and epoch
-  init_process_group, destroy_process_group (a final checksum before it), FSDP construction (not checked)
+  init_process_group, destroy_process_group (a final checksum before it)
+  FullyShardedDataParallel (FSDP1) __init__ and forward   the outermost wrap: a checksum of the module's
+                                    parameters before it is sharded, whether sync_module_states was on,
+                                    and at its first forward with grad whether any parameter was written
+                                    since the wrap (a checkpoint loaded); its forwards with grad count
+                                    as training for the loaders, as DDP's do. fully_shard: only noted.
 Everything is kept in this process and written once, at exit, as ``ranks/rankN.check.json``.
 A checksum reads tensors only (no random numbers, no in-place change), so training is bit for bit the
 same with or without the check.
@@ -39,10 +44,12 @@ class _State:
         self.loader_refs = []       # keep loader ids unique while their records live
         self.process_group = False
         self.fsdp = []
+        self.fsdp_wraps = []        # FSDP1's outermost wraps: see _fsdp_wrap
+        self.in_fsdp_init = 0
         self.steps = 0              # optimizer steps, every optimizer
         self.unwrapped_steps = 0    # steps on parameters no watched DDP model holds
         self.gradless_steps = 0     # steps at which no parameter of the optimizer had a gradient
-        self.train_forwards = 0     # DDP forwards with grad, all models
+        self.train_forwards = 0     # DDP and FSDP forwards with grad, all models
         self.errors = []
 
 
@@ -104,6 +111,21 @@ def _checkpoint(torch, m, ddp, kind, buffers=True):
     if buffers:
         rec["buffers"] = _sums(torch, list(mod.buffers()))
     return rec
+
+
+def _module_sum(torch, module):
+    """One checksum of all a module's parameters (``_sums``, added up modulo 2**64), or None."""
+    try:
+        sums = _sums(torch, list(module.parameters()))
+        return sum(sums) % (1 << 64) if sums else None
+    except Exception:
+        return None
+
+
+def _versions(module):
+    """Each parameter's version counter: it moves on every in-place write (a checkpoint loaded into
+    the parameters, by load_state_dict or torch.distributed.checkpoint)."""
+    return tuple(p._version for p in module.parameters())
 
 
 def _input_tensors(torch, args, kwargs):
@@ -328,14 +350,38 @@ def install(write, after_import):
         fsdp = sys.modules["torch.distributed.fsdp"]
         cls = getattr(fsdp, "FullyShardedDataParallel", None)
         if cls is not None:
-            f_init = cls.__init__
+            f_init, f_forward = cls.__init__, cls.forward
 
             @functools.wraps(f_init)
             def f(self, *a, **k):
-                f_init(self, *a, **k)
+                outer = S.in_fsdp_init == 0
+                before = _module_sum(torch, a[0] if a else k.get("module")) if outer else None
+                S.in_fsdp_init += 1
+                try:
+                    f_init(self, *a, **k)
+                finally:
+                    S.in_fsdp_init -= 1
                 if "FullyShardedDataParallel" not in S.fsdp:
                     S.fsdp.append("FullyShardedDataParallel")
-            cls.__init__ = f
+                if outer:
+                    try:
+                        rec = {"index": len(S.fsdp_wraps), "sum": before,
+                               "sync_module_states": bool(k.get("sync_module_states", False)),
+                               "written_before_training": None}
+                        self.__dict__["_ddplab_wrap"] = (rec, _versions(self))
+                        S.fsdp_wraps.append(rec)
+                    except Exception as e:
+                        S.errors.append(f"watch FSDP: {type(e).__name__}: {e}")
+
+            @functools.wraps(f_forward)
+            def forward(self, *a, **k):
+                if torch.is_grad_enabled():
+                    S.train_forwards += 1
+                    wrap = self.__dict__.get("_ddplab_wrap")
+                    if wrap is not None and wrap[0]["written_before_training"] is None:
+                        wrap[0]["written_before_training"] = _versions(self) != wrap[1]
+                return f_forward(self, *a, **k)
+            cls.__init__, cls.forward = f, forward
         shard = getattr(fsdp, "fully_shard", None)
         if shard is not None:
             @functools.wraps(shard)
@@ -359,6 +405,7 @@ def install(write, after_import):
             for rec in sorted(S.loaders.values(), key=lambda r: r["index"]):
                 loaders.append({k: v for k, v in rec.items() if not k.startswith("_")})
             write("check.json", {"every": S.every, "process_group": S.process_group, "fsdp": S.fsdp,
+                            "fsdp_wraps": S.fsdp_wraps,
                             "steps": S.steps, "unwrapped_steps": S.unwrapped_steps,
                             "gradless_steps": S.gradless_steps,
                             "models": [m.to_dict() for m in S.models], "loaders": loaders, "errors": S.errors})
