@@ -98,6 +98,21 @@ def jobs(notebook, tmp_path_factory):
     return futures
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_late_rank_is_failed_even_when_no_probe_answers(monkeypatch, tmp_path):
+    # A newcomer's make workbook (beside three notebooks): late-rank judged hung, both ranks asleep by
+    # design at the verdict and rank 0's leaving its rendezvous unseen. Here no worker-server probe
+    # answers at all (stack, ledger, rendezvous), as on a machine too loaded to answer in time: rank 0
+    # going from its rendezvous wait to its linger is still seen (a kernel wait it had not slept in).
+    from ddplab.engine import probe
+    monkeypatch.setattr(probe, "ask", lambda *a, **k: None)
+    r = lab06.run_variant("late-rank", run_root=tmp_path)
+    assert (r.status, r.signature) == ("failed", "rendezvous-timeout"), r.explain()
+    assert r.first_failure == 0 and r.cause.type == "DistStoreError"
+    assert_nothing_left(str(tmp_path))
+
+
 @pytest.fixture(autouse=True)
 def no_namespace_left():
     yield

@@ -74,3 +74,14 @@ def test_a_runnable_child_counts_for_its_rank(tmp_path):
         assert _seen(p) >= 18
     finally:
         _stop(p)
+
+
+def test_a_new_kernel_wait_is_progress_once_and_a_loop_of_known_waits_is_not():
+    from ddplab.engine.supervise import new_wait
+    seen = set()
+    assert not new_wait(seen, None)                                   # running, or no /proc
+    assert not new_wait(seen, "poll_schedule_timeout.constprop.0")    # the first wait: where it stopped
+    assert not new_wait(seen, "poll_schedule_timeout")                # the same wait again
+    assert new_wait(seen, "hrtimer_nanosleep")                        # it left it for another
+    # a loop that polls and sleeps goes back and forth between waits already seen: no progress
+    assert not any(new_wait(seen, w) for w in ["poll_schedule_timeout.isra.1", "hrtimer_nanosleep"] * 5)

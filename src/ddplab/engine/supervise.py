@@ -21,6 +21,11 @@ and that is progress owed, not a stall. So is a rank whose TCP traffic moves whi
 it is lost again, and the receiver's window can close while it holds segments out of order, so a
 collective can sit for seconds with a few KB acknowledged at a time, then go on (lab 09's 5 % lossy
 link was judged hung in CI, under load). Only a change counts: in a hang the queues stand still.
+So is a rank whose main thread comes to sleep in a kernel wait it has not slept in before
+(``/proc/PID/wchan``, read with no probe and no GIL): it left the wait it was in, as lab 06's
+late-rank rank 0 does when its rendezvous times out (``poll_schedule_timeout`` to
+``hrtimer_nanosleep`` in its linger) while every probe of its stack may time out on a loaded
+machine. Only a new one counts: a loop that polls and sleeps goes back to waits already seen.
 
 Two things hold a stall verdict back, both read from the ranks: a rank that has just started or
 exited (a change of state is progress), and PyTorch's own timeout about to fire. When a blocked
@@ -130,6 +135,19 @@ def network_moved(before: dict, now: dict) -> bool:
     return False
 
 
+def new_wait(seen: set, wchan: str | None) -> bool:
+    """Record the kernel wait the rank's main thread sleeps in; True when it is one it had not slept
+    in before, after at least one other (the rank moved on from a wait). None (running, or not
+    Linux) changes nothing."""
+    if wchan is None:
+        return False
+    wait = wchan.split(".", 1)[0]          # "poll_schedule_timeout.constprop.0"
+    if wait in seen:
+        return False
+    seen.add(wait)
+    return len(seen) > 1
+
+
 def _cpu_moved(samples: deque, now: float, cpu: float) -> bool:
     """CPU use over the last CPU_WINDOW_S (over all the samples there are, when they span less and
     at least SAMPLE_S: a stall window shorter than CPU_WINDOW_S must still see a starting job's CPU)
@@ -169,6 +187,7 @@ class RankWatch:
     rdzv_t: float = 0.0
     runnable_n: int = 0                          # consecutive samples with a runnable thread
     tcp: dict = field(default_factory=dict)      # its TCP queues at the last look (tcp_queues)
+    waits: set = field(default_factory=set)      # the kernel waits its main thread has slept in
 
     @property
     def alive(self) -> bool:
@@ -270,6 +289,9 @@ class Supervisor:
         # starved of a core by other work, not stuck on its peers.
         w.runnable_n = w.runnable_n + 1 if waiting_for_cpu(w.proc) else 0
         if w.runnable_n >= 2:
+            w.last_progress = now
+            return
+        if new_wait(w.waits, stacks.read_wchan(w.pid)):
             w.last_progress = now
             return
         if w.idle_s(now) >= SAMPLE_S:
