@@ -122,17 +122,35 @@ def test_a_syntax_error_names_its_line_and_starts_nothing(shell, session_runs_di
 def test_a_kernel_interrupt_ends_the_job_and_the_shell_stays_usable(shell, session_runs_dir):
     # The interrupt arrives as a Jupyter kernel's does: SIGINT to the process running the cell, once
     # both ranks compute (their records of the job exist and each rank is alive).
+    sent = threading.Event()
+
     def interrupt_when_running():
         wait_until(lambda: len([p for p in job_processes(str(session_runs_dir))
                                 if "busy" in " ".join(p.info["cmdline"] or [])]) >= 2,
                    "both ranks of the busy cell run", limit_s=90, every_s=0.2)
         os.kill(os.getpid(), signal.SIGINT)
+        sent.set()
+        if not done.wait(60):     # evidence for a failure: what the main thread was doing meanwhile
+            import sys
+            import traceback
+            main = sys._current_frames().get(threading.main_thread().ident)
+            print(f"SIGINT sent 60 s ago, not seen; handler {signal.getsignal(signal.SIGINT)!r}, was "
+                  f"{before!r}; the main thread:\n" + "".join(traceback.format_stack(main)), flush=True)
 
+    # as ipykernel runs a cell: Python's own SIGINT handler (KeyboardInterrupt), whatever another test
+    # of this process left
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = threading.Event()
     t = threading.Thread(target=interrupt_when_running, daemon=True)
     t.start()
-    with pytest.raises(KeyboardInterrupt):
-        shell.run_cell_magic("ddplab", "--nproc 2 --name busy", BUSY_CELL)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            shell.run_cell_magic("ddplab", "--nproc 2 --name busy", BUSY_CELL)
+    finally:
+        done.set()
+        signal.signal(signal.SIGINT, before)
     t.join()
+    assert sent.is_set()
     r = shell.user_ns["busy"]
     assert r is not None and r.status == "interrupted" and r.leftover == ()
     assert (Path(r.run_dir) / "script.py").read_text() == BUSY_CELL
