@@ -24,8 +24,9 @@ def child_environment(changes: Mapping[str, object], base: Mapping[str, str] | N
 
 
 # Linux: the command gets SIGTERM when the process that started it is gone (PR_SET_PDEATHSIG survives
-# exec; checked against a parent that went first), as an agent forked warm does (ddplab.origins.warm._end_with). A small
-# exec shim rather than Popen's preexec_fn, which is unsafe in a process with threads.
+# exec; checked against a parent that went first), as an agent forked warm does
+# (ddplab.origins.warm._end_with, the same three steps in the forked process). A small exec shim
+# rather than Popen's preexec_fn, which is unsafe in a process with threads.
 _END_WITH_PARENT = ("import ctypes, os, signal, sys\n"
                     "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))\n"
                     "if os.getppid() != int(sys.argv[1]):\n"

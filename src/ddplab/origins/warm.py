@@ -253,7 +253,6 @@ def start(cmd: list[str], env: dict[str, str], console) -> "WarmProcess | subpro
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The warm process (python -m ddplab.origins._torchrun --warm FD)
 # ----------------------------------------------------------------------------------------------
