@@ -6,11 +6,12 @@ sentences.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddplab.defaults import ALIVE
-from ddplab.engine.stacks import Frame, is_user_file
+from ddplab.engine.stacks import PACKAGE_DIR, Frame, is_user_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankError, RankResult
@@ -58,9 +59,18 @@ def user_call(frames: tuple[Frame, ...], values: dict | None = None) -> UserCall
     return None
 
 
+_RANK_HOOK_DIR = str(PACKAGE_DIR / "rank" / "hook")
+
+
 def _rank_hook_file(path: str) -> bool:
-    """A frame of the code ddplab runs inside each rank (ddplab/rank/hook: --check's wrappers)."""
-    return "/ddplab/rank/hook/" in (path or "").replace("\\", "/")
+    """A frame of the code ddplab runs inside each rank (ddplab/rank/hook: --check's wrappers),
+    found as ``stacks.is_user_file`` finds ddplab's own files: by the resolved path."""
+    if not path or path.startswith("<"):
+        return False
+    try:
+        return str(Path(path).resolve()).startswith(_RANK_HOOK_DIR)
+    except OSError:
+        return False
 
 
 def error_chain(e: "RankError") -> tuple:

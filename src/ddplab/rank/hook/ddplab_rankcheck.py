@@ -44,7 +44,7 @@ class _State:
         self.loader_refs = []       # keep loader ids unique while their records live
         self.process_group = False
         self.fsdp = []
-        self.fsdp_wraps = []        # FSDP1's outermost wraps: see _fsdp_wrap
+        self.fsdp_wraps = []        # FSDP1's outermost wraps (install's watch_fsdp)
         self.in_fsdp_init = 0
         self.steps = 0              # optimizer steps, every optimizer
         self.unwrapped_steps = 0    # steps on parameters no watched DDP model holds
