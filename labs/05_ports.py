@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ddplab.rank import lab
-from ddplab.origins import ports
+from ddplab.rank import ports
 
 LAB = {
     "title": "Port conflicts, and two jobs that meet on one port",

@@ -7,9 +7,9 @@ import torch  # noqa: F401  (only to find torch's own files' paths, as a real st
 
 from ddplab.engine import classify
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, Watch
-from ddplab.engine.ledger import Collective
+from ddplab.facts import Collective
 from ddplab.result import RunResult
-from ddplab.engine.stacks import Frame
+from ddplab.facts import Frame
 
 C10D = str(__import__("pathlib").Path(torch.__file__).parent / "distributed" / "distributed_c10d.py")
 SCRIPT = "/work/job/train.py"

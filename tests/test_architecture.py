@@ -1,6 +1,8 @@
 """The architecture as the code has it: the import directions are import-linter contracts
-(pyproject.toml's [tool.importlinter]) run here with `lint-imports`; no module imports itself back
-through others; DESIGN.md's layout names the package's folders as they are."""
+(pyproject.toml's [tool.importlinter]) run here with `lint-imports`; the lab scripts (labs/ is not a
+package, so no contract sees them) import only ddplab.rank, read here with ast; no module imports itself
+back through others; DESIGN.md's layout names the package's folders as they are."""
+import ast
 import re
 import subprocess
 import sys
@@ -34,6 +36,84 @@ def test_a_broken_direction_is_caught(tmp_path):
                       'source_modules = ["ddplab.views"]\nforbidden_modules = ["ddplab.engine.groups"]\n')
     r = _lint_imports(config)
     assert r.returncode != 0 and "BROKEN" in r.stdout
+
+
+# (old module, old name, new module, new name): what moved below the engine and below the rank (issue 41)
+MOVED = [("ddplab.engine.stacks", n, "ddplab.facts", n)
+         for n in ("Frame", "Where", "short_path", "short_paths", "is_user_file", "PACKAGE_DIR")] + [
+    ("ddplab.engine.stacks", "KINDS", "ddplab.facts", "WHERE_KINDS"),
+    ("ddplab.engine.ledger", "Collective", "ddplab.facts", "Collective"),
+    ("ddplab.engine.ledger", "Divergence", "ddplab.facts", "Divergence"),
+    ("ddplab.engine.ledger", "numel", "ddplab.facts", "numel"),
+    ("ddplab.engine.reasons", "ChainedError", "ddplab.facts", "ChainedError"),
+    ("ddplab.engine.check", "CheckReport", "ddplab.facts", "CheckReport"),
+    ("ddplab.engine.check", "Finding", "ddplab.facts", "Finding"),
+    ("ddplab.engine.check", "NotChecked", "ddplab.facts", "NotChecked"),
+    ("ddplab.engine.check", "FIXES", "ddplab.facts", "CHECK_FIXES"),
+    ("ddplab.engine.check", "KINDS", "ddplab.facts", "CHECK_KINDS"),
+    ("ddplab.engine.check", "CAUSE_FIXES", "ddplab.facts", "CHECK_CAUSE_FIXES"),
+    ("ddplab.engine.groups", "span", "ddplab.spans", "span"),
+    ("ddplab.engine.groups", "label", "ddplab.spans", "label"),
+    ("ddplab.origins.ports", "check_port", "ddplab.rank.ports", "check_port"),
+    ("ddplab.origins.ports", "PortStatus", "ddplab.rank.ports", "PortStatus"),
+    ("ddplab.origins.ports", "holder", "ddplab.rank.ports", "holder"),
+    ("ddplab.origins.ports", "free_port", "ddplab.rank.ports", "free_port"),
+]
+
+
+@pytest.mark.parametrize("old, name, new, new_name", MOVED, ids=[f"{o}.{n}" for o, n, _, _ in MOVED])
+def test_moved_names_stay_importable_from_their_old_module(old, name, new, new_name):
+    """Code written against the old homes (other branches, learners' notebooks) gets the same object."""
+    import importlib
+    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), new_name)
+
+
+def test_a_result_loads_and_prints_with_no_engine_or_view_module():
+    """In a fresh interpreter: importing ddplab.result, loading a saved result and printing it import no
+    module of the engine and no view (the facts it holds live in ddplab.facts)."""
+    code = ("import sys, json, ddplab.result as r\n"
+            "d = {'target': 't', 'variant': None, 'nproc': 1, 'status': 'failed', 'signature': None, "
+            "'excerpt': None, 'ranks': [{'rank': 0, 'pid': 1, 'state': 'exited', 'exit_code': 1, 'signal': None, "
+            "'where': {'kind': 'collective', 'op': 'barrier', 'frame': {'func': 'f', 'file': '/x/t.py', 'line': 3}}, "
+            "'ledger': [{'seq': 1, 'op': 'barrier', 'backend': 'gloo', 'sizes': [[1]], 'dtypes': ['Float'], "
+            "'completed': False, 'pg': '0', 'created_ns': 0, 'timeout_ms': None}]}], "
+            "'wall_s': 1.0, 'run_dir': '/tmp/x', 'command': [], 'check': {'every': 10}}\n"
+            "res = r.RunResult.from_dict(json.loads(json.dumps(d)))\n"
+            "print(repr(res), res.ranks[0].frame.short(), res.ranks[0].ledger[0].numel)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('ddplab.engine', 'ddplab.views'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "t.py:3 in f 1" in r.stdout and r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+def _outside_rank(source: str) -> list[str]:
+    """The modules of ddplab other than ddplab.rank (and its modules) that a script imports, with their
+    lines: ``from ddplab import x`` counts as ``ddplab.x``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" if node.module == "ddplab" else node.module for a in node.names]
+        else:
+            continue
+        out += [f"line {node.lineno}: {n}" for n in names
+                if n.split(".")[0] == "ddplab" and n != "ddplab.rank" and not n.startswith("ddplab.rank.")]
+    return out
+
+
+def test_lab_scripts_import_only_the_rank_side():
+    """Every lab script imports of ddplab only ddplab.rank (what runs inside a rank), never the launcher,
+    the engine, a view or the course; the check itself catches each way of importing something else."""
+    scripts = sorted((ROOT / "labs").glob("*.py"))
+    assert len(scripts) >= 12
+    found = {s.name: _outside_rank(s.read_text()) for s in scripts}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert _outside_rank("from ddplab.rank import lab\nfrom ddplab.rank.lab import Dist\nimport ddplab.rank.ports\n") == []
+    assert _outside_rank("from ddplab.origins import ports\n") == ["line 1: ddplab.origins"]
+    assert _outside_rank("def f():\n    from ddplab import rank, runfiles\n") == ["line 2: ddplab.runfiles"]
+    assert _outside_rank("import ddplab\nimport ddplab.engine.stacks as s\n") == ["line 1: ddplab",
+                                                                                "line 2: ddplab.engine.stacks"]
 
 
 def _cycles(graph) -> list[list[str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ddplab.engine import classify, evidence, ledger, signatures
 from ddplab.result import RankResult
-from ddplab.engine.stacks import Frame, Where
+from ddplab.facts import Frame, Where
 
 DATA = Path(__file__).parent / "data"
 

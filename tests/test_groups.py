@@ -14,7 +14,7 @@ from ddplab.result import Snapshot
 
 sys.path.insert(0, str(Path(__file__).parent))
 import many_ranks  # noqa: E402
-from ddplab.engine.stacks import short_path  # noqa: E402
+from ddplab.facts import short_path  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -94,7 +94,7 @@ def test_torch_debug_server_shows_the_hang_that_ddplab_diagnoses(tmp_path):
     """torch's in-job debug server, fetched over HTTP while the broken job hangs, shows each rank in
     the same collective at the same line as ddplab's diagnosis from outside; nothing outlives it."""
     from urllib.parse import urlsplit
-    from ddplab.origins.ports import holder
+    from ddplab.rank.ports import holder
     from conftest import assert_nothing_left
 
     view = lab01.debug_server_view(run_root=tmp_path / "runs")

@@ -6,7 +6,7 @@ import pytest
 
 import ddplab
 from ddplab.course import claims
-from ddplab.origins import ports
+from ddplab.rank import ports
 from ddplab.engine import signatures
 from ddplab.course import lab05
 

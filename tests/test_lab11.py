@@ -270,7 +270,7 @@ def test_check_where_rank0_waits(judged):
 
 def _rank(n, kind, op=None, state="running"):
     from ddplab.result import RankResult
-    from ddplab.engine.stacks import Where
+    from ddplab.facts import Where
     return RankResult(rank=n, pid=100 + n, state=state, exit_code=None, signal="SIGTERM",
                       where=Where(kind, op) if kind else None)
 

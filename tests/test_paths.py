@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.result import RunResult
-from ddplab.engine.stacks import short_path, short_paths
+from ddplab.facts import short_path, short_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

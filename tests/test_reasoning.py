@@ -88,7 +88,7 @@ def test_tutorial_scripts_on_a_cpu_laptop_get_their_cause_in_their_own_terms(run
 
 def test_a_key_error_on_a_line_that_names_device_count_is_not_the_gpu_cause():
     from ddplab.engine import reasons, signatures
-    from ddplab.engine.stacks import Frame
+    from ddplab.facts import Frame
     facts = reasons.FailureFacts((Frame("f", "/tmp/x.py", 3, "n = cfg['gpus']"),))
     assert signatures.match_text("ZeroDivisionError: integer modulo by zero", facts)[0].id == "python-exception"
 
@@ -132,7 +132,7 @@ def test_a_world_size_other_than_the_jobs_is_named(run_lab):
 def test_a_rank_that_never_came_stays_the_general_rendezvous_hang():
     from ddplab.engine import classify
     from ddplab.result import RankResult
-    from ddplab.engine.stacks import Where
+    from ddplab.facts import Where
     waiting = RankResult(rank=0, pid=1, state="hung", exit_code=None, signal=None,
                          where=Where("rendezvous", "init_process_group"),
                          asked={"rank": 0, "world_size": 2, "env": {"RANK": "0", "WORLD_SIZE": "2"}})
@@ -358,7 +358,7 @@ def test_the_premises_that_find_a_line_to_fix_read_the_script_and_decline_where_
     suite's; the recv test above runs the receive case): each finds the labelled line, and each declines (None)
     on the unchanged base, where its premise does not hold. No processes: the rules read text only."""
     from ddplab.engine import classify
-    from ddplab.engine.stacks import Frame
+    from ddplab.facts import Frame
     from ddplab.result import RankError, RankResult
 
     def src(op_id):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.engine import stacks
-from ddplab.engine.stacks import Frame, Where
+from ddplab.facts import Frame, Where
 
 DATA = Path(__file__).parent / "data"
 

@@ -24,7 +24,7 @@ def labs():
 
 def __getattr__(name: str):
     if name == "run":
-        from ddplab.origins.launch import run
+        from ddplab.front import run
         return run
     if name == "attach":
         from ddplab.origins.attach import attach

@@ -44,7 +44,7 @@ def _cmd_list(a: argparse.Namespace) -> int:
 
 
 def _cmd_run(a: argparse.Namespace) -> int:
-    from ddplab.origins.launch import run
+    from ddplab.front import run
 
     try:
         r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, stall_s=a.stall,

@@ -15,10 +15,8 @@ from pathlib import Path
 
 from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
-from ddplab.engine.check import CheckReport
-from ddplab.engine.ledger import Collective, Divergence
-from ddplab.engine.reasons import ChainedError
-from ddplab.engine.stacks import Frame, Where, short_path, short_paths
+from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
+                          short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
 
 
 def _render():
@@ -37,7 +35,7 @@ class RankError:
     module: str = ""
     cause: str | None = None      # "raise ... from e": the cause's "Type: message"
     env: dict | None = None       # MASTER_ADDR, MASTER_PORT, WORLD_SIZE as the rank had them when it failed
-    # ddplab.engine.reasons: the exceptions chained to it, the values on the user's failing line, a framework's exit
+    # ddplab.facts.ChainedError: the exceptions chained to it, the values on the user's failing line, a framework's exit
     chain: tuple["ChainedError", ...] = ()
     values: dict | None = None    # {name: short repr} on the innermost line of the user's own code
     exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
@@ -46,7 +44,6 @@ class RankError:
     @property
     def frame(self) -> Frame | None:
         """The innermost frame of the user's own code."""
-        from ddplab.engine.stacks import is_user_file
         return next((f for f in self.frames if is_user_file(f.file)), None)
 
     def to_dict(self) -> dict:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ddplab.origins import catalog, turns
 from ddplab import runfiles
-from ddplab.origins.launch import run
+from ddplab.front import run
 from ddplab.result import RunResult
 
 NOTEBOOK_DIR = catalog.REPO_DIR / "notebooks"

@@ -32,7 +32,7 @@ class WorkbookLab(Protocol):
 
 def launcher_knobs() -> set[str]:
     """The keywords every run_variant passes on to `ddplab.run` (nproc, stall_s, run_root, ...)."""
-    from ddplab.origins.launch import run
+    from ddplab.front import run
 
     return {p for p in inspect.signature(run).parameters if p not in ("target", "variant")}
 

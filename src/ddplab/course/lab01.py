@@ -161,7 +161,7 @@ def debug_server_view(nproc: int = 2, poll_s: float = 0.5, deadline_s: float | N
     stacks, from outside. Each fetch makes the ranks work (the server gathers every rank's stacks),
     which is progress, so the job is judged hung only once nobody is looking; ``deadline_s`` is an
     outer limit in case the server never answers."""
-    from ddplab.origins.ports import free_port
+    from ddplab.rank.ports import free_port
 
     port = free_port()  # the server's port; torch's default 25999 would collide between learners
     url = f"http://127.0.0.1:{port}/stacks"

@@ -17,10 +17,10 @@ from typing import Mapping
 
 import ddplab
 from ddplab.course import claims
-from ddplab.origins import ports
+from ddplab.rank import ports
 from ddplab.errors import DdplabError
 from ddplab.course import answers
-from ddplab.engine.stacks import short_paths
+from ddplab.facts import short_paths
 from ddplab.course import contract
 from ddplab.course.notebook import Check
 
@@ -237,7 +237,7 @@ class NetstatCheck:
     returncode: int | None
     listed_lines: int            # lines netstat printed: every listener, not only this port's
     mentions_port: bool
-    working: str                 # ddplab.origins.ports.check_port(port).describe()
+    working: str                 # ddplab.rank.ports.check_port(port).describe()
 
     def __repr__(self) -> str:
         return (f"port {self.port} really taken: {self.taken}\n"

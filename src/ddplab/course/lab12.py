@@ -10,7 +10,7 @@ from typing import Mapping
 
 import ddplab
 from ddplab.origins import catalog
-from ddplab.engine.check import KINDS
+from ddplab.facts import CHECK_KINDS as KINDS
 from ddplab.errors import DdplabError
 from ddplab.course import answers, claims
 from ddplab.course import contract

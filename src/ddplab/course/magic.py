@@ -112,7 +112,7 @@ def run_source(source: str, name: str = "cell", *, nproc: int = 2, stall_s: floa
     """Run ``source`` as a torchrun script on ``nproc`` ranks (``ddplab.run``) and save it in the run
     folder. A KeyboardInterrupt propagates after ddplab.run has ended the job; the interrupted run's
     result is then ``interrupted_result(folder)``."""
-    from ddplab.origins.launch import run
+    from ddplab.front import run
     folder = folder or new_folder(name)
     script = folder / f"{name}.py"
     script.write_text(source)

@@ -15,7 +15,8 @@ from IPython.display import display
 
 from ddplab.origins import catalog
 from ddplab.errors import DdplabError
-from ddplab.origins.launch import max_nproc, run
+from ddplab.front import run
+from ddplab.origins.launch import max_nproc
 from ddplab.views.render import status_line
 
 

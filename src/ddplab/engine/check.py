@@ -6,134 +6,26 @@ unequal accumulation, a parameter with no gradient on some ranks, updates that b
 optimizer steps that found no gradient at all.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
-DataLoader) and counts; the fix for each kind lives once, in ``FIXES``. Sentences are made in
+DataLoader) and counts; the fix for each kind lives once, in ``FIXES`` (``ddplab.facts.CHECK_FIXES``). Sentences are made in
 ``ddplab.views.render_check``.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ddplab import runfiles
+# the report's types and the fix for each kind live in ddplab.facts (below the engine, with the result types)
+from ddplab.facts import CHECK_CAUSE_FIXES as CAUSE_FIXES  # noqa: F401  (re-exported)
+from ddplab.facts import CHECK_FIXES as FIXES  # noqa: F401
+from ddplab.facts import CHECK_KINDS as KINDS  # noqa: F401
+from ddplab.facts import CheckReport, Finding, NotChecked
 
 # Checksums of every DDP-wrapped model's parameters and buffers every EVERY-th forward with grad (and
 # at construction and at the end). benchmarks/check_overhead.py measures the cost on lab 07's step:
 # one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
 EVERY = 10
 ENV = "DDPLAB_CHECK"
-
-FIXES = {
-    "replicas-differ": "change the model only through steps every rank takes through the DDP wrapper (not "
-                       "model.module on one rank, not a step inside no_sync()); load weights before wrapping",
-    "buffers-differ": "keep DDP's buffer sync on (forward_sync_buffers=True, formerly broadcast_buffers=True), or "
-                      "use SyncBatchNorm",
-    "samples-overlap": "give every rank a disjoint share of each epoch: DataLoader(..., sampler=DistributedSampler(dataset)) "
-                       "with the same seed and the same set_epoch(epoch) on every rank, not a split or seed made by rank",
-    "samples-dropped": "let a DistributedSampler (the same seed and epoch on every rank) share out the data: it covers "
-                       "the whole dataset every epoch",
-    "same-order": "call sampler.set_epoch(epoch) at the start of every epoch",
-    "step-in-no-sync": "take the last micro-batch's forward and backward outside no_sync(), then optimizer.step() "
-                       "outside it",
-    "unequal-accumulation": "make every rank run the same number of micro-batches per optimizer step",
-    "grad-missing": "use every parameter on every rank in forward, or find_unused_parameters=True, so that no "
-                    "rank steps a parameter the others left alone",
-    "update-outside-ddp": "run the forward of a training step through the DDP wrapper (model(x), not model.module(x)) "
-                          "on every rank",
-    "steps-without-gradients": "build the optimizer from the parameters backward reaches: after the model is "
-                               "wrapped (FSDP replaces the module's parameters with its own, so an optimizer made "
-                               "before the wrap holds tensors nothing updates), and call zero_grad() before "
-                               "backward, not between backward and step",
-    "init-differs": "build the model from the same seed on every rank (torch.manual_seed(seed) before it is "
-                    "made), load the same checkpoint into it on every rank, or on GPUs wrap it with "
-                    "FSDP(..., sync_module_states=True) to start every rank from rank 0's weights",
-    "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
-                   "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
-                   "(DDP copies rank 0's weights to every rank at construction)",
-}
-KINDS = tuple(FIXES)
-# A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
-# would repeat what the script already does).
-CAUSE_FIXES = {
-    "split-differs": "make the split the same on every rank: random_split(dataset, lengths, "
-                     "generator=torch.Generator().manual_seed(seed)), or split once and load the indices; the "
-                     "DistributedSampler is right, but each rank shared out a split of its own",
-}
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str                     # one of KINDS
-    ranks: tuple[int, ...]        # the ranks it is about (those that differ from rank 0, or that did it)
-    object: str                   # a parameter or buffer name, "DataLoader #0 (DistributedSampler over ...)"
-    step: int | None = None       # optimizer steps taken before it was seen (0: before the first)
-    epoch: int | None = None
-    count: int | None = None      # how many (steps, samples, tensors)
-    of: int | None = None         # out of how many
-    since_equal: int | None = None  # replicas: the last step at which they were still equal
-    cause: str | None = None      # a reason the evidence shows (CAUSE_FIXES): "split-differs"
-    held_out: int | None = None   # samples a split leaves out of the loader's data by design (not counted)
-
-    @property
-    def fix(self) -> str:
-        return CAUSE_FIXES.get(self.cause or "", FIXES[self.kind])
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "ranks": list(self.ranks), "fix": self.fix}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
-        return cls(**{**{k: v for k, v in d.items() if k != "fix"}, "ranks": tuple(d.get("ranks", ()))})
-
-
-@dataclass(frozen=True)
-class NotChecked:
-    what: str                     # "replicas", "data"
-    why: str                      # "no-ddp-model", "fsdp", "no-training-loader"
-    ranks: tuple[int, ...] = ()
-    detail: str = ""              # the kind of model or loader
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "ranks": list(self.ranks)}
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    every: int                            # checksum interval (forwards with grad)
-    findings: tuple[Finding, ...] = ()
-    not_checked: tuple[NotChecked, ...] = ()
-    nothing: str | None = None            # "no-process-group", "no-records": nothing was compared
-    ranks: tuple[int, ...] = ()           # the ranks whose records were read
-    models: int = 0                       # DDP-wrapped models compared
-    checksums: int = 0                    # checkpoints compared (per model, on every rank)
-    loader_epochs: int = 0                # training epochs compared
-
-    @property
-    def clean(self) -> bool:
-        return self.nothing is None and not self.findings
-
-    def kinds(self) -> set[str]:
-        return {f.kind for f in self.findings}
-
-    def of_kind(self, kind: str) -> list[Finding]:
-        return [f for f in self.findings if f.kind == kind]
-
-    def to_dict(self) -> dict:
-        return {"every": self.every, "findings": [f.to_dict() for f in self.findings],
-                "not_checked": [n.to_dict() for n in self.not_checked], "nothing": self.nothing,
-                "ranks": list(self.ranks), "models": self.models, "checksums": self.checksums,
-                "loader_epochs": self.loader_epochs}
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "CheckReport | None":
-        if not d:
-            return None
-        return cls(every=d["every"], findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
-                   not_checked=tuple(NotChecked(**{**n, "ranks": tuple(n.get("ranks", ()))})
-                                     for n in d.get("not_checked", ())),
-                   nothing=d.get("nothing"), ranks=tuple(d.get("ranks", ())), models=d.get("models", 0),
-                   checksums=d.get("checksums", 0), loader_epochs=d.get("loader_epochs", 0))
-
 
 def read(run_dir: str | Path, world: int) -> dict[int, dict]:
     out = {}

@@ -11,31 +11,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ddplab.defaults import ALIVE
+from ddplab.spans import label, span  # noqa: F401  (re-exported: they live below the engine)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankResult, RunResult
-
-
-def span(ranks: Iterable[int]) -> str:
-    """Rank numbers as ranges: [0, 1, 2, 4, 6, 7] -> "0-2,4,6-7"."""
-    out: list[str] = []
-    nums = sorted(set(ranks))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def label(ranks: Sequence[int]) -> str:
-    """ "rank 7" or "ranks 0-6"."""
-    return f"rank {span(ranks)}" if len(set(ranks)) == 1 else f"ranks {span(ranks)}"
 
 
 def _masked(text: str) -> str:

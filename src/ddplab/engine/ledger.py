@@ -12,40 +12,8 @@ ledgers captured from real runs.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-
-
-def numel(sizes) -> int:
-    """Elements in a collective's input tensors (shapes as the flight recorder lists them)."""
-    return sum(math.prod(s) for s in sizes or ())
-
-
-@dataclass(frozen=True)
-class Collective:
-    seq: int                      # collective_seq_id: the n-th collective of its process group
-    op: str                       # "all_reduce", "barrier", "broadcast", ...
-    backend: str                  # "gloo", "nccl"
-    sizes: tuple[tuple[int, ...], ...]   # input tensor shapes
-    dtypes: tuple[str, ...]
-    completed: bool               # retired (finished) on this rank
-    pg: str                       # process group name ("0" is the default group)
-    created_ns: int               # when the rank issued it (wall clock, ns)
-    timeout_ms: int | None        # the process group's timeout for it
-
-    @property
-    def numel(self) -> int:
-        return numel(self.sizes)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["sizes"] = [list(s) for s in self.sizes]
-        d["dtypes"] = list(self.dtypes)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Collective":
-        return cls(**{**d, "sizes": tuple(tuple(s) for s in d["sizes"]), "dtypes": tuple(d["dtypes"])})
+# Collective, Divergence and numel live in ddplab.facts (below the engine, with the result types)
+from ddplab.facts import Collective, Divergence, numel  # noqa: F401  (re-exported)
 
 
 def parse(dump: dict | None) -> tuple[Collective, ...]:
@@ -79,29 +47,6 @@ def last_completed(ledger: tuple[Collective, ...]) -> int | None:
 def position(ledger: tuple[Collective, ...]) -> tuple[int, int]:
     """(collectives issued, collectives completed): moves whenever the rank gets anywhere."""
     return len(ledger), sum(c.completed for c in ledger)
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where the ranks' ledgers first disagree."""
-    kind: str                     # "different-op", "different-sizes", "shorter-ledger"
-    seq: int                      # the collective number (of process group ``pg``)
-    pg: str
-    ops: dict                     # rank -> op at ``seq`` (None: the rank never issued it)
-    sizes: dict                   # rank -> sizes at ``seq``
-    last: dict                    # rank -> the rank's last collective number
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "seq": self.seq, "pg": self.pg,
-                "ops": {str(k): v for k, v in self.ops.items()},
-                "sizes": {str(k): [list(s) for s in v] if v is not None else None for k, v in self.sizes.items()},
-                "last": {str(k): v for k, v in self.last.items()}}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Divergence":
-        return cls(kind=d["kind"], seq=d["seq"], pg=d["pg"], ops={int(k): v for k, v in d["ops"].items()},
-                   sizes={int(k): tuple(tuple(s) for s in v) if v is not None else None for k, v in d["sizes"].items()},
-                   last={int(k): v for k, v in d["last"].items()})
 
 
 def match(a: Collective, b: Collective) -> str | None:

@@ -11,30 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddplab.defaults import ALIVE
-from ddplab.engine.stacks import PACKAGE_DIR, Frame, is_user_file
+from ddplab.facts import PACKAGE_DIR, ChainedError, Frame, is_user_file  # noqa: F401  (ChainedError re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankError, RankResult
-
-
-@dataclass(frozen=True)
-class ChainedError:
-    """An exception chained to a rank's error: ``relation`` "cause" (``raise ... from e``) or "context"
-    (raised while handling it), as Python's traceback prints them."""
-    type: str
-    message: str
-    frames: tuple[Frame, ...]     # innermost first
-    relation: str                 # "cause" | "context"
-    module: str = ""
-
-    def to_dict(self) -> dict:
-        return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
-                "relation": self.relation, "module": self.module}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ChainedError":
-        return cls(d["type"], d.get("message", ""), tuple(Frame.from_dict(f) for f in d.get("frames", ())),
-                   d.get("relation", "context"), d.get("module", ""))
 
 
 @dataclass(frozen=True)

@@ -10,74 +10,18 @@ innermost line of the user's own code.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
-from dataclasses import dataclass, field
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]   # src/ddplab: frames there are ddplab's own
+# Frame, Where and the path helpers live in ddplab.facts (below the engine, with the result types)
+from ddplab.facts import (PACKAGE_DIR, WHERE_KINDS, Frame, Where,  # noqa: F401  (re-exported)
+                          is_user_file, short_path, short_paths)
 
 
-@dataclass(frozen=True)
-class Frame:
-    func: str
-    file: str
-    line: int
-    text: str | None = field(default=None, compare=False)   # the source line, where the record has it
-
-    def short(self) -> str:
-        return f"{short_path(self.file)}:{self.line} in {self.func}"
-
-    def to_dict(self) -> dict:
-        d = {"func": self.func, "file": self.file, "line": self.line}
-        if self.text:
-            d["text"] = self.text
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Frame":
-        return cls(d["func"], d["file"], int(d["line"] or 0), d.get("text") or None)
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where one rank stands, as data: what it is blocked in and the line of its own code.
-
-    ``kind`` is one of KINDS; ``op`` names the call ("all_reduce", "barrier", "send", "sleep", "accept",
-    "store.wait"); ``via`` says who issued a collective the user never called by name
-    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group", or the
-    object collective that called it: "all_gather_object");
-    ``seq`` is the collective's number in the ledger when the ledger knows it."""
-    kind: str
-    op: str | None = None
-    via: str | None = None
-    frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
-    call: Frame | None = None     # the innermost library frame that names the call
-    seq: int | None = None
-
-    @property
-    def in_collective(self) -> bool:
-        return self.kind == "collective"
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
-                "frame": self.frame.to_dict() if self.frame else None,
-                "call": self.call.to_dict() if self.call else None}
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "Where | None":
-        if not d:
-            return None
-        return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
-                   frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
-                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
-
-
-KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+KINDS = WHERE_KINDS
 
 # torch.distributed functions that block until every rank joins. Names as they appear in stacks.
 COLLECTIVES = {
@@ -118,55 +62,6 @@ WCHAN_KINDS = {"hrtimer_nanosleep": ("sleep", "sleep"), "do_nanosleep": ("sleep"
                "pipe_read": ("other", "read from a pipe"), "anon_pipe_read": ("other", "read from a pipe"),
                "unix_stream_read_generic": ("socket", "recv"), "unix_stream_data_wait": ("socket", "recv"),
                "unix_wait_for_peer": ("socket", "send"), "poll_schedule_timeout": ("socket", "poll")}
-
-
-def _stdlib_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    dirs = {paths.get("stdlib", ""), paths.get("platstdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
-    return tuple(d for d in dirs if d)
-
-
-_LIBRARY_DIRS = _stdlib_dirs()
-
-
-def short_path(file: str) -> str:
-    """A path as shown: an installed library's from its package (torch/...), anything in or beside the
-    working folder relative to it (../labs/01_hang.py from notebooks/), anything else as given. So a
-    stored output names no folder of the machine that made it."""
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in file:
-            return file.split(marker, 1)[1]
-    for d in _LIBRARY_DIRS:        # the standard library: json/decoder.py
-        if file.startswith(d.rstrip("/") + "/"):
-            return file[len(d.rstrip("/")) + 1:]
-    if not file.startswith("/"):
-        return file
-    rel = os.path.relpath(file, Path.cwd())
-    return file if rel.startswith("../../") or rel == "../.." else rel
-
-
-_ABSOLUTE = re.compile(r"(?<![\w.:/<])/(?:[\w.+-]+/)+[\w.+-]*")
-
-
-def short_paths(text: str) -> str:
-    """Every absolute path in ``text`` (a message, a command line, a rendered view) as short_path shows it."""
-    return _ABSOLUTE.sub(lambda m: short_path(m.group(0)), text)
-
-
-def is_user_file(file: str) -> bool:
-    """True for the learner's (or the lab's) code: not the standard library, not an installed
-    package, not ddplab itself."""
-    if not file or file.startswith("<"):
-        return False
-    if "site-packages" in file or "dist-packages" in file:
-        return False
-    try:
-        resolved = str(Path(file).resolve())
-    except OSError:
-        resolved = file
-    if resolved.startswith(str(PACKAGE_DIR)):
-        return False
-    return not any(resolved.startswith(d) for d in _LIBRARY_DIRS)
 
 
 def _base_name(func: str) -> str:

@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from ddplab.origins import catalog, ports
+from ddplab.origins import catalog
+from ddplab.rank import ports
 from ddplab import runfiles
 from ddplab.defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S
 from ddplab.origins.envutil import child_environment

@@ -1,11 +1,13 @@
-"""The origin "a job ddplab starts": ``ddplab.run``, and its source (``StartedJob``) for the one
+"""The origin "a job ddplab starts": the launcher behind ``ddplab.run`` (``ddplab.front``), and its source (``StartedJob``) for the one
 pipeline (``ddplab.engine.diagnose``).
 
     job (ddplab.origins.job)           what to run: resolved input, the torchrun command, the ranks' environment
     StartedJob                 the source: starts torchrun (a warm agent) when asked for its handle,
                                reads what the ranks left in the run folder as evidence
     diagnose                   watch -> collect -> judge -> RunResult -> save, as for every origin
-    progress (ddplab.views.progress) the live status line and the echoed output: views the loop shows
+    Views                      what the loop shows (the live status line, the echoed output) and what is
+                               drawn after (timeline.png): handed in by the caller (``ddplab.run``, i.e.
+                               ``ddplab.front``), so that the launcher imports no view
 
 A job is *hung* when every live rank has made no progress for the stall window (progress is
 evidence from the ranks, never the clock); ``deadline_s`` is only an optional outer limit. Whatever
@@ -20,27 +22,35 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ddplab.engine import evidence
 from ddplab import runfiles
-from ddplab.views import timeline
 from ddplab.origins import turns, warm
 from ddplab.defaults import DEFAULT_SCRIPT_DEADLINE_S, DEFAULT_STALL_S, GRACE_S, Ending, Status  # noqa: F401  (re-exported)
 from ddplab.engine.diagnose import Identity, diagnose
 from ddplab.engine.evidence import Evidence, LiveRank, Watch
 from ddplab.origins.job import (HOOK_DIR, Job, build_cluster_command, build_command, build_launch_command,  # noqa: F401
                   launch_environment, max_nproc, resolve, runs_root, socket_dir)
-from ddplab.views.progress import Echo, NotebookProgress, TerminalProgress, auto_progress
 from ddplab.errors import DdplabError
 from ddplab.result import RunResult
 from ddplab.result import Snapshot
 from ddplab.engine.supervise import PROGRESS_EVERY_S, Supervisor, watch  # noqa: F401
-from ddplab.engine.stacks import short_path
+from ddplab.facts import short_path
 
 Progress = Callable[[Snapshot], None]
+
+
+@dataclass(frozen=True)
+class Views:
+    """What the launcher shows, handed to it by its caller (``ddplab.run``: ``ddplab.front.VIEWS``), so that
+    the launcher imports no view (an import-linter contract). Without it a run shows nothing and draws nothing."""
+    auto: Callable[[], Progress | None]              # progress="auto": makes the live view when the job starts
+    echo: Callable[[Path, Progress | None], Callable[[], None]]  # stream=True: the ranks' output, echoed
+    close: Callable[[Progress | None, RunResult | None], None]   # the live view, once the run has ended
+    after: Callable[[RunResult], object]             # the result, before it is returned (timeline.png)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -51,22 +61,17 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
-    """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
-
-    Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
-    (every live rank made no progress for ``stall_s`` seconds: evidence read, job ended),
-    "deadline" (still making progress at the optional outer limit ``deadline_s``) or "interrupted"
-    (a KeyboardInterrupt: the job is ended the same way, the result saved, then it propagates).
-    ``progress``: "auto" (a status line on a terminal or in Jupyter), None, or a callable that gets
-    a ``result.Snapshot`` about once a second.
-    ``cluster``: a ``ddplab.origins.cluster.Cluster`` (entered): a multi-node job, ``nproc`` ranks on each of
-    its nodes (one torchrun agent per node). A lab whose LAB dict names a ``network`` for the variant
-    gets a cluster of its own, made and removed around the run.
-    ``check``: compare what each rank recorded about its replicas, gradients and data after the run
-    (``result.check``, a ``ddplab.engine.check.CheckReport``), with no collective added to the job.
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False,
+        views: Views | None = None) -> RunResult:
+    """The launcher behind ``ddplab.run`` (``ddplab.front.run``, whose docstring says what each argument
+    does). ``views``: what shows ``progress`` and ``stream`` and draws the timeline (``Views``);
+    ``ddplab.run`` hands the package's own (``ddplab.front.VIEWS``). Without it nothing is shown or
+    drawn, and ``stream=True`` is refused.
     """
     progress = _progress(progress)
+    if stream and views is None:
+        raise DdplabError("stream=True needs the views that echo the ranks' output",
+                          hint="call ddplab.run (ddplab.front.run), which hands the launcher its views")
     # the lab is looked up once, here (job.lab)
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
                   run_root=Path(run_root) if run_root else None, stall_s=stall_s, check=check)
@@ -74,8 +79,9 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     if cluster is None and spec is not None:
         from ddplab.origins import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
-            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
-    return _turn(job, stream, grace_s, progress, cluster)
+            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made,
+                         views)
+    return _turn(job, stream, grace_s, progress, cluster, views)
 
 
 def _progress(progress):
@@ -89,27 +95,30 @@ def _progress(progress):
                       hint='use progress="auto" (a status line), None (nothing) or a function of a Snapshot')
 
 
-def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
+def _turn(job: Job, stream, grace_s, progress, cluster, views: Views | None) -> RunResult:
     measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.rank.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress)
+        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress, views)
 
 
-def _run(source: "StartedJob", stream, grace_s, progress) -> RunResult:
-    show = auto_progress() if progress == "auto" else progress
-    echo = Echo(source.job.run_dir, before_line=show.close if isinstance(show, TerminalProgress) else None) \
-        if stream else None
+def _run(source: "StartedJob", stream, grace_s, progress, views: Views | None) -> RunResult:
+    if progress == "auto":
+        show = views.auto() if views is not None else None
+    else:
+        show = progress
+    echo = views.echo(source.job.run_dir, show) if stream else None
     result = None
     try:
         result = diagnose(source, show=show, echo=echo, grace_s=grace_s)
     finally:
-        if isinstance(show, (TerminalProgress, NotebookProgress)):
-            show.close(result)
+        if views is not None:
+            views.close(show, result)
         if echo:
             echo()
-    timeline.save_later(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
+    if views is not None:
+        views.after(result)     # timeline.png of a hung or failed run, drawn on a thread of its own
     if result.status == Status.INTERRUPTED:
         print(f"ddplab: interrupted; the job was ended and its evidence saved in {short_path(result.run_dir)}",
               file=sys.stderr)

@@ -29,7 +29,7 @@ from ddplab.errors import DdplabError
 from ddplab.defaults import Ending
 from ddplab.engine.diagnose import Identity
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, Watch
-from ddplab.engine.stacks import Frame
+from ddplab.facts import Frame
 
 NODE_VERSION = 1
 LOG_LINES = 30        # a rank's last output lines kept in its folder

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Mapping
 
-from ddplab.engine.groups import label, span
+from ddplab.spans import label, span
 
 PREFIX = "ddplab/preflight/"
 # compared on every rank: the field, how a person calls it, what to do when ranks differ

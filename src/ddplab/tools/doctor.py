@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddplab.origins import ports
+from ddplab.rank import ports
 from ddplab.engine import stacks
 from ddplab.defaults import TORCHRUN_PORT
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from ddplab.rank import agreement
-from ddplab.origins import ports
+from ddplab.rank import ports
 from ddplab.rank.agreement import Disagreement, Launched
 from ddplab.defaults import TORCHRUN_PORT
 from ddplab.errors import DdplabError

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 
 from ddplab.engine import groups, waits
 from ddplab.defaults import ALIVE, RankState, Status
-from ddplab.engine.ledger import numel
-from ddplab.engine.stacks import short_path
+from ddplab.facts import numel, short_path
 from ddplab.views.render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankResult, RunResult
-    from ddplab.engine.stacks import Where
+    from ddplab.facts import Where
     from ddplab.result import Snapshot
 
 # Who issued a collective the user never called by name.
@@ -148,7 +147,7 @@ def wait_sentence(result: "RunResult", paths: "Paths | None" = None) -> str:
 def _own_frames(r: "RankResult") -> str:
     """The calls of the user's own code that led the rank where it stands, outermost first, when
     there is more than the one line already named."""
-    from ddplab.engine.stacks import is_user_file
+    from ddplab.facts import is_user_file
     own = [f for f in r.stack if is_user_file(f.file)]
     if len(own) < 2:
         return ""

@@ -1,4 +1,4 @@
-"""Views of a ``ddplab.engine.check.CheckReport`` (``ddplab run --check``): the "ok, but ..." section of the
+"""Views of a ``ddplab.facts.CheckReport`` (``ddplab run --check``): the "ok, but ..." section of the
 terminal and notebook views. Made from the report's fields when shown; never parsed back."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import html as _html
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ddplab.engine.check import CheckReport, Finding, NotChecked
+    from ddplab.facts import CheckReport, Finding, NotChecked
 
 NOTHING = {"no-process-group": "nothing to check: no process group",
            "no-records": "nothing to check: no rank left check records (did any rank import torch?)"}

@@ -1,0 +1,323 @@
+"""The facts a run's result holds, below every part that makes or shows them.
+
+``ddplab.result`` (RunResult, RankResult) is made of these: a stack frame (``Frame``), where a rank
+stood (``Where``), a flight-recorder entry (``Collective``) and where the ranks' ledgers first differ
+(``Divergence``), an exception chained to a rank's error (``ChainedError``), and ``ddplab run --check``'s
+report (``CheckReport``, its ``Finding`` and ``NotChecked``, the fix for each kind of finding). With them,
+the pure functions these types and ``result`` use: how a path is shown (``short_path``) and whether a
+file is the user's own (``is_user_file``).
+
+Origins, the engine and views all import this module; it imports only the standard library,
+``ddplab.defaults`` and ``ddplab.runfiles`` (an import-linter contract, pyproject.toml). The engine's
+modules that made these types (``engine.stacks``, ``engine.ledger``, ``engine.check``, ``engine.reasons``)
+still export them under their old names.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sysconfig
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent   # src/ddplab: frames there are ddplab's own
+
+
+# --- paths: how a file is shown, and whose it is (engine.stacks) -------------------------------
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get("stdlib", ""), paths.get("platstdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
+    return tuple(d for d in dirs if d)
+
+
+_LIBRARY_DIRS = _stdlib_dirs()
+
+
+def short_path(file: str) -> str:
+    """A path as shown: an installed library's from its package (torch/...), anything in or beside the
+    working folder relative to it (../labs/01_hang.py from notebooks/), anything else as given. So a
+    stored output names no folder of the machine that made it."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    for d in _LIBRARY_DIRS:        # the standard library: json/decoder.py
+        if file.startswith(d.rstrip("/") + "/"):
+            return file[len(d.rstrip("/")) + 1:]
+    if not file.startswith("/"):
+        return file
+    rel = os.path.relpath(file, Path.cwd())
+    return file if rel.startswith("../../") or rel == "../.." else rel
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.:/<])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
+def short_paths(text: str) -> str:
+    """Every absolute path in ``text`` (a message, a command line, a rendered view) as short_path shows it."""
+    return _ABSOLUTE.sub(lambda m: short_path(m.group(0)), text)
+
+
+def is_user_file(file: str) -> bool:
+    """True for the learner's (or the lab's) code: not the standard library, not an installed
+    package, not ddplab itself."""
+    if not file or file.startswith("<"):
+        return False
+    if "site-packages" in file or "dist-packages" in file:
+        return False
+    try:
+        resolved = str(Path(file).resolve())
+    except OSError:
+        resolved = file
+    if resolved.startswith(str(PACKAGE_DIR)):
+        return False
+    return not any(resolved.startswith(d) for d in _LIBRARY_DIRS)
+
+
+# --- where a rank stands (engine.stacks) ---------------------------------------------------
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+    text: str | None = field(default=None, compare=False)   # the source line, where the record has it
+
+    def short(self) -> str:
+        return f"{short_path(self.file)}:{self.line} in {self.func}"
+
+    def to_dict(self) -> dict:
+        d = {"func": self.func, "file": self.file, "line": self.line}
+        if self.text:
+            d["text"] = self.text
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Frame":
+        return cls(d["func"], d["file"], int(d["line"] or 0), d.get("text") or None)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one rank stands, as data: what it is blocked in and the line of its own code.
+
+    ``kind`` is one of WHERE_KINDS; ``op`` names the call ("all_reduce", "barrier", "send", "sleep", "accept",
+    "store.wait"); ``via`` says who issued a collective the user never called by name
+    ("ddp-backward", "ddp-forward-buffers", "ddp-construct", "join", "init_process_group", or the
+    object collective that called it: "all_gather_object");
+    ``seq`` is the collective's number in the ledger when the ledger knows it."""
+    kind: str
+    op: str | None = None
+    via: str | None = None
+    frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
+    call: Frame | None = None     # the innermost library frame that names the call
+    seq: int | None = None
+
+    @property
+    def in_collective(self) -> bool:
+        return self.kind == "collective"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
+                "frame": self.frame.to_dict() if self.frame else None,
+                "call": self.call.to_dict() if self.call else None}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Where | None":
+        if not d:
+            return None
+        return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
+                   frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
+                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
+
+
+WHERE_KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+
+
+# --- the collective ledger (engine.ledger) ---------------------------------------------------
+def numel(sizes) -> int:
+    """Elements in a collective's input tensors (shapes as the flight recorder lists them)."""
+    return sum(math.prod(s) for s in sizes or ())
+
+
+@dataclass(frozen=True)
+class Collective:
+    seq: int                      # collective_seq_id: the n-th collective of its process group
+    op: str                       # "all_reduce", "barrier", "broadcast", ...
+    backend: str                  # "gloo", "nccl"
+    sizes: tuple[tuple[int, ...], ...]   # input tensor shapes
+    dtypes: tuple[str, ...]
+    completed: bool               # retired (finished) on this rank
+    pg: str                       # process group name ("0" is the default group)
+    created_ns: int               # when the rank issued it (wall clock, ns)
+    timeout_ms: int | None        # the process group's timeout for it
+
+    @property
+    def numel(self) -> int:
+        return numel(self.sizes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sizes"] = [list(s) for s in self.sizes]
+        d["dtypes"] = list(self.dtypes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Collective":
+        return cls(**{**d, "sizes": tuple(tuple(s) for s in d["sizes"]), "dtypes": tuple(d["dtypes"])})
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the ranks' ledgers first disagree."""
+    kind: str                     # "different-op", "different-sizes", "shorter-ledger"
+    seq: int                      # the collective number (of process group ``pg``)
+    pg: str
+    ops: dict                     # rank -> op at ``seq`` (None: the rank never issued it)
+    sizes: dict                   # rank -> sizes at ``seq``
+    last: dict                    # rank -> the rank's last collective number
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "seq": self.seq, "pg": self.pg,
+                "ops": {str(k): v for k, v in self.ops.items()},
+                "sizes": {str(k): [list(s) for s in v] if v is not None else None for k, v in self.sizes.items()},
+                "last": {str(k): v for k, v in self.last.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Divergence":
+        return cls(kind=d["kind"], seq=d["seq"], pg=d["pg"], ops={int(k): v for k, v in d["ops"].items()},
+                   sizes={int(k): tuple(tuple(s) for s in v) if v is not None else None for k, v in d["sizes"].items()},
+                   last={int(k): v for k, v in d["last"].items()})
+
+
+# --- an exception chained to a rank's error (engine.reasons) --------------------------------
+@dataclass(frozen=True)
+class ChainedError:
+    """An exception chained to a rank's error: ``relation`` "cause" (``raise ... from e``) or "context"
+    (raised while handling it), as Python's traceback prints them."""
+    type: str
+    message: str
+    frames: tuple[Frame, ...]     # innermost first
+    relation: str                 # "cause" | "context"
+    module: str = ""
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
+                "relation": self.relation, "module": self.module}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChainedError":
+        return cls(d["type"], d.get("message", ""), tuple(Frame.from_dict(f) for f in d.get("frames", ())),
+                   d.get("relation", "context"), d.get("module", ""))
+
+
+# --- ddplab run --check's report (engine.check) ---------------------------------------------
+CHECK_FIXES = {
+    "replicas-differ": "change the model only through steps every rank takes through the DDP wrapper (not "
+                       "model.module on one rank, not a step inside no_sync()); load weights before wrapping",
+    "buffers-differ": "keep DDP's buffer sync on (forward_sync_buffers=True, formerly broadcast_buffers=True), or "
+                      "use SyncBatchNorm",
+    "samples-overlap": "give every rank a disjoint share of each epoch: DataLoader(..., sampler=DistributedSampler(dataset)) "
+                       "with the same seed and the same set_epoch(epoch) on every rank, not a split or seed made by rank",
+    "samples-dropped": "let a DistributedSampler (the same seed and epoch on every rank) share out the data: it covers "
+                       "the whole dataset every epoch",
+    "same-order": "call sampler.set_epoch(epoch) at the start of every epoch",
+    "step-in-no-sync": "take the last micro-batch's forward and backward outside no_sync(), then optimizer.step() "
+                       "outside it",
+    "unequal-accumulation": "make every rank run the same number of micro-batches per optimizer step",
+    "grad-missing": "use every parameter on every rank in forward, or find_unused_parameters=True, so that no "
+                    "rank steps a parameter the others left alone",
+    "update-outside-ddp": "run the forward of a training step through the DDP wrapper (model(x), not model.module(x)) "
+                          "on every rank",
+    "steps-without-gradients": "build the optimizer from the parameters backward reaches: after the model is "
+                               "wrapped (FSDP replaces the module's parameters with its own, so an optimizer made "
+                               "before the wrap holds tensors nothing updates), and call zero_grad() before "
+                               "backward, not between backward and step",
+    "init-differs": "build the model from the same seed on every rank (torch.manual_seed(seed) before it is "
+                    "made), load the same checkpoint into it on every rank, or on GPUs wrap it with "
+                    "FSDP(..., sync_module_states=True) to start every rank from rank 0's weights",
+    "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
+                   "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
+                   "(DDP copies rank 0's weights to every rank at construction)",
+}
+CHECK_KINDS = tuple(CHECK_FIXES)
+# A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
+# would repeat what the script already does).
+CHECK_CAUSE_FIXES = {
+    "split-differs": "make the split the same on every rank: random_split(dataset, lengths, "
+                     "generator=torch.Generator().manual_seed(seed)), or split once and load the indices; the "
+                     "DistributedSampler is right, but each rank shared out a split of its own",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str                     # one of CHECK_KINDS
+    ranks: tuple[int, ...]        # the ranks it is about (those that differ from rank 0, or that did it)
+    object: str                   # a parameter or buffer name, "DataLoader #0 (DistributedSampler over ...)"
+    step: int | None = None       # optimizer steps taken before it was seen (0: before the first)
+    epoch: int | None = None
+    count: int | None = None      # how many (steps, samples, tensors)
+    of: int | None = None         # out of how many
+    since_equal: int | None = None  # replicas: the last step at which they were still equal
+    cause: str | None = None      # a reason the evidence shows (CHECK_CAUSE_FIXES): "split-differs"
+    held_out: int | None = None   # samples a split leaves out of the loader's data by design (not counted)
+
+    @property
+    def fix(self) -> str:
+        return CHECK_CAUSE_FIXES.get(self.cause or "", CHECK_FIXES[self.kind])
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ranks": list(self.ranks), "fix": self.fix}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(**{**{k: v for k, v in d.items() if k != "fix"}, "ranks": tuple(d.get("ranks", ()))})
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    what: str                     # "replicas", "data"
+    why: str                      # "no-ddp-model", "fsdp", "no-training-loader"
+    ranks: tuple[int, ...] = ()
+    detail: str = ""              # the kind of model or loader
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ranks": list(self.ranks)}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    every: int                            # checksum interval (forwards with grad)
+    findings: tuple[Finding, ...] = ()
+    not_checked: tuple[NotChecked, ...] = ()
+    nothing: str | None = None            # "no-process-group", "no-records": nothing was compared
+    ranks: tuple[int, ...] = ()           # the ranks whose records were read
+    models: int = 0                       # DDP-wrapped models compared
+    checksums: int = 0                    # checkpoints compared (per model, on every rank)
+    loader_epochs: int = 0                # training epochs compared
+
+    @property
+    def clean(self) -> bool:
+        return self.nothing is None and not self.findings
+
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.findings}
+
+    def of_kind(self, kind: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    def to_dict(self) -> dict:
+        return {"every": self.every, "findings": [f.to_dict() for f in self.findings],
+                "not_checked": [n.to_dict() for n in self.not_checked], "nothing": self.nothing,
+                "ranks": list(self.ranks), "models": self.models, "checksums": self.checksums,
+                "loader_epochs": self.loader_epochs}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "CheckReport | None":
+        if not d:
+            return None
+        return cls(every=d["every"], findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+                   not_checked=tuple(NotChecked(**{**n, "ranks": tuple(n.get("ranks", ()))})
+                                     for n in d.get("not_checked", ())),
+                   nothing=d.get("nothing"), ranks=tuple(d.get("ranks", ())), models=d.get("models", 0),
+                   checksums=d.get("checksums", 0), loader_epochs=d.get("loader_epochs", 0))
