@@ -478,11 +478,21 @@ FIRST_TIME_H41 = [
     # ---------------------------------------------------------------- checkpoints -------------------------
     h41("checkpoint-dir-missing", "ddp_trainer",
         [("re:torch\\.save\\(snapshot, self\\.snapshot_path\\)", "replace",
-          'torch.save(snapshot, os.path.join(os.path.dirname(self.snapshot_path), "checkpoints", "snapshot.pt"))')],
-        "failed", "0", "checkpoint-dir-missing", "https://github.com/karpathy/nanochat/issues/315",
+          'torch.save(snapshot, os.path.join(self.snapshot_path[:-3], "checkpoints", "last.pt"))  # the run\'s folder')],
+        "failed", "0", "checkpoint-dir-missing", "https://github.com/thunlp/KnowledgeablePromptTuning/issues/24",
         "rank 0 saves into a checkpoints/ folder nobody created: it fails in torch.save ('Parent directory ... does "
-        "not exist') while the others wait at the next barrier and then lose their peer "
-        "(also https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93)"),
+        "not exist') while the others wait at the next barrier and then lose their peer"),
+    h41("dir-made-by-rank0-only", "ddp_trainer",
+        [("save_if", "before",
+          "import time\n"
+          "ckpt_dir = self.snapshot_path[:-3]  # the run's folder: every rank saves its optimizer state there\n"
+          "if self.global_rank == 0:\n"
+          "    time.sleep(5); os.makedirs(ckpt_dir, exist_ok=True)  # (rank 0 first writes the run's metadata)\n"
+          'torch.save(self.optimizer.state_dict(), os.path.join(ckpt_dir, f"optim_rank{self.global_rank}.pt"))')],
+        "failed", "nonzero", "dir-created-on-rank0-only", "https://github.com/karpathy/nanochat/issues/315",
+        "only rank 0 creates the checkpoint folder, every rank saves into it: the other ranks get there first and "
+        "fail in torch.save ('Parent directory ... does not exist') (also "
+        "https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93)", fault=3),
     h41("weights-only-load", "ddp_trainer",
         [("save", "replace",
           "import argparse\n"
@@ -577,14 +587,6 @@ FIRST_TIME_H41 = [
         "ok", "all", "hyperparameter-differs-across-ranks", "https://github.com/rwth-i6/returnn/issues/1493",
         "the learning-rate scheduler stepped inside the master-only logging branch: rank 0 decays its learning rate, "
         "the others do not, and the replicas drift apart", check=True),
-    h41("plateau-on-local-loss", "gpt_accum",
-        [("reduce_val", "before", "scheduler.step(losses[\"val\"])  # this rank's own validation loss"),
-         ("optimizer", "after",
-          "scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.05)"),
-         ("micro", "before", 'print(f"[rank{ddp_rank}] iter {iter_num} lr {optimizer.param_groups[0][\'lr\']:.2e}", flush=True)')],
-        "ok", "all", "hyperparameter-differs-across-ranks", "https://github.com/rmchurch/disruptcnn/issues/3",
-        "ReduceLROnPlateau stepped with each rank's own validation loss (before the all_reduce): the ranks decide "
-        "their learning-rate cuts apart and the replicas drift apart", check=True, ranks=(2,)),
     h41("val-loss-not-reduced", "gpt_accum",
         [("reduce_val", "delete", ""),
          ('re:print\\(f"step \\{iter_num\\}', "replace",
@@ -625,10 +627,15 @@ FIRST_TIME_H41 = [
         "a Python float passed to dist.all_reduce: 'Invalid function argument. Expected parameter `tensor` of type "
         "torch.Tensor' on every rank"),
     h41("new-group-on-rank0", "gpt_accum",
-        [("log_if", "after", "    log_group = dist.new_group(ranks=[0])  # a group of its own for the logger")],
+        [("seed", "after",
+          "if master_process:\n"
+          "    log_group = dist.new_group(ranks=[0])  # the logger's own group (only rank 0 logs)\n"
+          "eval_group = dist.new_group()  # evaluation's all_reduce, every rank"),
+         ("reduce_val", "replace", "dist.all_reduce(val, group=eval_group)")],
         "hung", "0", "new-group-not-on-every-rank", "https://github.com/vllm-project/llm-compressor/pull/2869",
-        "dist.new_group called inside `if master_process:`: creating a group needs every rank of the world, rank 0 "
-        "waits in it while the others go on to train (also https://github.com/pytorch/pytorch/pull/124268)"),
+        "dist.new_group called inside `if master_process:`: alone it passes on gloo (torch 2.13), but every later "
+        "group is then numbered differently on rank 0: rank 0 waits in the next new_group while the others go on "
+        "to DDP's first collective (also https://github.com/pytorch/pytorch/pull/124268)", fault=1),
     h41("p2p-grad-tag-mismatch", "pipeline",
         [("send_grad", "replace", "dist.send(inputs[m].grad, dst=prev_rank, tag=m)  # the micro-batch's tag")],
         "hung", "last", "p2p-tag-mismatch", "https://github.com/pytorch/gloo/issues/308",
