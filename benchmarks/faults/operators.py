@@ -34,10 +34,11 @@ BASES = {
 }
 
 
-def op(id, base, edits, status, culprit, cause, source, note, fault=0, also_fix=(), ranks=(2, 4, 8), check=False):
+def op(id, base, edits, status, culprit, cause, source, note, fault=0, also_fix=(), ranks=(2, 4, 8), check=False,
+       round=""):
     return {"id": id, "base": base, "edits": [list(e) for e in edits], "status": status, "culprit": culprit,
             "cause": cause, "source": source, "note": note, "fault": fault, "also_fix": list(also_fix),
-            "ranks": list(ranks), "check": check}
+            "ranks": list(ranks), "check": check, "round": round}
 
 
 OPERATORS = [
@@ -335,3 +336,310 @@ OPERATORS = [
        "ok", "all", "no-set-epoch", "https://github.com/facebookresearch/ClassyVision/pull/118",
        "the epoch not passed on to the sampler (set_epoch with a constant): the same shuffle every epoch", check=True),
 ]
+
+# ---------------------------------------------------------------- issue 41 item 6: held out by construction
+# Written and labelled under bare torchrun before any engine rule for their class (round "h41"); engine at
+# ec3bc48 when they were written. Each class is new to causes.json. RESULTS.md reports them apart.
+# Shared pieces: record 6 of ddp_trainer's dataset stands at position 7 of epoch 0's shuffle (seed 0), so it
+# falls to the last rank at 2, 4 and 8 ranks, in that rank's first batch.
+_CORRUPT = ("dataset", "after",
+            'dataset.data[6] = (torch.full((20,), float("nan")), dataset.data[6][1])  # record 6 is corrupt on disk')
+_TWO_WORKERS = ("re:return DataLoader\\(dataset, batch_size=batch_size, shuffle=False", "replace",
+                "return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=2)")
+_CHECK_INPUT = ("forward", "before", "if not torch.isfinite(source).all():\n"
+                                     '    raise ValueError("non-finite values in the input batch")')
+
+
+def h41(*args, **kw):
+    return op(*args, round="h41", **kw)
+
+
+FIRST_TIME_H41 = [
+    # ---------------------------------------------------------------- DataLoader workers ------------------
+    h41("worker-raises-bad-record", "ddp_trainer",
+        [("re:return self\\.data\\[index\\]", "before",
+          "x, y = self.data[index]\n"
+          "if not torch.isfinite(x).all():\n"
+          '    raise ValueError(f"record {index} is corrupt")'), _CORRUPT, _TWO_WORKERS],
+        "failed", "last", "dataloader-worker-exception", "https://github.com/microsoft/infinibatch/issues/17",
+        "a corrupt record raises inside a DataLoader worker process of one rank: the rank re-raises it as 'Caught "
+        "ValueError in DataLoader worker process N' and the others lose their peer", fault=2),
+    h41("worker-killed-bad-record", "ddp_trainer",
+        [("re:return self\\.data\\[index\\]", "before",
+          "x, y = self.data[index]\n"
+          "if not torch.isfinite(x).all():  # decoding this record takes all the memory: the kernel kills the worker\n"
+          "    import signal; os.kill(os.getpid(), signal.SIGKILL)"), _CORRUPT, _TWO_WORKERS],
+        "failed", "last", "dataloader-worker-killed", "https://github.com/pytorch/pytorch/issues/8976",
+        "a DataLoader worker of one rank is killed (SIGKILL, as by the OOM killer) on one record: 'DataLoader worker "
+        "(pid N) is killed by signal' in a rank that itself was not killed "
+        "(also https://github.com/CompVis/latent-diffusion/issues/76)", fault=2),
+    h41("worker-timeout", "ddp_trainer",
+        [("re:return DataLoader\\(dataset, batch_size=batch_size, shuffle=False", "replace",
+          "return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=1, timeout=2)"),
+         ("re:return self\\.data\\[index\\]", "before",
+          "import time; time.sleep(0.5)  # each record comes from a slow network filesystem")],
+        "failed", "all", "dataloader-timeout", "https://github.com/MPI-Dortmund/tomotwin-cryoet/pull/57",
+        "a DataLoader timeout shorter than a worker takes for one batch: 'DataLoader timed out after 2 seconds'"),
+    h41("spawn-worker-get-rank", "ddp_trainer",
+        [("re:return self\\.data\\[index\\]", "replace",
+          "g = torch.Generator().manual_seed(1000 * dist.get_rank() + index)  # per-rank augmentation noise\n"
+          "x, y = self.data[index]\n"
+          "return x + 0.01 * torch.randn(20, generator=g), y"),
+         ("re:return DataLoader\\(dataset, batch_size=batch_size, shuffle=False", "replace",
+          "return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=2,\n"
+          '                  multiprocessing_context="spawn")  # fork is unsafe with threads')],
+        "failed", "all", "process-group-in-worker", "https://github.com/Lightning-AI/pytorch-lightning/issues/15734",
+        "the Dataset asks torch.distributed for the rank inside a spawned DataLoader worker, a new process with no "
+        "process group (init_process_group was called, in the rank)"),
+    h41("iterable-not-sharded-by-worker", "ddp_trainer",
+        [("sampler", "replace",
+          "class Shard(torch.utils.data.IterableDataset):  # this rank's share, streamed\n"
+          "    def __iter__(self):\n"
+          '        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])\n'
+          "        return (dataset[i] for i in range(rank, len(dataset), world))\n"
+          "    def __len__(self):\n"
+          '        return len(range(int(os.environ["RANK"]), len(dataset), int(os.environ["WORLD_SIZE"])))\n'
+          "return DataLoader(Shard(), batch_size=batch_size, num_workers=2)"),
+         ("re:return DataLoader\\(dataset, batch_size=batch_size, shuffle=False", "delete", ""),
+         ("set_epoch", "delete", "")],
+        "ok", "all", "iterable-worker-duplicates", "https://github.com/pytorch/pytorch/issues/30599",
+        "an IterableDataset sharded by rank but not by DataLoader worker: each of the 2 workers yields the rank's "
+        "whole share, every sample twice per epoch (also https://github.com/huggingface/datasets/issues/3423)",
+        fault=3, check=True),
+    # ---------------------------------------------------------------- exceptions on one rank -------------
+    h41("skip-bad-batch-one-rank", "ddp_trainer",
+        [("re:^            self\\._run_batch\\(source, targets\\)", "replace",
+          "try:\n"
+          "    self._run_batch(source, targets)\n"
+          "except ValueError as e:  # a bad batch: skip it and keep training\n"
+          '    print(f"[rank{self.global_rank}] skipped a batch: {e}", flush=True)'), _CHECK_INPUT, _CORRUPT],
+        "hung", "last", "exception-swallowed-one-rank", "https://github.com/Lightning-AI/pytorch-lightning/issues/6430",
+        "an input check raises on one rank only (its batch holds a corrupt record) and the training loop catches "
+        "it and skips the batch: that rank takes one step fewer than the others "
+        "(also https://github.com/pytorch/torchtitan/issues/1790)", fault=2),
+    h41("collective-in-except-handler", "ddp_trainer",
+        [("re:^            self\\._run_epoch\\(epoch\\)", "replace",
+          "try:\n"
+          "    self._run_epoch(epoch)\n"
+          "except Exception:  # save what we have before going down\n"
+          "    path = [self.snapshot_path if self.global_rank == 0 else None]\n"
+          "    dist.broadcast_object_list(path, src=0)  # every rank writes where rank 0 says\n"
+          '    torch.save(self.model.module.state_dict(), f"{path[0]}.rank{self.global_rank}.failed")\n'
+          "    raise"), _CHECK_INPUT, _CORRUPT],
+        "failed", "last", "exception-propagating-into-collective",
+        "https://github.com/Lightning-AI/pytorch-lightning/issues/6430",
+        "the training loop is wrapped in try/except that saves a checkpoint (a broadcast of the path) before "
+        "re-raising: one rank fails, enters the handler's broadcast alone, and gloo aborts it (SIGABRT, 'Received "
+        "data size doesn't match') when the others' gradient all-reduce arrives: the first error is never shown. "
+        "Labelled 'hung' when first written; bare torchrun with a 100 s wait showed the abort", fault=4),
+    h41("sys-exit-rank0-check", "gpt_accum",
+        [("seed", "after",
+          "import sys\n"
+          'out_dir = "/nonexistent/ddplab/out-gpt"  # the cluster\'s checkpoint folder\n'
+          "if master_process and not os.path.isdir(out_dir):\n"
+          '    print(f"error: {out_dir} does not exist", flush=True)\n'
+          "    sys.exit(1)")],
+        "failed", "0", "sys-exit-one-rank", "https://github.com/YalaLab/pillar-pretrain/pull/9",
+        "a check only rank 0 makes ends it with sys.exit(1): no traceback, the others fail at the next collective",
+        fault=4),
+    # ---------------------------------------------------------------- processes and threads at exit ------
+    h41("non-daemon-heartbeat", "ddp_trainer",
+        [("setup_call", "after",
+          'if int(os.environ["RANK"]) == 0:  # rank 0 reports progress to the dashboard\n'
+          "    import threading, time\n"
+          "    def heartbeat():\n"
+          "        while True:\n"
+          "            time.sleep(1)\n"
+          '    threading.Thread(target=heartbeat, name="heartbeat").start()')],
+        "hung", "0", "non-daemon-thread-at-exit", "https://github.com/lincc-frameworks/hyrax/pull/1011",
+        "a non-daemon thread started on rank 0 never ends: the rank finishes main() and waits for it at interpreter "
+        "shutdown, so torchrun never returns", fault=5),
+    h41("child-process-at-exit", "ddp_trainer",
+        [("setup_call", "after",
+          'if int(os.environ["RANK"]) == 0:  # rank 0 uploads the checkpoints as they appear\n'
+          "    import multiprocessing, time\n"
+          "    def uploader():\n"
+          "        while True:\n"
+          "            time.sleep(1)\n"
+          '    multiprocessing.Process(target=uploader, name="uploader").start()')],
+        "hung", "0", "child-process-at-exit", "https://github.com/rwth-i6/returnn/issues/1497",
+        "a non-daemon multiprocessing child started on rank 0 never ends: the rank's exit handler joins it forever",
+        fault=5),
+    h41("wait-for-file-after-barrier", "ddp_trainer",
+        [("before_cleanup", "before",
+          "import time\n"
+          "if trainer.global_rank == 0:  # rank 0 merges the scores once every other rank has written its own\n"
+          '    while not all(os.path.exists(f"{snapshot_path}.score{r}") for r in range(1, int(os.environ["WORLD_SIZE"]))): time.sleep(0.2)'),
+         ("before_cleanup", "after",
+          "if trainer.global_rank > 0:\n"
+          '    open(f"{snapshot_path}.score{trainer.global_rank}", "w").write(f"{score}")')],
+        "hung", "0", "file-handshake-deadlock", "https://github.com/awslabs/palace/issues/838",
+        "rank 0 polls for files the other ranks write only after a barrier that rank 0 never reaches", fault=2),
+    # ---------------------------------------------------------------- checkpoints -------------------------
+    h41("checkpoint-dir-missing", "ddp_trainer",
+        [("re:torch\\.save\\(snapshot, self\\.snapshot_path\\)", "replace",
+          'torch.save(snapshot, os.path.join(self.snapshot_path[:-3], "checkpoints", "last.pt"))  # the run\'s folder')],
+        "failed", "0", "checkpoint-dir-missing", "https://github.com/thunlp/KnowledgeablePromptTuning/issues/24",
+        "rank 0 saves into a checkpoints/ folder nobody created: it fails in torch.save ('Parent directory ... does "
+        "not exist') while the others wait at the next barrier and then lose their peer"),
+    h41("dir-made-by-rank0-only", "ddp_trainer",
+        [("save_if", "before",
+          "import time\n"
+          "ckpt_dir = self.snapshot_path[:-3]  # the run's folder: every rank saves its optimizer state there\n"
+          "if self.global_rank == 0:\n"
+          "    time.sleep(5); os.makedirs(ckpt_dir, exist_ok=True)  # (rank 0 first writes the run's metadata)\n"
+          'torch.save(self.optimizer.state_dict(), os.path.join(ckpt_dir, f"optim_rank{self.global_rank}.pt"))')],
+        "failed", "nonzero", "dir-created-on-rank0-only", "https://github.com/karpathy/nanochat/issues/315",
+        "only rank 0 creates the checkpoint folder, every rank saves into it: the other ranks get there first and "
+        "fail in torch.save ('Parent directory ... does not exist') (also "
+        "https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93)", fault=3),
+    h41("weights-only-load", "ddp_trainer",
+        [("save", "replace",
+          "import argparse\n"
+          'snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch,\n'
+          '            "ARGS": argparse.Namespace(lr=1e-2, batch_size=8)}')],
+        "failed", "all", "weights-only-unpickling", "https://github.com/facebookresearch/seamless_communication/issues/159",
+        "a checkpoint that holds the run's argparse Namespace, loaded with torch.load's weights_only default "
+        "(True since torch 2.6): 'Weights only load failed' on every rank "
+        "(also https://github.com/mlcommons/mlperf-automations/issues/465)", fault=1, also_fix=["load_file"]),
+    h41("async-save-unpicklable", "ddp_trainer",
+        [("save", "replace",
+          'snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch,\n'
+          '            "SCHEDULER": torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda e: 0.95 ** e)}'),
+         ("re:torch\\.save\\(snapshot, self\\.snapshot_path\\)", "replace",
+          "import concurrent.futures\n"
+          "self.pending = concurrent.futures.ThreadPoolExecutor(1).submit(torch.save, snapshot, self.snapshot_path)"
+          "  # in the background"),
+         ("after_train", "before", "if self.global_rank == 0:\n"
+                                   "    self.pending.result()  # the last checkpoint is on disk")],
+        "failed", "0", "error-in-background-thread", "https://github.com/google/orbax/issues/605",
+        "rank 0 saves its checkpoints in a background thread; the snapshot holds a scheduler with a lambda, which "
+        "cannot be pickled: the error is raised in the thread and shown only later, at future.result()", fault=1),
+    h41("load-strict-false-prefix", "ddp_trainer",
+        [("load", "replace", 'model.load_state_dict(snapshot["MODEL_STATE"], strict=False)  # tolerate extra keys'),
+         ("save", "replace", 'snapshot = {"MODEL_STATE": self.model.state_dict(), "EPOCHS_RUN": epoch}')],
+        "ok", "all", "state-dict-keys-ignored", "https://github.com/pytorch/examples/issues/1029",
+        "the DDP wrapper's state dict ('module.' keys) loaded with strict=False: no key matches, nothing is "
+        "loaded, the evaluation scores the untrained model", check=True),
+    h41("mkdir-every-rank", "ddp_trainer",
+        [("setup_call", "after",
+          "out_dir = os.path.join(tempfile.gettempdir(), f\"faults_run_{os.environ['MASTER_PORT']}\")\n"
+          "os.makedirs(out_dir)  # the run's output folder")],
+        "failed", "all", "makedirs-race", "https://github.com/huawei-bayerlab/marigold-v2/pull/7",
+        "every rank creates the run's output folder with os.makedirs (exist_ok=False): all but the first fail with "
+        "FileExistsError (also https://github.com/allenai/allennlp/issues/3841)", fault=1),
+    h41("fsdp-rank0-only-state-load", "fsdp_train",
+        [("end_barrier", "before",
+          "scorer = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 2))\n"
+          "scorer.load_state_dict(state)  # every rank scores the checkpointed model")],
+        "failed", "nonzero", "rank0-only-state-dict-empty", "https://github.com/pytorch/pytorch/issues/125177",
+        "FSDP's full state dict with rank0_only=True is empty on the other ranks; loading it there fails with every "
+        "key missing", fault=1, also_fix=["re:cfg = FullStateDictConfig"]),
+    # ---------------------------------------------------------------- evaluation and logging -------------
+    h41("eval-padding-duplicates", "ddp_trainer",
+        [("before_cleanup", "before",
+          "val = MyTrainDataset(51)  # the validation split\n"
+          "val_loader = DataLoader(val, batch_size=8, sampler=DistributedSampler(val, shuffle=False))\n"
+          "scorer = trainer.model.module.eval()\n"
+          "sums = torch.zeros(2)\n"
+          "with torch.no_grad():\n"
+          "    for x, y in val_loader:\n"
+          '        sums += torch.tensor([F.mse_loss(scorer(x), y, reduction="sum").item(), len(y)])\n'
+          "dist.all_reduce(sums)\n"
+          'print(f"[rank{trainer.global_rank}] val mse {sums[0] / sums[1]:.4f} over {int(sums[1])} samples", flush=True)')],
+        "ok", "all", "eval-padding-duplicates", "https://github.com/pytorch/pytorch/issues/25162",
+        "a distributed evaluation with DistributedSampler over 51 samples: the sampler pads with repeats to a multiple "
+        "of the world size and the metric counts them (also https://github.com/roboflow/rf-detr/issues/1507)",
+        fault=1, check=True),
+    h41("eval-rank0-distributed-sampler", "ddp_trainer",
+        [("before_cleanup", "before",
+          "if trainer.global_rank == 0:  # rank 0 scores the validation split\n"
+          "    val = MyTrainDataset(48)\n"
+          "    val_loader = DataLoader(val, batch_size=8, sampler=DistributedSampler(val, shuffle=False))\n"
+          "    scorer, total, n = trainer.model.module.eval(), 0.0, 0\n"
+          "    with torch.no_grad():\n"
+          "        for x, y in val_loader:\n"
+          '            total, n = total + F.mse_loss(scorer(x), y, reduction="sum").item(), n + len(y)\n'
+          '    print(f"[rank0] val mse {total / n:.4f} over {n} samples", flush=True)')],
+        "ok", "0", "eval-subset-on-one-rank", "https://github.com/zifuwan/Sigma/issues/41",
+        "validation on rank 0 only, through a DistributedSampler: rank 0 scores its 1/world share and reports it as "
+        "the whole split", fault=2, check=True),
+    h41("eval-mode-left-on-rank0", "ddp_trainer",
+        [("save_call", "after",
+          "self.model.module.eval()  # rank 0 checks the snapshot before going on\n"
+          "with torch.no_grad():\n"
+          "    self.model.module(torch.rand(16, 20))")],
+        "ok", "0", "eval-mode-not-restored", "https://github.com/ermongroup/ncsn/issues/2",
+        "rank 0 puts the model in eval mode for a check and never back in train mode: from then on rank 0 trains "
+        "with BatchNorm's running statistics (and broadcasts its buffers), the others with batch statistics "
+        "(also https://github.com/fartashf/vsepp/issues/4)",
+        check=True),
+    h41("metric-summed-not-averaged", "gpt_accum",
+        [('re:print\\(f"step \\{iter_num\\}', "replace",
+          'print(f"step {iter_num}: val loss {val.item():.4f}", flush=True)  # all_reduce gives the mean')],
+        "ok", "all", "metric-summed-not-averaged", "https://github.com/sanderwood/bgpt/issues/5",
+        "the logged validation loss is the all_reduce SUM over ranks, read as the mean: world_size times too large",
+        check=True),
+    # ---------------------------------------------------------------- state that differs across ranks ----
+    h41("scheduler-step-rank0", "gpt_accum",
+        [("log_if", "after", "    scheduler.step()  # decay the learning rate at each evaluation"),
+         ("optimizer", "after", "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)")],
+        "ok", "all", "hyperparameter-differs-across-ranks", "https://github.com/rwth-i6/returnn/issues/1493",
+        "the learning-rate scheduler stepped inside the master-only logging branch: rank 0 decays its learning rate, "
+        "the others do not, and the replicas drift apart", check=True),
+    h41("val-loss-not-reduced", "gpt_accum",
+        [("reduce_val", "delete", ""),
+         ('re:print\\(f"step \\{iter_num\\}', "replace",
+          'print(f"step {iter_num}: val loss {val.item():.4f}", flush=True)')],
+        "ok", "all", "metric-not-reduced-across-ranks", "https://github.com/Lightning-AI/litgpt/issues/599",
+        "the validation loss logged by rank 0 is rank 0's own: no reduction across ranks, the other shards are "
+        "never counted", check=True),
+    h41("optimizer-state-rank0", "gpt_accum",
+        [("optimizer", "after",
+          "import tempfile\n"
+          "resume = os.path.join(tempfile.gettempdir(), f\"faults_resume_{os.environ['MASTER_PORT']}.pt\")\n"
+          "if master_process:  # (the earlier run's checkpoint: its scheduler had decayed the lr)\n"
+          '    old = optimizer.state_dict(); old["param_groups"][0]["lr"] = learning_rate / 10\n'
+          '    torch.save({"optimizer": old}, resume)\n'
+          "dist.barrier()\n"
+          "if master_process:  # resume: rank 0 reads the checkpoint (DDP broadcasts the weights)\n"
+          '    optimizer.load_state_dict(torch.load(resume)["optimizer"])')],
+        "ok", "all", "resume-state-on-one-rank", "https://github.com/vllm-project/speculators/pull/926",
+        "on resume only rank 0 loads the checkpoint: DDP broadcasts the weights, but the optimizer's state (its "
+        "learning rate) stays the fresh one on the other ranks", fault=6, check=True),
+    h41("each-rank-own-model", "ddp_trainer",
+        [("wrap", "replace", "self.model = model  # DDP(model) on GPU machines only"),
+         ("save", "replace", 'snapshot = {"MODEL_STATE": self.model.state_dict(), "EPOCHS_RUN": epoch}')],
+        "ok", "all", "model-not-wrapped", "https://github.com/mapbox/robosat/pull/77",
+        "the model is wrapped in DDP only on the GPU path: on CPU each rank trains its own model on its own shard, "
+        "nothing is averaged (also https://github.com/kohya-ss/sd-scripts/issues/924)", check=True),
+    h41("param-average-inplace", "gpt_accum",
+        [("step", "after", "for p in model.parameters():  # keep the replicas identical\n"
+                           "    dist.all_reduce(p)\n"
+                           "    p /= ddp_world_size")],
+        "failed", "all", "inplace-on-leaf-parameter", "https://github.com/JuliaWolleb/diffusion-anomaly/issues/9",
+        "parameters averaged by hand outside torch.no_grad(): the in-place division of a leaf that requires grad "
+        "raises on every rank (also https://github.com/pytorch/examples/pull/779)", fault=2),
+    # ---------------------------------------------------------------- collectives' arguments -------------
+    h41("all-reduce-python-float", "gpt_accum",
+        [("re:val = torch\\.tensor\\(\\[losses", "replace", 'val = losses["val"].item()  # the loss as a number')],
+        "failed", "all", "collective-on-non-tensor", "https://github.com/SCHENLIU/longformer-chinese/issues/15",
+        "a Python float passed to dist.all_reduce: 'Invalid function argument. Expected parameter `tensor` of type "
+        "torch.Tensor' on every rank"),
+    h41("new-group-on-rank0", "gpt_accum",
+        [("seed", "after",
+          "if master_process:\n"
+          "    log_group = dist.new_group(ranks=[0])  # the logger's own group (only rank 0 logs)\n"
+          "eval_group = dist.new_group()  # evaluation's all_reduce, every rank"),
+         ("reduce_val", "replace", "dist.all_reduce(val, group=eval_group)")],
+        "hung", "0", "new-group-not-on-every-rank", "https://github.com/vllm-project/llm-compressor/pull/2869",
+        "dist.new_group called inside `if master_process:`: alone it passes on gloo (torch 2.13), but every later "
+        "group is then numbered differently on rank 0: rank 0 waits in the next new_group while the others go on "
+        "to DDP's first collective (also https://github.com/pytorch/pytorch/pull/124268)", fault=1),
+    h41("p2p-grad-tag-mismatch", "pipeline",
+        [("send_grad", "replace", "dist.send(inputs[m].grad, dst=prev_rank, tag=m)  # the micro-batch's tag")],
+        "hung", "last", "p2p-tag-mismatch", "https://github.com/pytorch/gloo/issues/308",
+        "a gradient sent back with the activation's tag (m) while the previous stage receives tag 100 + m: the send "
+        "and the receive never match (only the last stage gets to the changed send; the others wait upstream)"),
+]
+OPERATORS += FIRST_TIME_H41

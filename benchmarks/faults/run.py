@@ -15,7 +15,7 @@ a mutant that does not is a suite error, reported and not counted. Then it runs 
   is placed at a line to fix and, unless every rank is a culprit, no other rank's frame is;
 - cause named: the engine's signature (or, for --check runs, a finding's kind as "check:KIND") is one of the
   ids causes.json accepts for the mutant's class; wrong cause: a named id (not in causes.json's
-  "not_a_cause") outside that list;
+  "not_a_cause", nor in its "symptoms" for the mutant's class) outside that list;
 - time to verdict for hung mutants: result.stall.idle_s (no progress seen for that long when judged).
 
 Results go to build/faults/results.json (and a copy named by the time) as fields, and a table is printed.
@@ -127,6 +127,7 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
     if result.check is not None:
         named |= {f"check:{k}" for k in result.check.kinds()}
     accepted = set(causes["classes"][m.cause])
+    symptoms = set(causes.get("symptoms", {}).get(m.cause, ()))   # what the run shows, not why
     stall = result.stall
     return {
         "status": result.status, "status_ok": result.status == m.status,
@@ -134,7 +135,7 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
         "fix_at": fix_at,
         "frames": {str(r): ln for r, ln in lines.items()},
         "signature": result.signature, "named": sorted(named),
-        "cause_named": bool(named & accepted), "wrong_causes": sorted(named - accepted),
+        "cause_named": bool(named & accepted), "wrong_causes": sorted(named - accepted - symptoms),
         # issue 32 item 4: every rank has a place in the explanation (the line it stood, failed or was ended at),
         # except a rank that had already exited cleanly
         "every_rank_placed": (all(r.frame is not None or r.exit_code == 0 for r in result.ranks)
@@ -168,10 +169,14 @@ def family(row: dict) -> str:
 def tables(rows: list[dict]) -> str:
     for r in rows:
         r["family"] = family(r)
-    return "\n\n".join(table(summarize(rows, k), k) for k in ("cause", "family", "nproc"))
+        r.setdefault("round", "")   # results saved before the round field: the operators before issue 41's
+    keys = ("cause", "family", "nproc") + (("round",) if any(r.get("round") for r in rows) else ())
+    return "\n\n".join(table(summarize(rows, k), k) for k in keys)
 
 
-def select(ops: list[dict], only: str | None, sample: int | None) -> list[dict]:
+def select(ops: list[dict], only: str | None, sample: int | None, round: str | None = None) -> list[dict]:
+    if round is not None:   # "h41": issue 41's first-time operators; "": the operators before them
+        ops = [o for o in ops if o.get("round", "") == round]
     if only:
         pats = only.split(",")
         ops = [o for o in ops if any(fnmatch.fnmatch(o["id"], p) or fnmatch.fnmatch(o["cause"], p) for p in pats)]
@@ -222,6 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None,
                    help="run the operators whose id or cause class matches one of these comma-separated patterns")
     p.add_argument("--sample", type=int, default=None, help="at most N operators per cause class")
+    p.add_argument("--round", default=None,
+                   help="only the operators of this round (h41: issue 41's first-time operators; '' for the rest)")
     p.add_argument("--no-verify", action="store_true", help="skip the bare-torchrun check of each label")
     p.add_argument("--stall-s", type=float, default=STALL_S)
     p.add_argument("--report", nargs="+", metavar="RESULTS_JSON",
@@ -269,13 +276,14 @@ def main(argv=None) -> int:
 
 
 def _run_all(a, counts: list[int], causes: dict, cache: dict, rows: list) -> None:
-    for op in select(mutate.operators(), a.only, a.sample):
+    for op in select(mutate.operators(), a.only, a.sample, a.round):
         m = mutate.build(op, OUT / "mutants")
         for n in counts:
             if n not in m.ranks:
                 continue
             row = {"id": m.id, "base": op["base"], "cause": m.cause, "nproc": n, "expected": m.status,
-                   "culprits": list(m.culprits(n)), "fix_lines": list(m.fix_lines), "source": op["source"]}
+                   "culprits": list(m.culprits(n)), "fix_lines": list(m.fix_lines), "source": op["source"],
+                   "round": op.get("round", "")}
             if not a.no_verify:
                 v = _verify(m, n, cache)
                 row["bare"] = v
