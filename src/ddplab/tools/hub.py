@@ -301,7 +301,12 @@ def stop(hub: Hub, proc: subprocess.Popen) -> dict:
             proc.wait()
     uids = {a.uid for a in hub.learners}
     left = _ours(hub.state, uids)
-    swept = [{"pid": p.pid, "name": p.name(), "uid": p.uids().real} for p in left if p.is_running()]
+    swept = []
+    for p in left:
+        try:
+            swept.append({"pid": p.pid, "name": p.name(), "uid": p.uids().real})
+        except psutil.Error:
+            pass          # gone by itself meanwhile
     for p in left:
         try:
             p.terminate()
