@@ -324,7 +324,8 @@ def stop(hub: Hub, proc: subprocess.Popen) -> dict:
 
 
 def _print_accounts(hub: Hub) -> None:
-    print(f"JupyterHub for {len(hub.learners)} learners: {hub.url}", flush=True)
+    n = len(hub.learners)
+    print(f"JupyterHub for {n} learner{'s' if n != 1 else ''}: {hub.url}", flush=True)
     width = max(len(a.name) for a in hub.learners)
     print(f"  {'account':<{width}}  password", flush=True)
     for a in hub.learners:
@@ -342,7 +343,8 @@ def serve(learners: int, *, ip: str = "127.0.0.1", port: int = PORT, prefix: str
     if missing:
         raise DdplabError(f"the classroom hub {'; '.join(str(n) for n in missing)}")
     venv = Path(sys.prefix)
-    print(f"making {learners} learner accounts ({prefix}1 ... {prefix}{learners})", flush=True)
+    print(f"making {learners} learner account{'s' if learners != 1 else ''} ({prefix}1"
+          + (f" ... {prefix}{learners})" if learners > 1 else ")"), flush=True)
     accounts = make_accounts(learners, prefix)
     reach = grant_reach(accounts, venv)
     print("starting JupyterHub", flush=True)
