@@ -232,17 +232,12 @@ def _marked_any() -> list:
 def _end_all(tag: str) -> None:
     """End every process the grading marked ``tag`` started (its kernel and its jobs run in sessions of their
     own, so the process group is not enough), until none is left."""
-    import psutil
+    from ddplab.tools.hub import end_processes
     for _ in range(10):
         left = _marked(tag)
         if not left:
             return
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        end_processes(left, grace_s=0)
 
 
 def grade_one(sub: Submission, zip_path: Path, limit_s: float, work: Path,

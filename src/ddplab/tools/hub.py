@@ -289,6 +289,22 @@ def _ours(state: str, uids: set[int]) -> list[psutil.Process]:
     return found
 
 
+def end_processes(procs: list, grace_s: float = 10) -> None:
+    """SIGTERM to each of ``procs``, ``grace_s`` for them to go, then SIGKILL to what is left."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
 def stop(hub: Hub, proc: subprocess.Popen) -> dict:
     """Stop the hub (it stops every learner's server and the proxy), then end whatever a learner account or
     the hub still runs. Returns the facts: the hub's exit code and the processes that had to be ended."""
@@ -307,18 +323,7 @@ def stop(hub: Hub, proc: subprocess.Popen) -> dict:
             swept.append({"pid": p.pid, "name": p.name(), "uid": p.uids().real})
         except psutil.Error:
             pass          # gone by itself meanwhile
-    for p in left:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(left, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=10)
+    end_processes(left)
     still = [p.pid for p in _ours(hub.state, uids)]
     return {"hub_exit": proc.returncode, "swept": swept, "left": still}
 
