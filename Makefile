@@ -3,6 +3,8 @@
 #   make test       the whole test suite (what CI runs)
 #   make test-load  the checkers' tests with a CPU burner beside their runs
 #   make lab        JupyterLab on notebooks/
+#   make classroom  as root: LEARNERS=N accounts and a JupyterHub for them (Ctrl-C stops everything)
+#   make test-classroom  the hub with K learners and the gradebook (what CI runs after make test)
 #   make notebooks  maintainers: make workbook, then store the executed notebooks in notebooks/
 #   make assign     maintainers: notebooks/ (learner) and build/instructor/ from course-src/ (otter-grader)
 PYTHON ?= python3
@@ -10,6 +12,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 TEST_STAMP = $(VENV)/.installed-test
+CLASSROOM_STAMP = $(VENV)/.installed-classroom
 # papermill parameters for every notebook that declares them, e.g. WORKBOOK_ARGS="-p quick False"
 WORKBOOK_ARGS ?=
 # notebooks executed at once by make workbook (a run whose verdicts compare times still has the
@@ -33,7 +36,8 @@ INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$
 # part is skipped: the build and the tests still pass.
 SYSTEM = $(PYTHON) src/ddplab/tools/system.py install
 
-.PHONY: workbook notebooks test test-load lab install clean benchmark classroom system assign sources
+.PHONY: workbook notebooks test test-load test-classroom lab install clean benchmark classroom classroom-benchmark \
+	system assign sources
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +87,16 @@ notebooks: $(STAMP)
 # notebook 00 executes in tests/test_notebooks.py. TEST_WORKERS=2 for two workers.
 TEST_WORKERS ?= 3
 test: $(TEST_STAMP)
-	@$(SYSTEM) labs browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) tests
+	@$(SYSTEM) labs browser classroom
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -p no:cacheprovider $(CLASSROOM_TESTS:%=--ignore=%) \
+		$(PYTEST_ARGS) tests
+
+# The classroom's own round, alone on the machine (K learners at once are the load it measures): the hub with
+# K learners through its API (tests/test_hub.py) and the gradebook (tests/test_gradebook.py), one file per worker.
+CLASSROOM_TESTS = tests/test_hub.py tests/test_gradebook.py
+test-classroom: $(TEST_STAMP)
+	@$(SYSTEM) classroom
+	$(BIN)/python -m pytest -n 2 --dist loadfile -p no:cacheprovider $(PYTEST_ARGS) $(CLASSROOM_TESTS)
 
 # One source notebook per lab (course-src/, otter-grader's format: solutions and hidden tests inside) ->
 # the learner's notebook in notebooks/ (no solution, no test; a stored notebook whose cell sources are the
@@ -111,7 +123,18 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/launch_overhead.py
 	$(BIN)/python benchmarks/verdict_latency.py
 
-classroom: $(STAMP)
+# as root: LEARNERS accounts (learner1 ...), a JupyterHub for them on IP:PORT (classroom/jupyterhub_config.py),
+# the URL and the accounts printed; Ctrl-C stops the hub, every learner's server and job
+$(CLASSROOM_STAMP): $(STAMP)
+	$(INSTALL) -e ".[classroom]"
+	touch $(CLASSROOM_STAMP)
+
+classroom: $(CLASSROOM_STAMP)
+	@$(SYSTEM) classroom
+	$(BIN)/ddplab classroom hub --learners $${LEARNERS:-4} --ip $${IP:-127.0.0.1} --port $${PORT:-8000}
+
+# K learners as processes of one account, without the hub: docs/instructor.md's first table
+classroom-benchmark: $(STAMP)
 	$(BIN)/ddplab classroom check --learners $${LEARNERS:-20}
 	$(BIN)/python benchmarks/classroom.py
 

@@ -337,3 +337,97 @@ def test_stored_notebook_01_shows_the_hang_as_a_picture(jupyterlab):
             browser.close()
     assert box is not None and box["width"] > 300 and box["height"] > 100, box
     assert TIMELINE_SHOT.stat().st_size > 10_000
+
+
+HUB_SHOT = ROOT / "build" / "browser-hub-fixit01.png"
+
+
+def _hub_needs():
+    from ddplab.tools import hub
+    return hub.needs()
+
+
+@pytest.mark.skipif(bool(_hub_needs()), reason=f"the classroom hub {'; '.join(map(str, _hub_needs()))}")
+@pytest.mark.timeout(1800)        # a hub, a server and a real job on a loaded machine: each wait below says why
+def test_a_learner_logs_in_through_the_hub_and_sees_fixit_01_graded(tmp_path):
+    """One learner of the classroom's JupyterHub (classroom/jupyterhub_config.py, started as make classroom
+    starts it): the hub's login page with their account and password, lab 01's notebook in their JupyterLab
+    with the fix-it they typed and saved, its cells run from %load_ext on, the grade shown
+    (build/browser-hub-fixit01.png); the graded run is theirs, in their own runs folder, and ended ok."""
+    import json as _json
+
+    import hubclient
+    from ddplab.course import fixit
+    from ddplab.tools import hub as hubtool
+    state, name = tmp_path / "hub", "ddpb1"
+    proc = hubclient.start_hub(1, "ddpb", state, tmp_path / "launcher.log")
+    try:
+        hub = hubtool.Hub.load(state)
+        me = hub.learners[0]
+        assert me.name == name
+        # what the learner typed and saved: the reference fix under the cell's magic line; JupyterLab settings
+        # as test_browser's other tests set them (every cell rendered, no news pop-up)
+        nb_path = Path(me.home) / hubtool.NOTEBOOKS_DIR / "01_hang.ipynb"
+        nb = _json.loads(nb_path.read_text())
+        fix = next(c for c in nb["cells"] if c.get("id") == "cdea99e0")
+        magic = "".join(fix["source"]).split("\n", 1)[0]
+        fix["source"] = magic + "\n" + fixit.get("01").reference
+        nb_path.write_text(_json.dumps(nb))
+        settings = Path(me.home) / ".jupyter" / "lab" / "user-settings" / "@jupyterlab"
+        (settings / "notebook-extension").mkdir(parents=True, exist_ok=True)
+        (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
+        (settings / "apputils-extension").mkdir(parents=True, exist_ok=True)
+        (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+            '{"fetchNews": "false", "checkForUpdates": false}')
+        for p in [Path(me.home) / ".jupyter", *(Path(me.home) / ".jupyter").rglob("*"), nb_path]:
+            os.chown(p, me.uid, os.stat(me.home).st_gid)
+        learner = hubclient.Learner(hub.url, me.name, me.uid, me.home)
+        learner.log_in(hub.api_token)
+        learner.start_server()
+        code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        load_at = next(i for i, c in enumerate(code_cells) if c.get("id") == "b4641e92")
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                page.goto(f"{hub.url}/hub/login")
+                page.fill("#username_input", me.name)
+                page.fill("#password_input", me.password)
+                page.click("#login_submit")
+                page.wait_for_url("**/user/**", timeout=PAGE_MS)
+                page.goto(f"{hub.url}/user/{me.name}/lab/tree/01_hang.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=PAGE_MS)
+                page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=PAGE_MS)
+                page.locator(".jp-CodeCell").nth(load_at).click()
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run Selected Cell and All Below").first.click()
+                # the fix-it cell runs (its prompt shows [*]), then the grade cell has its number
+                page.wait_for_function(
+                    f"""() => {{ const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')][{load_at + 1}];
+                               return p !== undefined && /\\[(\\*|\\d+)\\]/.test(p.textContent); }}""", timeout=PAGE_MS)
+                page.wait_for_function(_prompts_js(load_at + 2), timeout=2 * CELLS_MS)
+                graded = page.locator(".jp-CodeCell").nth(load_at + 2).locator(".jp-OutputArea")
+                graded.locator(".jp-OutputArea-output").first.wait_for(timeout=PAGE_MS)
+                page.locator(".jp-CodeCell").nth(load_at + 1).scroll_into_view_if_needed()
+                graded.scroll_into_view_if_needed()
+                HUB_SHOT.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(HUB_SHOT), full_page=False)
+                errors = page.locator(".jp-CodeCell .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                                      has_text="Traceback").count()
+            except Exception:
+                _failed_shot(page, HUB_SHOT)
+                raise
+            finally:
+                browser.close()
+    finally:
+        code = hubclient.stop_hub(proc)
+        left = hubclient.processes_of(me.uid) if "me" in locals() else []
+        runs = sorted((Path(me.home) / hubtool.RUNS_DIR).rglob("result.json")) if "me" in locals() else []
+        results = [_json.loads(r.read_text()) for r in runs]
+        hubclient.remove_accounts([name])
+    assert errors == 0
+    # the graded attempt is this learner's run, in their own runs folder, and it ended ok
+    fixes = [r for r in results if r.get("target") == "fix01"]
+    assert fixes and fixes[-1]["status"] == "ok", [(r.get("target"), r.get("status")) for r in results]
+    assert code == 0 and not left, left
+    assert HUB_SHOT.stat().st_size > 10_000

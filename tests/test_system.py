@@ -62,6 +62,19 @@ def test_the_setup_script_switched_off_installs_nothing_and_says_what_is_skipped
     assert not any("apt-get install" in ln and "will be skipped" not in ln for ln in lines)   # no install tried
 
 
+def test_without_npm_the_classroom_hub_is_skipped_with_the_proxy_install_command(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path), DDPLAB_SYSTEM_PACKAGES="0",
+               DDPLAB_CONFIGURABLE_HTTP_PROXY=str(tmp_path / "configurable-http-proxy"))
+    p = subprocess.run([sys.executable, str(SCRIPT), "install", "classroom"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert "== the classroom hub will be skipped: needs configurable-http-proxy: npm install --prefix build/tools " \
+           "configurable-http-proxy@4 (DDPLAB_SYSTEM_PACKAGES=0)" in lines, lines
+    assert "== the classroom hub will be skipped: needs npm: apt-get install npm (DDPLAB_SYSTEM_PACKAGES=0)" in lines
+    assert not any("npm install" in ln and "will be skipped" not in ln for ln in lines)   # no install tried
+
+
 def test_the_setup_script_refuses_an_unknown_part():
     p = subprocess.run([sys.executable, str(SCRIPT), "install", "gpus"], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "unknown part 'gpus'" in p.stderr

@@ -199,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     pcc.add_argument("--learners", type=int, required=True, help="learners sharing this machine at once")
     pcc.add_argument("--json", action="store_true", help="print the facts as JSON")
     pcc.set_defaults(func=_cmd_classroom)
+    pch = csub.add_parser("hub", help="as root: one account per learner and a JupyterHub for them (make classroom)")
+    from ddplab.tools import hub
+    hub.add_arguments(pch)
+    pch.set_defaults(func=lambda a: hub.run_args(a))
+    pcg = csub.add_parser("grade", help="collect the learners' fix-it notebooks and grade them (otter): a gradebook CSV")
+    from ddplab.course import gradebook
+    gradebook.add_arguments(pcg)
+    pcg.set_defaults(func=lambda a: gradebook.run_args(a))
     return p
 
 
