@@ -233,6 +233,29 @@ def test_one_answer_counts_whatever_is_called_later(tmp_path, monkeypatch):
     assert json.loads((tmp_path / answers.ATTEMPTS_FILE).read_text()) == {"98/once": "failed"}
 
 
+def test_a_reset_forgets_the_first_answer_and_nothing_else(tmp_path, monkeypatch):
+    """`answers.reset(lab, exercise)` (docs/instructor.md): the next answer counts again; other exercises'
+    answers stay; an exercise with nothing recorded is one line naming what is recorded."""
+    from ddplab.course.notebook import Check
+    from ddplab.errors import DdplabError
+    monkeypatch.setenv("DDPLAB_RUNS_DIR", str(tmp_path))
+
+    def judge(value, run):
+        return Check(value == run, f"judged {value}")
+    judge.__module__ = "ddplab.course.lab97"
+    one, two = (answers.Exercise(k, answers.Choice(("ok", "hung")), judge, lambda run: [run], name="x")
+                for k in ("one", "two"))
+    assert not one("ok", "hung").passed and not two("ok", "hung").passed
+    assert "you answered 'ok' first" in one("hung", "hung").message
+    assert answers.reset("97", "one") == ["one"]
+    assert one("hung", "hung").passed                                  # a fresh first answer
+    assert "you answered 'ok' first" in two("hung", "hung").message     # the other is kept
+    with pytest.raises(DdplabError) as e:
+        answers.reset(97, "three")
+    assert "one, two" in str(e.value) and "\n" not in str(e.value)
+    assert answers.reset("97") == ["one", "two"] and answers.reset("97") == []
+
+
 def test_needles_find_each_kind_of_answer_and_nothing_else():
     rank = answers.Pair(answers.Rank(2), answers.collective())
     assert answers.shows(rank, (0, "all_reduce"), "rank 0: hung, waits in barrier\nrank 1: waits in all_reduce")

@@ -169,6 +169,21 @@ def test_no_test_marker_in_the_learners_code(path):
     assert any(build.is_checked(c) for c in code)
 
 
+def test_the_instructor_route_is_timed_by_the_notebooks_learner_minutes():
+    """Issue 42, item 5: docs/instructor.md's route gave 160 minutes to notebooks whose headers add up to
+    255. Each row starts where the rows above it end by their notebooks' learner minutes (each header's
+    teaching + exercises), and the heading gives the total."""
+    text = (ROOT / "docs" / "instructor.md").read_text()
+    minutes = {p.stem: ls.notebook_minutes(p) for p in NOTEBOOKS}
+    assert ls.route_times(text, minutes) == text, RERUN
+    rows = [m.group(3) for m in ls._ROUTE.finditer(text)]
+    assert len(rows) >= 8 and all(ls._row_minutes(r, minutes) for r in rows[:-1]), rows
+    made_up = "## A route of 3 h 00 min\n\n| 0:00 | 01_hang | x |\n| 0:10 | break | |\n| 0:20 | 03_shapes or 01_hang | |\n| 0:30 | end | |"
+    assert ls.route_times(made_up, {"01_hang": 40, "03_shapes": 45}) == (
+        "## A route of 1 h 35 min (the notebooks' learner minutes)\n\n| 0:00 | 01_hang | x |\n| 0:40 | break | |\n"
+        "| 0:50 | 03_shapes or 01_hang | |\n| 1:35 | end | |")
+
+
 def test_the_glossary_defines_every_term_the_issue_names():
     anchors = glossary_anchors()
     assert {_slug(t) for t in REQUIRED} <= anchors

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ddplab.engine import stacks
+from ddplab.errors import DdplabError
 from ddplab.course.notebook import Check
 
 # ---------------------------------------------------------------------------------------------
@@ -413,6 +414,26 @@ def _write(name: str, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     tmp.replace(path)
+
+
+def reset(lab: str, exercise: str | None = None) -> list[str]:
+    """Forget the first answer recorded for ``exercise`` of lab ``lab`` (every exercise of the lab when
+    None) in this runs folder (``records_dir``), so that the next well-formed answer is the one that
+    counts; returns the exercises forgotten. For a teacher who resets a learner's try, or a learner in
+    self-study who mistyped: ``from ddplab.course import answers; answers.reset("01", "timeout-seconds")``.
+    One answer still counts in a notebook: nothing in a checker's cell calls this."""
+    lab = str(lab).zfill(2)
+    attempts = _read(ATTEMPTS_FILE)
+    gone = sorted(k for k in attempts if k.split("/", 1)[0] == lab and (exercise is None or k.split("/", 1)[1] == exercise))
+    if exercise is not None and not gone:
+        known = sorted(k.split("/", 1)[1] for k in attempts if k.split("/", 1)[0] == lab)
+        raise DdplabError(f"no answer to lab {lab}'s {exercise!r} is recorded in {records_dir() / ATTEMPTS_FILE}",
+                          hint=f"recorded for lab {lab}: {', '.join(known) or 'none'}")
+    for k in gone:
+        del attempts[k]
+    if gone:
+        _write(ATTEMPTS_FILE, attempts)
+    return [k.split("/", 1)[1] for k in gone]
 
 
 def recorded_answers(folder: Path) -> dict[str, list]:

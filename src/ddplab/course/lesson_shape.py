@@ -840,6 +840,48 @@ def apply(path: Path, solutions_dir: Path) -> list[str]:
     return changed
 
 
+# --- the instructor's route (docs/instructor.md) -------------------------------------------------
+
+BREAK_MIN = 10          # a route row named "break"
+_ROUTE = re.compile(r"^\| (\d+):(\d\d) \| ([^|]*?) \|", re.M)
+_ROUTE_HEADING = re.compile(r"^## A route of .*$", re.M)
+
+
+def notebook_minutes(path: Path) -> int:
+    """A notebook's learner minutes as its header gives them (teaching + exercises, the fix-it included
+    where the notebook has one)."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    return sum(learner_minutes(LESSONS[path.name[:2]], has_fixit(nb)))
+
+
+def _row_minutes(name: str, minutes: dict[str, int]) -> int | None:
+    """A route row's minutes: a break's, a notebook's, or the longest of "A or B"; None for any other row."""
+    if name.strip() == "break":
+        return BREAK_MIN
+    names = [n.strip() for n in name.split(" or ")]
+    return max(minutes[n] for n in names) if all(n in minutes for n in names) else None
+
+
+def route_times(text: str, minutes: dict[str, int]) -> str:
+    """The route with each row's start time the sum of the learner minutes of the rows above it (issue 42:
+    a route of 160 minutes for notebooks whose own headers add up to 255), and its heading with the total."""
+    rows = list(_ROUTE.finditer(text))
+    if not rows:
+        return text
+    start = int(rows[0].group(1)) * 60 + int(rows[0].group(2))
+    out, at = [], 0
+    for m in rows:
+        out.append(text[at:m.start()])
+        out.append(f"| {start // 60}:{start % 60:02d} | {m.group(3)} |")
+        at = m.end()
+        start += _row_minutes(m.group(3), minutes) or 0
+    text = "".join(out) + text[at:]
+    total = start - (int(rows[0].group(1)) * 60 + int(rows[0].group(2)))
+    return _ROUTE_HEADING.sub(f"## A route of {total // 60} h {total % 60:02d} min (the notebooks' learner minutes)",
+                              text, count=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddplab.course.lesson_shape", description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", type=Path, help="the folder of NN_*.ipynb (notebooks/)")
@@ -857,6 +899,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"no lesson data for {', '.join(missing)}: add it to LESSONS", file=sys.stderr)
         return 1
+    route = a.notebooks.resolve().parent / "docs" / "instructor.md"
+    if route.is_file():
+        text = route.read_text()
+        new = route_times(text, {p.stem: notebook_minutes(p) for p in paths})
+        if new != text:
+            route.write_text(new)
+        print(f"{route.name}: route times {'written' if new != text else 'unchanged'}")
     return 0
 
 
