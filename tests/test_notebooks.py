@@ -162,6 +162,37 @@ def test_the_stored_notebooks_were_executed_at_the_code_as_it_is():
                        "them again with `make notebooks`")
 
 
+def test_store_keeps_the_execution_and_writes_the_learners_copy(tmp_path, monkeypatch):
+    """`make notebooks` (build.store): the executed notebook, outputs and all, with the answers its checkers
+    accepted, goes to course-src/executed/; the learner's copy in notebooks/ has the same cells and no output,
+    and metadata.ddplab without the runs or the answers (issue 42)."""
+    monkeypatch.setattr(build, "NOTEBOOK_DIR", tmp_path / "notebooks")
+    monkeypatch.setattr(build, "EXECUTED_DIR", tmp_path / "executed")
+    monkeypatch.setattr(build, "ROUTE", tmp_path / "no-route.md")
+    (tmp_path / "notebooks").mkdir()
+    out = tmp_path / "build"
+    (out / "notebooks").mkdir(parents=True)
+    (out / "runs" / "99_x").mkdir(parents=True)
+    (out / "runs" / "99_x" / "answers.json").write_text(json.dumps({"99/guess": [8]}))
+    checker = {"output_type": "execute_result", "execution_count": 2, "metadata": {"ddplab": {"exercise": "guess", "lab": "99"}},
+               "data": {"text/plain": "NOT YET: set `x`"}}
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"ddplab": {"commit": "c", "seconds": 3.0, "code_hash": "h",
+                                                                     "runs": [["99_x", "broken", "hung", None]]},
+                                                          "papermill": {"parameters": {}}},
+          "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": "*Measured time: 1 s*"},
+                    {"cell_type": "code", "id": "b", "metadata": {"papermill": {"duration": 1}}, "execution_count": 1,
+                     "source": "run()", "outputs": [_out("rank 1: waits in all_reduce"), checker]}]}
+    (out / "notebooks" / "99_x.ipynb").write_text(json.dumps(nb))
+    assert build.store(out, ["99_x.ipynb"]) == [tmp_path / "notebooks" / "99_x.ipynb"]
+    executed = json.loads((tmp_path / "executed" / "99_x.ipynb").read_text())
+    learner = json.loads((tmp_path / "notebooks" / "99_x.ipynb").read_text())
+    assert executed["cells"][1]["outputs"] and executed["metadata"]["ddplab"]["accepted"] == {"99/guess": [8]}
+    assert "".join(executed["cells"][0]["source"]) == "".join(learner["cells"][0]["source"]) == "*Measured time: 3 s*"
+    assert learner["cells"][1]["outputs"] == [] and learner["cells"][1]["execution_count"] is None
+    assert learner["metadata"]["ddplab"] == {"commit": "c", "seconds": 3.0, "code_hash": "h"}
+    assert "papermill" not in json.dumps(learner)
+
+
 def test_the_code_hash_counts_code_and_nothing_else(tmp_path):
     """What `build.code_hash` counts: a change of code in labs/, the package (below its CLI and tools) or a
     notebook's code cell; not a comment, a blank line, a docstring, a markdown cell, the CLI or a tool."""
