@@ -44,7 +44,7 @@ NOTEBOOK_DIR = catalog.REPO_DIR / "notebooks"
 # build and the tests (its checked cells, claim tables, runs) and for the instructor. notebooks/ holds the
 # learner's copies of the same cells with no output (``learner_copy``): a stored output above or below an
 # exercise is an answer on screen before the learner answers (issue 42).
-EXECUTED_DIR = catalog.REPO_DIR / "course-src" / "executed"
+EXECUTED_DIR = catalog.EXECUTED_DIR
 # what of metadata.ddplab a learner's copy keeps: where and when it was executed, never what its runs showed
 LEARNER_METADATA = ("commit", "dirty", "executed_at", "seconds", "torch", "cores", "python", "code_hash")
 # nbval's cell tag for "compare this cell's output" (nbval/plugin.py's metadata_tags: NBVAL_CHECK_OUTPUT

@@ -296,10 +296,10 @@ def inputs_of(nb: dict) -> Inputs | None:
 
 
 def stored_inputs(folder: Path | None = None) -> dict[str, Inputs]:
-    """Each lab's own parts as the stored execution (course-src/executed/, ``build.EXECUTED_DIR``; the
+    """Each lab's own parts as the stored execution (course-src/executed/, ``catalog.EXECUTED_DIR``; the
     learner's notebooks hold no output) or the executed notebooks in ``folder`` hold them."""
     if folder is None:
-        from ddplab.course.build import EXECUTED_DIR as folder
+        from ddplab.origins.catalog import EXECUTED_DIR as folder
     found = {}
     for p in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
         try:
