@@ -5,7 +5,8 @@
 #   make lab        JupyterLab on notebooks/
 #   make classroom  as root: LEARNERS=N accounts and a JupyterHub for them (Ctrl-C stops everything)
 #   make test-classroom  the hub with K learners and the gradebook (what CI runs after make test)
-#   make notebooks  maintainers: make workbook, then store the executed notebooks in notebooks/
+#   make notebooks  maintainers: make workbook, then store the execution in course-src/executed/ and the
+#                   learner's copies (no output) in notebooks/
 #   make assign     maintainers: notebooks/ (learner) and build/instructor/ from course-src/ (otter-grader)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -80,6 +81,9 @@ notebooks: $(STAMP)
 	$(BIN)/python -m ddplab.course.build --out build --store --jobs 1 $(WORKBOOK_ARGS)
 	# the stored notebooks' cells that the build writes (seconds, minutes) reach the sources too
 	$(BIN)/python -m ddplab.course.assign sources
+	# the learner's copies in notebooks/ as otter's student notebooks (no output; the fix-it cell tagged)
+	$(INSTALL) -e ".[assign]"
+	$(BIN)/python -m ddplab.course.assign build
 
 # Three workers (pytest-xdist, one file at a time each) on 2 cores: much of a multi-process test is
 # waiting (stall windows, timeouts). Each lab's test file executes its notebook once (papermill), checks

@@ -185,9 +185,19 @@ def execute(path: Path, runs_dir: Path) -> Executed:
         outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
         done = Executed(path, runs, errors=[o for o in outputs if o.get("output_type") == "error"],
                         images=sum("image/png" in o.get("data", {}) for o in outputs),
-                        differ=build.compare_checked(json.loads(path.read_text()), nb))
+                        differ=_compare_with_stored(path, nb))
     _EXECUTED[path.name] = done
     return done
+
+
+def _compare_with_stored(path: Path, nb: dict) -> list:
+    """The checked cells that differ from the stored execution (course-src/executed/; the learner's copy in
+    notebooks/ holds no output)."""
+    stored = build.stored_execution(path)
+    if stored is None:
+        return [build.Mismatch(-1, f"no stored execution of {path.name} in {build.EXECUTED_DIR.name}/ "
+                                   "(make notebooks)", [], [])]
+    return build.compare_checked(stored, nb)
 
 
 def notebook_of(lab: str) -> Path:

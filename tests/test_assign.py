@@ -189,27 +189,30 @@ def test_a_source_without_its_config_is_one_line(tmp_path, capsys):
     assert "otter assign failed" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_stored_notebook_keeps_its_outputs(tmp_path):
-    """make assign over notebooks/: a stored notebook whose cell sources are the source's stays byte for
-    byte (outputs and metadata are the lead's execution); one whose sources differ is written from the
-    source, and its unchanged code cells keep their stored outputs."""
+def test_make_assign_writes_otters_learner_notebook_and_keeps_its_metadata(tmp_path):
+    """make assign over notebooks/ (issue 42: it reported every learner notebook "unchanged" and added no
+    otter metadata): the learner's notebook becomes otter's student notebook (the fix-it cell tagged
+    ``otter_answer_cell`` with ``metadata.otter.tests``), with no output, keeping the stored metadata.ddplab;
+    a second build leaves it byte for byte; the instructor's notebook is another file, with the solutions."""
     name = SOURCES[1].name
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / name).write_text(SOURCES[1].read_text())
     learner = tmp_path / "learner"
     learner.mkdir()
-    stored = (ROOT / "notebooks" / name).read_text()
-    (learner / name).write_text(stored)
-    assert assign.build(tmp_path / "src", learner, tmp_path / "instructor") == {name: False}
-    assert (learner / name).read_text() == stored
-
-    old = json.loads(stored)
-    edited = next(i for i, c in enumerate(old["cells"]) if c["cell_type"] == "markdown")
-    old["cells"][edited]["source"] = "an edit made in notebooks/ by hand"
+    old = json.loads((ROOT / "notebooks" / name).read_text())
+    for c in old["cells"]:
+        c.get("metadata", {}).pop("otter", None)
+        c.get("metadata", {}).get("tags", []).clear() if c["source"] and _src(c).startswith(assign.MAGIC) else None
+    old["metadata"]["ddplab"] = {"commit": "abc", "seconds": 12.0}
     (learner / name).write_text(json.dumps(old))
     assert assign.build(tmp_path / "src", learner, tmp_path / "instructor") == {name: True}
     new = json.loads((learner / name).read_text())
-    assert _src(new["cells"][edited]) == _src(json.loads(stored)["cells"][edited])
-    outputs = [(c.get("id"), c.get("outputs")) for c in new["cells"] if c["cell_type"] == "code"]
-    assert outputs == [(c.get("id"), c.get("outputs")) for c in old["cells"] if c["cell_type"] == "code"]
-    assert any(o for _, o in outputs)
+    fix = next(c for c in new["cells"] if _src(c).startswith(assign.MAGIC))
+    assert "otter_answer_cell" in fix["metadata"]["tags"] and fix["metadata"]["otter"]["tests"]
+    assert all(not c.get("outputs") for c in new["cells"] if c["cell_type"] == "code")
+    assert new["metadata"]["ddplab"] == {"commit": "abc", "seconds": 12.0}
+    written = (learner / name).read_text()
+    assert assign.build(tmp_path / "src", learner, tmp_path / "instructor") == {name: False}
+    assert (learner / name).read_text() == written
+    instructor = (tmp_path / "instructor" / name).read_text()
+    assert instructor != written and any(ln in instructor for ln in solution_lines(SOURCES[1]))

@@ -312,10 +312,11 @@ TIMELINE_SHOT = ROOT / "build" / "browser-01-timeline.png"
 
 
 def test_stored_notebook_01_shows_the_hang_as_a_picture(jupyterlab):
-    """What a learner opening the stored notebook 01 sees without running anything: the cell under
-    "The hang as a picture" has the timeline figure as its output (build/browser-01-timeline.png)."""
+    """What an instructor opening the stored execution of notebook 01 (course-src/executed/; the learner's
+    copy in notebooks/ has no output, issue 42) sees without running anything: the cell under "The hang as a
+    picture" has the timeline figure as its output (build/browser-01-timeline.png)."""
     base, token, folder = jupyterlab
-    stored = ROOT / "notebooks" / "01_hang.ipynb"
+    stored = ROOT / "course-src" / "executed" / "01_hang.ipynb"
     shutil.copy(stored, folder / stored.name)
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])

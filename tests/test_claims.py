@@ -15,7 +15,9 @@ from ddplab.course import lab04, lab09, lab10
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.stem[3:] for p in (ROOT / "src" / "ddplab" / "course").glob("lab[0-9][0-9].py"))
-NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if p.name[:2] != "00"}
+# the stored execution (course-src/executed/): the learner's copies in notebooks/ hold no output (issue 42)
+NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "course-src" / "executed").glob("[0-9][0-9]_*.ipynb"))
+             if p.name[:2] != "00"}
 
 
 def _quotes() -> list[str]:

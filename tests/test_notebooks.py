@@ -28,7 +28,11 @@ def test_notebook_structure(path):
     assert "multiprocessing" not in src and "mp.spawn" not in src and "subprocess" not in src
     checked = [c for c in code if build.is_checked(c)]
     assert checked, "at least one deterministic cell is checked against its stored output"
-    assert all(c.get("outputs") for c in checked), "checked cells are committed with their outputs"
+    assert not [c for c in code if c.get("outputs")], "the learner's copy holds no output (issue 42)"
+    stored = build.stored_execution(path)
+    assert stored is not None, f"no stored execution of {path.name} in course-src/executed/ (make notebooks)"
+    assert all(c.get("outputs") for c in stored["cells"] if build.is_checked(c)), \
+        "the stored execution holds the checked cells' outputs"
 
 
 @pytest.mark.notebook
@@ -143,6 +147,77 @@ def test_stored_outputs_come_from_the_lab_as_it_is(path):
                          "re-execute it (make notebooks)")
 
 
+def test_the_stored_notebooks_were_executed_at_the_code_as_it_is():
+    """Issue 42, item 7: every stored notebook (the learner's copy and the stored execution) records the
+    hash of the code it was executed with (`build.code_hash`: labs/, src/ddplab/ but its CLI and tools, the
+    notebooks' code cells; comments, blank lines and docstrings left out), and that hash is today's. Fails
+    after any change to that code until the notebooks are executed again: `make notebooks`."""
+    now = build.code_hash()
+    executed = sorted((ROOT / "course-src" / "executed").glob("[0-9][0-9]_*.ipynb"))
+    stale = {f"{p.parent.name}/{p.name}": (json.loads(p.read_text())["metadata"].get("ddplab") or {}).get("code_hash")
+             for p in NOTEBOOKS + executed}
+    stale = {k: (v or "none")[:10] for k, v in stale.items() if v != now}
+    assert not stale, (f"{len(stale)} stored notebooks were executed at other code than this checkout's (code hash "
+                       f"{now[:10]}; theirs: {sorted(set(stale.values()))}, e.g. {sorted(stale)[:3]}): execute "
+                       "them again with `make notebooks`")
+
+
+def test_store_keeps_the_execution_and_writes_the_learners_copy(tmp_path, monkeypatch):
+    """`make notebooks` (build.store): the executed notebook, outputs and all, with the answers its checkers
+    accepted, goes to course-src/executed/; the learner's copy in notebooks/ has the same cells and no output,
+    and metadata.ddplab without the runs or the answers (issue 42)."""
+    monkeypatch.setattr(build, "NOTEBOOK_DIR", tmp_path / "notebooks")
+    monkeypatch.setattr(build, "EXECUTED_DIR", tmp_path / "executed")
+    monkeypatch.setattr(build, "ROUTE", tmp_path / "no-route.md")
+    (tmp_path / "notebooks").mkdir()
+    out = tmp_path / "build"
+    (out / "notebooks").mkdir(parents=True)
+    (out / "runs" / "99_x").mkdir(parents=True)
+    (out / "runs" / "99_x" / "answers.json").write_text(json.dumps({"99/guess": [8]}))
+    checker = {"output_type": "execute_result", "execution_count": 2, "metadata": {"ddplab": {"exercise": "guess", "lab": "99"}},
+               "data": {"text/plain": "NOT YET: set `x`"}}
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"ddplab": {"commit": "c", "seconds": 3.0, "code_hash": "h",
+                                                                     "runs": [["99_x", "broken", "hung", None]]},
+                                                          "papermill": {"parameters": {}}},
+          "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": "*Measured time: 1 s*"},
+                    {"cell_type": "code", "id": "b", "metadata": {"papermill": {"duration": 1}}, "execution_count": 1,
+                     "source": "run()", "outputs": [_out("rank 1: waits in all_reduce"), checker]}]}
+    (out / "notebooks" / "99_x.ipynb").write_text(json.dumps(nb))
+    assert build.store(out, ["99_x.ipynb"]) == [tmp_path / "notebooks" / "99_x.ipynb"]
+    executed = json.loads((tmp_path / "executed" / "99_x.ipynb").read_text())
+    learner = json.loads((tmp_path / "notebooks" / "99_x.ipynb").read_text())
+    assert executed["cells"][1]["outputs"] and executed["metadata"]["ddplab"]["accepted"] == {"99/guess": [8]}
+    assert "".join(executed["cells"][0]["source"]) == "".join(learner["cells"][0]["source"]) == "*Measured time: 3 s*"
+    assert learner["cells"][1]["outputs"] == [] and learner["cells"][1]["execution_count"] is None
+    assert learner["metadata"]["ddplab"] == {"commit": "c", "seconds": 3.0, "code_hash": "h"}
+    assert "papermill" not in json.dumps(learner)
+
+
+def test_the_code_hash_counts_code_and_nothing_else(tmp_path):
+    """What `build.code_hash` counts: a change of code in labs/, the package (below its CLI and tools) or a
+    notebook's code cell; not a comment, a blank line, a docstring, a markdown cell, the CLI or a tool."""
+    files = {"labs/01_x.py": '"""doc"""\nimport os\n\n\ndef main():\n    """doc"""\n    return os.sep  # why\n',
+             "src/ddplab/course/lab01.py": "X = 1\n", "src/ddplab/cli.py": "Y = 1\n", "src/ddplab/tools/t.py": "Z = 1\n",
+             "notebooks/01_x.ipynb": json.dumps({"cells": [{"cell_type": "markdown", "source": "3 s"},
+                                                           {"cell_type": "code", "source": "x = 1"}]})}
+
+    def tree(**changes):
+        for rel, text in {**files, **changes}.items():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text(text)
+        return build.code_hash(tmp_path)
+    base = tree()
+    same = [tree(**{"labs/01_x.py": files["labs/01_x.py"].replace("# why", "# because").replace('"""doc"""', '"""other"""')}),
+            tree(**{"src/ddplab/cli.py": "Y = 2\n", "src/ddplab/tools/t.py": "Z = 2\n"}),
+            tree(**{"notebooks/01_x.ipynb": files["notebooks/01_x.ipynb"].replace("3 s", "4 s")}),
+            tree(**{"src/ddplab/course/lab01.py": "\n# a comment\nX = 1\n\n"})]
+    assert same == [base] * 4
+    changed = [tree(**{"labs/01_x.py": files["labs/01_x.py"].replace("os.sep", "os.linesep")}),
+               tree(**{"src/ddplab/course/lab01.py": "X = 2\n"}),
+               tree(**{"notebooks/01_x.ipynb": files["notebooks/01_x.ipynb"].replace("x = 1", "x = 2")})]
+    assert base not in changed and len(set(changed)) == 3
+
+
 def test_every_notebook_was_executed_at_one_commit():
     _need_git()
     commits = {p.name: (json.loads(p.read_text())["metadata"].get("ddplab") or {}).get("commit") for p in NOTEBOOKS}
@@ -253,10 +328,12 @@ def test_summary_takes_notebook_runs_and_runs_only_what_no_notebook_showed(tmp_p
     assert_nothing_left(str(tmp_path))
 
 
-def test_variants_no_stored_notebook_shows_are_foreseen_from_their_runs(tmp_path):
-    """The build runs beside the notebooks the variants that the stored notebooks' runs (listed in
-    metadata.ddplab.runs) did not show as the catalog expects; nothing is foreseen when a notebook
-    does not list its runs."""
+def test_variants_no_stored_notebook_shows_are_foreseen_from_their_runs(tmp_path, monkeypatch):
+    """The build runs beside the notebooks the variants that the stored executions' runs (listed in
+    metadata.ddplab.runs, course-src/executed/) did not show as the catalog expects; nothing is foreseen
+    when a stored execution does not list its runs."""
+    monkeypatch.setattr(build, "EXECUTED_DIR", tmp_path)
+
     def nb(name, runs):
         meta = {"ddplab": {"commit": "x"} if runs is None else {"commit": "x", "runs": runs}}
         (tmp_path / name).write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))

@@ -89,7 +89,7 @@ def test_contract_check_reads_signatures_not_names():
 @pytest.mark.parametrize("name", MODULES)
 def test_every_claim_is_shown_by_its_notebook(name):
     """The stored notebook shows every claim the module declares (its quotation in an output)."""
-    nb = next((ROOT / "notebooks").glob(f"{name[3:]}_*.ipynb"))
+    nb = next((ROOT / "course-src" / "executed").glob(f"{name[3:]}_*.ipynb"))     # the stored execution
     cells = json.loads(nb.read_text())["cells"]
     shown = "\n".join("".join(v) if isinstance(v, list) else str(v)
                       for c in cells for o in c.get("outputs", []) for v in o.get("data", {}).values())

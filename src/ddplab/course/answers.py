@@ -21,9 +21,10 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ddplab.engine import stacks
+from ddplab.errors import DdplabError
 from ddplab.course.notebook import Check
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +416,26 @@ def _write(name: str, data: dict) -> None:
     tmp.replace(path)
 
 
+def reset(lab: str, exercise: str | None = None) -> list[str]:
+    """Forget the first answer recorded for ``exercise`` of lab ``lab`` (every exercise of the lab when
+    None) in this runs folder (``records_dir``), so that the next well-formed answer is the one that
+    counts; returns the exercises forgotten. For a teacher who resets a learner's try, or a learner in
+    self-study who mistyped: ``from ddplab.course import answers; answers.reset("01", "timeout-seconds")``.
+    One answer still counts in a notebook: nothing in a checker's cell calls this."""
+    lab = str(lab).zfill(2)
+    attempts = _read(ATTEMPTS_FILE)
+    gone = sorted(k for k in attempts if k.split("/", 1)[0] == lab and (exercise is None or k.split("/", 1)[1] == exercise))
+    if exercise is not None and not gone:
+        known = sorted(k.split("/", 1)[1] for k in attempts if k.split("/", 1)[0] == lab)
+        raise DdplabError(f"no answer to lab {lab}'s {exercise!r} is recorded in {records_dir() / ATTEMPTS_FILE}",
+                          hint=f"recorded for lab {lab}: {', '.join(known) or 'none'}")
+    for k in gone:
+        del attempts[k]
+    if gone:
+        _write(ATTEMPTS_FILE, attempts)
+    return [k.split("/", 1)[1] for k in gone]
+
+
 def recorded_answers(folder: Path) -> dict[str, list]:
     """The accepted answers the checkers of one execution wrote into ``folder`` (its runs folder)."""
     try:
@@ -632,3 +653,74 @@ def _lists_choices(kind: Kind, value, line: str) -> bool:
 def _paragraphs(text: str) -> list[str]:
     """Markdown's paragraphs and list items (a question's options may be wrapped over lines)."""
     return [p for p in re.split(r"\n\s*\n|\n(?=\s*(?:\d+\.|[-*]) )", text) if p.strip()]
+
+
+# --- what a learner's stored notebook shows before any answer (issue 42) -------------------------
+# Issue 34's rule (nothing above a checker shows its answer) left the reveals below a checker, and a
+# notebook stored with its outputs opens with all of them on screen: the run that answers exercise 1 just
+# below its checker, the measured seconds exercise 2 asks for, the grade of a stored fix-it attempt that
+# names the fix. A learner's notebook therefore holds no output at all (ddplab.course.build.learner_copy),
+# and `on_screen` reads EVERY output of a notebook for what answers an exercise, wherever it stands.
+
+def fix_needles(broken: str, reference: str) -> list[str]:
+    """How a fix-it's reference fix reads in a text: each call, subscript or attribute of the reference
+    fix's code that the broken script does not have (``ast.unparse``: one spelling, single quotes), e.g.
+    ``sampler.set_epoch(epoch)``, ``os.environ['RANK']``."""
+    import ast
+
+    def parts(src: str) -> set[str]:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            return set()
+        return {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Call, ast.Subscript, ast.Attribute))}
+    return sorted(parts(reference) - parts(broken), key=len)
+
+
+def _spelled_once(text: str) -> str:
+    """``text`` with its string quotes as ``ast.unparse`` writes them (double quotes become single)."""
+    return text.replace('"', "'")
+
+
+def _calls(source: str, module: str, name: str) -> bool:
+    """Whether code ``source`` calls ``module.name(...)`` (read with ``ast``; a cell magic's body is not Python)."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == module for n in ast.walk(tree))
+
+
+def on_screen(cells: list[dict], accepted: Mapping[str, tuple[Kind, Sequence]] | None = None,
+              fixes: Sequence[str] = ()) -> list[Leak]:
+    """Everything in the stored outputs of ``cells`` that answers an exercise before the learner answers,
+    wherever it stands (above or below its checker): a checker's stored verdict (an output that carries
+    its exercise, "verdict"), a stored fix-it grade (the output of a cell that calls ``fixit.grade``,
+    "fix-it feedback"), a fix-it's reference fix (``fixes``: `fix_needles`, "reference fix"), and each
+    exercise's accepted answers (``accepted``: {exercise: (kind, answers)}; its needles, or a word that
+    points to an option, in any output)."""
+    found = []
+    for i, c in enumerate(cells):
+        if c.get("cell_type") != "code":
+            continue
+        outputs = c.get("outputs", [])
+        for o in outputs:
+            exercise = ((o.get("metadata") or {}).get("ddplab") or {}).get("exercise")
+            if exercise:
+                found.append(Leak(i, "verdict", exercise, _joined((o.get("data") or {}).get("text/plain", ""))))
+        texts = output_texts(outputs)
+        if outputs and _calls(_joined(c.get("source", "")), "fixit", "grade"):
+            found.append(Leak(i, "fix-it feedback", "grade", texts[0] if texts else ""))
+        for text in texts:
+            plain = _spelled_once(text)
+            found += [Leak(i, "reference fix", f, next(ln for ln in plain.splitlines() if f in ln))
+                      for f in fixes if f in plain]
+            for _, (kind, answers) in (accepted or {}).items():
+                for a in answers:
+                    units = ([text] if shows(kind, a, text) else []) + \
+                            [ln for ln in text.splitlines() if hinted(kind, a, ln)]
+                    if units:
+                        found.append(Leak(i, "output", a, units[0]))
+    return found

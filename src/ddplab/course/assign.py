@@ -16,8 +16,8 @@ What a source adds to the learner's notebook, and where each text comes from (ea
 
 Why sources are made by a script today: several people still edit notebooks/ (lesson_shape, the labs), so
 the learner cells are read from notebooks/ and a test keeps course-src/ in step; ``build`` then makes
-notebooks/ again from the sources and leaves a stored notebook untouched when its cell sources are the same
-(its outputs are the lead's: ``make notebooks``).
+notebooks/ again from the sources: otter's student notebook, with no output (the outputs of the stored
+execution are in course-src/executed/, ``make notebooks``), keeping the stored notebook's metadata.ddplab.
 """
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ def _clean(cell: dict) -> dict:
     """A learner cell as a source holds it: its id, source and own metadata (tags, lesson marks), no outputs
     and no record of an execution."""
     c = {k: copy.deepcopy(v) for k, v in cell.items() if k not in ("outputs", "execution_count")}
-    c["metadata"] = {k: v for k, v in c.get("metadata", {}).items() if k not in ("execution", "papermill")}
+    c["metadata"] = {k: v for k, v in c.get("metadata", {}).items() if k not in ("execution", "papermill", "otter")}
+    if "tags" in c["metadata"]:      # what otter assign gave the learner's copy, it gives again
+        c["metadata"]["tags"] = [t for t in c["metadata"]["tags"] if not t.startswith("otter_")]
     c["source"] = _text(c["source"])
     if c["cell_type"] == "code":
         c["outputs"], c["execution_count"] = [], None
@@ -268,19 +270,20 @@ def sources_of(nb: dict) -> list[tuple[str, str]]:
 
 
 def _place(learner: dict, stored: Path) -> bool:
-    """Write the learner's notebook over ``stored`` unless their cell sources are the same (the stored file,
-    with its outputs, stays); a cell whose id and source are unchanged keeps its stored outputs."""
+    """Write the learner's notebook (otter's student notebook: no output, otter's tag and metadata on the
+    fix-it cell) over ``stored``, keeping the stored notebook's metadata (metadata.ddplab: where and when the
+    stored execution ran, ``build.LEARNER_METADATA``); False when ``stored`` already is that notebook. The
+    outputs are the stored execution's, in course-src/executed/, never the learner's (issue 42)."""
     if stored.exists():
         old = json.loads(stored.read_text())
-        if sources_of(old) == sources_of(learner):
-            return False
-        kept = {(c.get("id"), _text(c["source"])): c for c in old["cells"] if c["cell_type"] == "code"}
-        for c in learner["cells"]:
-            was = kept.get((c.get("id"), _text(c["source"])))
-            if c["cell_type"] == "code" and was is not None:
-                c["outputs"], c["execution_count"] = was.get("outputs", []), was.get("execution_count")
         learner["metadata"] = {**old.get("metadata", {}), **learner["metadata"]}
-    _write(stored, learner)
+    for c in learner["cells"]:
+        if c["cell_type"] == "code":
+            c["outputs"], c["execution_count"] = [], None
+    text = json.dumps(learner, indent=1, ensure_ascii=False) + "\n"
+    if stored.exists() and stored.read_text() == text:
+        return False
+    stored.write_text(text)
     return True
 
 
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             changed = build(a.src, a.learner, a.instructor)
             for name, ch in changed.items():
-                print(f"{name}: {'changed: execute it again (make notebooks)' if ch else 'unchanged'}")
+                print(f"{name}: {'written (otter student notebook)' if ch else 'unchanged'}")
             print(f"instructor's notebooks and hidden tests: {a.instructor}")
     except DdplabError as e:
         print(f"ddplab: {e}", file=sys.stderr)

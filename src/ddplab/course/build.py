@@ -10,8 +10,9 @@ built from the result.json files those runs saved. A catalog variant that no not
 that no notebook ran with the outcome the catalog expects (a notebook may turn a knob on purpose),
 is run once more here with the lab's defaults (build/runs/_build/), so every variant is in the
 table and judged. The executed notebooks go to build/notebooks/ with `metadata.ddplab` (commit,
-executed_at, torch, cores, seconds); `--store` copies them into notebooks/ when no notebook failed (a checked cell that
-differs is reported, and the new output becomes the reference).
+executed_at, torch, cores, seconds, the code hash); `--store` keeps them as the stored execution in
+course-src/executed/ and writes the learner's copies (the same cells, no output) into notebooks/ when no
+notebook failed (a checked cell that differs is reported, and the new output becomes the reference).
 A lab whose workbook module's ``requirement()`` names something this machine lacks (lab 09: nft,
 ip, root) is skipped, notebook and variants, with that one line ("09_network: skipped (needs nft:
 apt-get install nftables)"); the table shows its variants as skipped.
@@ -39,6 +40,13 @@ from ddplab.front import run
 from ddplab.result import RunResult
 
 NOTEBOOK_DIR = catalog.REPO_DIR / "notebooks"
+# The stored execution (`make notebooks`): every notebook as it was executed, outputs and all, for the
+# build and the tests (its checked cells, claim tables, runs) and for the instructor. notebooks/ holds the
+# learner's copies of the same cells with no output (``learner_copy``): a stored output above or below an
+# exercise is an answer on screen before the learner answers (issue 42).
+EXECUTED_DIR = catalog.EXECUTED_DIR
+# what of metadata.ddplab a learner's copy keeps: where and when it was executed, never what its runs showed
+LEARNER_METADATA = ("commit", "dirty", "executed_at", "seconds", "torch", "cores", "python", "code_hash")
 # nbval's cell tag for "compare this cell's output" (nbval/plugin.py's metadata_tags: NBVAL_CHECK_OUTPUT
 # lower-cased, dashes for underscores). A tag, not the comment: the learner's code stays free of test markers.
 CHECK_TAG = "nbval-check-output"
@@ -108,6 +116,33 @@ def _text(x) -> str:
     return "".join(x) if isinstance(x, list) else str(x)
 
 
+def stored_execution(nb: Path) -> dict | None:
+    """The stored execution of notebook ``nb`` (course-src/executed/<name>), or None when there is none."""
+    path = EXECUTED_DIR / nb.name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def learner_copy(executed: dict) -> dict:
+    """The learner's notebook from an executed one: every cell as it is, with no output, no execution count
+    and no execution timings; metadata.ddplab keeps where and when it was executed (``LEARNER_METADATA``),
+    not what its runs showed (their statuses answer exercises); no papermill metadata."""
+    import copy
+    nb = copy.deepcopy(executed)
+    for c in nb.get("cells", []):
+        if c.get("cell_type") == "code":
+            c["outputs"], c["execution_count"] = [], None
+        for key in ("papermill", "execution"):
+            (c.get("metadata") or {}).pop(key, None)
+    meta = nb.setdefault("metadata", {})
+    meta.pop("papermill", None)
+    if "ddplab" in meta:
+        meta["ddplab"] = {k: v for k, v in meta["ddplab"].items() if k in LEARNER_METADATA}
+    return nb
+
+
 def comparable_outputs(cell: dict) -> list[tuple[str, str]]:
     """What nbval compares, minus what it cannot compare usefully: stream text by stream name,
     text/plain of results and displays, the error's name; trailing spaces ignored. Images and HTML are
@@ -157,6 +192,64 @@ def compare_checked(stored: dict, executed: dict) -> list[Mismatch]:
 
 
 # --- provenance: the commit the outputs come from -----------------------------------------------
+# What a stored execution depends on (issue 42, item 7): the lab scripts, the package's code below its CLI
+# and tools (engine, origins, rank, views, course and the shared facts), and the code cells of the
+# notebooks. Comments, blank lines and docstrings do not count (a wording change leaves the outputs as
+# they were); every other token does.
+CODE_TREES = ("labs", "src/ddplab")
+NOT_CODE = ("src/ddplab/cli.py", "src/ddplab/tools")
+
+
+def _code_tokens(text: str) -> str:
+    """``text`` (Python) without its comments, blank lines and docstrings: a string that is a statement of
+    its own (first on its line and last before the line ends) is a docstring."""
+    import io
+    import tokenize
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return text
+    kept, start = [], True
+    for i, t in enumerate(toks):
+        after = toks[i + 1].type if i + 1 < len(toks) else tokenize.ENDMARKER
+        if t.type == tokenize.STRING and start and after in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            continue
+        start = t.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT) or (start and t.type == tokenize.STRING)
+        kept.append(t.string)
+    return " ".join(kept)
+
+
+def code_files(root: Path | None = None) -> list[Path]:
+    """The files ``code_hash`` reads, relative to ``root`` (the repository)."""
+    root = root or catalog.REPO_DIR
+    found = [p for tree in CODE_TREES for p in (root / tree).rglob("*.py")
+             if not any(p.is_relative_to(root / n) for n in NOT_CODE) and "__pycache__" not in p.parts]
+    found += list((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted(p.relative_to(root) for p in found)
+
+
+def code_hash(root: Path | None = None) -> str:
+    """sha256 of the code a stored execution depends on (``CODE_TREES``, the notebooks' code cells), with
+    comments, blank lines and docstrings left out: recorded in each stored notebook's metadata.ddplab at
+    execution and recomputed by tests/test_notebooks.py."""
+    import hashlib
+    root = root or catalog.REPO_DIR
+    h = hashlib.sha256()
+    for rel in code_files(root):
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        if rel.suffix == ".ipynb":
+            try:
+                cells = json.loads(text)["cells"]
+            except (ValueError, KeyError):
+                cells = []
+            text = "\n# cell\n".join(_text(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
+        else:
+            text = _code_tokens(text)
+        h.update(f"{rel.as_posix()}\0{text}\0".encode())
+    return h.hexdigest()
+
+
 def _git(*args: str) -> str | None:
     try:
         p = subprocess.run(["git", "-C", str(catalog.REPO_DIR), *args], capture_output=True, text=True, timeout=30)
@@ -181,6 +274,7 @@ def provenance() -> dict:
         "torch": torch_version,
         "cores": os.cpu_count(),
         "python": ".".join(map(str, sys.version_info[:3])),
+        "code_hash": code_hash(),
     }
 
 
@@ -312,15 +406,15 @@ def summarise_runs(numbers: list[str] | None, by_notebook: dict[str, list[dict]]
 
 
 def shown_by_stored(chosen: list[Path]) -> list[tuple[str, str]] | None:
-    """The variants (lab number, name) that no stored notebook among ``chosen`` showed as the catalog
-    expects, by the runs their metadata lists; None when a stored notebook does not list its runs
-    (then nothing is foreseen, and they are run after the notebooks)."""
+    """The variants (lab number, name) that no stored execution of a notebook among ``chosen`` showed as
+    the catalog expects, by the runs its metadata lists; None when one does not list its runs (then
+    nothing is foreseen, and they are run after the notebooks)."""
     expect = {(lab.id, v.name): v for lab in catalog.labs() for v in lab.variants}
     shown = set()
     for nb in chosen:
         try:
-            runs = json.loads(nb.read_text())["metadata"]["ddplab"]["runs"]
-        except (OSError, ValueError, KeyError, TypeError):
+            runs = stored_execution(nb)["metadata"]["ddplab"]["runs"]
+        except (KeyError, TypeError):
             return None
         shown.update((t, v) for t, v, status, sig in runs
                      if (t, v) in expect and _matches(expect[(t, v)], status, sig))
@@ -356,8 +450,9 @@ def execute_one(nb: Path, out: Path, parameters: dict | None = None) -> tuple["N
     results = read_results(runs_dir)
     if target.exists():
         executed = json.loads(target.read_text())
-        if status == "ok":
-            bad = compare_checked(json.loads(nb.read_text()), executed)
+        stored = stored_execution(nb)
+        if status == "ok" and stored is not None:     # a notebook never stored has nothing to compare yet
+            bad = compare_checked(stored, executed)
             if bad:
                 status = f"checked output differs: {bad[0]}"[:300]
         executed["metadata"]["ddplab"] = {**meta, "seconds": round(seconds, 1),
@@ -485,19 +580,35 @@ def stamp_route(text: str, seconds: dict[str, float]) -> str:
                            text)
 
 
+def accepted_in(runs: Path) -> dict:
+    """The answers the checkers of one execution accepted, as they wrote them beside its runs (JSON)."""
+    from ddplab.course import answers
+    try:
+        return json.loads((runs / answers.ANSWERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def store(out: Path, names: list[str]) -> list[Path]:
-    """Copy the executed notebooks into notebooks/ (their outputs and metadata.ddplab), each opening
-    with its own measured seconds, and every claim table judged from the parts of all of them (a
-    claim quoted in several notebooks shows one row: ddplab.course.claims.restamp)."""
+    """Store one execution: each executed notebook (its outputs and metadata.ddplab) in
+    course-src/executed/, opening with its own measured seconds and every claim table judged from the
+    parts of all of them (a claim quoted in several notebooks shows one row:
+    ddplab.course.claims.restamp); and the learner's copy of each (``learner_copy``: the same cells, no
+    output) in notebooks/. The stored execution keeps the answers its checkers accepted
+    (metadata.ddplab.accepted) for tests/test_exercises_hidden.py; the learner's copy does not."""
     import nbformat
 
     from ddplab.course import claims
 
     nbs = [stamp_measured_time(json.loads((out / "notebooks" / name).read_text())) for name in names]
-    claims.restamp(nbs, claims.stored_inputs(NOTEBOOK_DIR))
+    for name, nb in zip(names, nbs):   # the answers its checkers accepted: for the tests, never the learner's
+        nb["metadata"].setdefault("ddplab", {})["accepted"] = accepted_in(out / "runs" / Path(name).stem)
+    claims.restamp(nbs, claims.stored_inputs(EXECUTED_DIR))
+    EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
     copied = []
     for name, nb in zip(names, nbs):
-        nbformat.write(nbformat.from_dict(nb), str(NOTEBOOK_DIR / name))
+        nbformat.write(nbformat.from_dict(nb), str(EXECUTED_DIR / name))
+        nbformat.write(nbformat.from_dict(learner_copy(nb)), str(NOTEBOOK_DIR / name))
         copied.append(NOTEBOOK_DIR / name)
     if ROUTE.is_file():   # the instructor's route quotes each notebook's seconds: from the same metadata
         seconds = {Path(n).stem: seconds_of(nb) for n, nb in zip(names, nbs)}
@@ -536,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="notebooks executed at once (default 1: each notebook's seconds measured alone; "
                         "with more, a run whose verdicts compare times still has the machine alone)")
     p.add_argument("--store", action="store_true",
-                   help="copy the executed notebooks into notebooks/ when no notebook failed")
+                   help="store the executed notebooks in course-src/executed/ and their learner's copies "
+                        "(no output) in notebooks/ when no notebook failed")
     a = p.parse_args(argv)
     if a.store and a.parameter:
         p.error("--store keeps notebooks executed with their own defaults (papermill would add an "

@@ -296,9 +296,12 @@ def inputs_of(nb: dict) -> Inputs | None:
 
 
 def stored_inputs(folder: Path | None = None) -> dict[str, Inputs]:
-    from ddplab.origins.catalog import REPO_DIR
+    """Each lab's own parts as the stored execution (course-src/executed/, ``catalog.EXECUTED_DIR``; the
+    learner's notebooks hold no output) or the executed notebooks in ``folder`` hold them."""
+    if folder is None:
+        from ddplab.origins.catalog import EXECUTED_DIR as folder
     found = {}
-    for p in sorted((folder or REPO_DIR / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for p in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
         try:
             got = inputs_of(json.loads(p.read_text()))
         except (OSError, ValueError, KeyError, TypeError):

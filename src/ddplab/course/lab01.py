@@ -340,3 +340,38 @@ def check_error_seconds(answer: float, tta: TimeToAnswer) -> Check:
 
 
 EXERCISES = answers.exercises(check_waiting_rank, check_error_seconds)
+
+
+def keypoints(runs: Mapping[str, object]) -> "KeyPoints":
+    """The notebook's key points from its runs (issue 42: a learner's run measured 38.7 / 18.1 / 19.5 s where
+    the typed text said 13 / 6 / 3, in another order). Keys read: "broken", "rank-conditional", "fixed-sampler",
+    "fixed-join" (RunResults) and "time-to-answer" (a TimeToAnswer)."""
+    from ddplab.course.notebook import KeyPoints
+    broken, conditional, tta = runs["broken"], runs.get("rank-conditional"), runs["time-to-answer"]
+    fixed = [runs[v] for v in ("fixed-sampler", "fixed-join") if v in runs]
+    waits = "; ".join(w.split(" (in ")[0] for w in who_waits_where(broken))
+    first = (f"The uneven shards ended `{broken.status}`"
+             + (f", with the [signature](../docs/glossary.md#signature) `{broken.signature}`" if broken.signature else "")
+             + f": {waits}.")
+    if conditional is not None:
+        first += (f" A `barrier` under `if rank == 0:` ended `{conditional.status}`"
+                  + (" the same way." if (conditional.status, conditional.signature) == (broken.status, broken.signature)
+                     else f" (`{conditional.signature}`)." if conditional.signature else "."))
+    done = "; ".join(f"`{r.variant}` ended `{r.status}`" for r in fixed)
+    join = next((r for r in fixed if r.variant == "fixed-join"), None)
+    join_steps = [d["steps"] for d in join.records_of("done")] if join is not None else []
+    second = done + (f"; with `Join` the ranks took {' and '.join(map(str, join_steps))} steps, the one that "
+                     "finished first shadowing the other's all-reduces." if len(set(join_steps)) > 1 else ".")
+    timed = sorted(tta.rows(), key=lambda row: row[1])
+    third = ("Time to an answer in this run, soonest first: "
+             + "; ".join(f"{label} {seconds:.1f} s" + ("" if measured else " (quoted from torch, not waited for)")
+                         for label, seconds, measured in timed)
+             + ".")
+    if tta.with_timeout.wall_s > tta.pg_timeout_s:
+        third += (f" With `timeout={tta.pg_timeout_s:g}` PyTorch's error came {tta.with_timeout.wall_s:.1f} s after "
+                  "launch: the timeout counts from the collective that waits, not from the launch.")
+    return KeyPoints((
+        first, second, third,
+        "PyTorch's error says that a collective timed out; the stacks and ledgers say that the ranks wait in "
+        "different collectives, and where in the script.",
+    ))

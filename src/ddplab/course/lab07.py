@@ -617,3 +617,61 @@ def check_batch_for_fraction(answer: int, width: int = 2048, target: float = 0.2
 
 
 EXERCISES = answers.exercises(check_best_fix, check_batch_for_fraction)
+
+
+def keypoints(runs: Mapping[str, object]) -> "KeyPoints":
+    """The notebook's key points from its runs (issue 42: nothing typed from a stored run). Keys read: "grid"
+    (summarize() of the broken run), "scaling" (scaling_rows() per config), "fix-rows" (fix_rows()) and
+    "dataparallel" (that variant's run, or None). A fix counts as faster by the claim rule (more than GAIN
+    in a sign test over the rounds at P_LEVEL); one ratio is worded by ``notebook.compared``."""
+    from ddplab.course.notebook import KeyPoints, SAME, compared
+    grid, scaling, frows, dp = runs["grid"], runs["scaling"], runs["fix-rows"], runs.get("dataparallel")
+    c = corner(grid)
+    lm, top = c["large_model_small_batch"], c["highest_comm_frac"]
+    small = min(grid, key=lambda r: (r["params"], r["batch"]))
+
+    def pct(r):
+        return f"{100 * r['comm_frac']:.0f}%"
+    share = (f"the {lm['params'] / 1e6:.1f} M-parameter model at a batch of {lm['batch']} spent {pct(lm)} of its step "
+             f"in exposed communication; the largest share was {top['config']}'s ({pct(top)})")
+    if top is small and top is not lm:
+        share += ", the smallest model at the smallest batch: a small all-reduce is latency-bound"
+    elif top is not small:
+        share += f" (the smallest model at the smallest batch, {small['config']}: {pct(small)})"
+    by = {r["fix"]: r for r in frows}
+    best = best_fix(frows)
+    held = {r["fix"]: claims.test(_gains(r)[2]).state == claims.HOLDS for r in frows if r["fix"] != "none"}
+    faster = [by[f]["label"] for f in FIXES if held.get(f)]
+    fixes = (f"Each fix was measured against the baseline of the same round: `{best['label']}` raised samples per "
+             f"second the most ({best['speedup']:.2f}x); faster than the baseline by more than {GAIN:g}x in a sign "
+             f"test over the rounds: {', '.join(f'`{x}`' for x in faster) if faster else 'none'}")
+    packed = [by[f] for f in ("fp16", "bf16") if f in by]
+    if packed:
+        fixes += ("; compression (" + ", ".join(r["fix"] for r in packed) + ") sent "
+                  + " and ".join(f"{r['bytes_ratio']:.2f}x" for r in packed) + " the bytes per sample at "
+                  + " and ".join(f"{r['speedup']:.2f}x" for r in packed) + " the samples per second"
+                  + (" (on loopback fewer bytes cost memory copies, not a link)" if not any(held.get(r["fix"]) for r in packed)
+                     else ""))
+    lines = []
+    for cfg, srows in scaling.items():
+        two = next((s for s in srows if s["world"] == 2), None)
+        if two is None:
+            continue
+        word = compared(two["speedup"])
+        batch = next(r["batch"] for r in grid if r["config"] == cfg) if any(r["config"] == cfg for r in grid) else "?"
+        lines.append(f"at a batch of {batch} two ranks were {word} {'as' if word == SAME else 'than'} one rank "
+                     f"({two['speedup']:.2f}x its samples per second)")
+    scale = "; ".join(lines) + ": scaling needs enough compute per step to hide the all-reduce" if lines else \
+        "scaling was not measured at two ranks here"
+    real_dp = dp is not None and any(s.get("gpus", 0) >= 2 for s in dp.records_of("dp_step"))
+    return KeyPoints((
+        "DDP all-reduces every gradient once per step (the parameter count x 4 bytes, whatever the batch) while "
+        "compute grows with the batch: the share of the step spent waiting for communication falls as the "
+        "per-rank batch grows.",
+        f"In this run {share}.",
+        fixes + ".",
+        scale[0].upper() + scale[1:] + ".",
+        "DataParallel ran for real on this machine's GPUs (its table above)." if real_dp else
+        "Without GPUs the DataParallel table is a model fed with this machine's measurements, labelled so, and "
+        "the DataParallel claims read \"not tested here\".",
+    ))

@@ -43,9 +43,12 @@ class Lesson:
     teaching: int
     exercises: int
     objectives: tuple[str, ...]
-    keypoints: tuple[str, ...]
+    keypoints: tuple[str, ...]              # typed: sentences that hold whatever a run measures
     recap: tuple[tuple[str, str], ...]      # (question, the instructor's answer)
     opening: str = "After this lab you can:"
+    # key points that quote the runs (issue 42): a code cell that makes them from the notebook's own runs
+    # (its lab's ``keypoints(runs)``, every number and comparative word computed), instead of typed text
+    keypoints_code: str = ""
 
 
 LESSONS: dict[str, Lesson] = {
@@ -98,18 +101,10 @@ LESSONS: dict[str, Lesson] = {
             "measure how long each way of finding out takes: PyTorch's default timeout, "
             "`init_process_group(timeout=...)`, ddplab's verdict and torch's debug server.",
         ),
-        keypoints=(
-            "Rank 0 with 4 batches and rank 1 with 6 deadlocked: the verdict was `hung`, with the signature "
-            "`hang-different-collectives`: rank 0 in `barrier` and rank 1 in DDP's gradient `all_reduce` "
-            "inside `backward()`, at the same collective number. A `barrier` under `if rank == 0:` hung the same way.",
-            "Both fixes ended `ok`: `DistributedSampler` gives every rank the same number of steps; with `Join` the "
-            "ranks kept their 4 and 6 steps, the one that finished first shadowing the other's all-reduces.",
-            "Time to an answer: PyTorch's default timeout is 1800 s; with `timeout=10` its error came about 13 s "
-            "after launch (start-up and 4 steps first); ddplab's verdict with stacks about 6 s; the debug server's "
-            "`/stacks` about 3 s, for someone who was looking.",
-            "PyTorch's error says that a collective timed out; the stacks and ledgers say that the ranks wait in "
-            "different collectives, and where in the script.",
-        ),
+        keypoints=(),
+        keypoints_code=("# Key points: made from this notebook's runs above\n"
+                        'lab01.keypoints({"broken": broken, "rank-conditional": conditional, '
+                        '**{r.variant: r for r in fixed},\n                 "time-to-answer": tta})'),
         recap=(
             ("Why does the rank with fewer batches not simply finish while the other trains on?",
              "Under DDP every `backward()` issues a gradient all-reduce that needs every rank. After its last batch "
@@ -196,8 +191,8 @@ LESSONS: dict[str, Lesson] = {
         ),
         keypoints=(
             "Batches of 10 and 20 rows under DDP neither hung nor failed: DDP all-reduces gradients, whose shapes "
-            "are the parameters'. The harm is silent: the averaged gradient was 35 % off the 30-row gradient, and "
-            "weighting each rank's loss by its rows removed the error.",
+            "are the parameters'. The harm is silent: the averaged gradient was off the 30-row gradient (the run above prints by how "
+            "much), and weighting each rank's loss by its rows removed the error.",
             "An `all_gather` of 7 rows against 6 failed on gloo (`gloo-size-mismatch`): the rank whose slot was too "
             "small aborted, the other went on with wrong predictions until torchrun stopped it. "
             "`TORCH_DISTRIBUTED_DEBUG=DETAIL` named the collective and each rank's shape.",
@@ -383,21 +378,9 @@ LESSONS: dict[str, Lesson] = {
             "read an all-reduce bus-bandwidth curve against the machine's copy bandwidth;",
             "say what a CPU laptop can and cannot tell you about scaling on a GPU cluster.",
         ),
-        keypoints=(
-            "DDP all-reduces every gradient once per step (the parameter count x 4 bytes, whatever the batch) "
-            "while compute grows with the batch: the share of the step spent waiting for communication falls as "
-            "the per-rank batch grows.",
-            "In the stored run the 4.2 M-parameter model at a batch of 8 spent about half its step in exposed "
-            "communication; the smallest model at the smallest batch showed the largest share, because a small "
-            "all-reduce is latency-bound.",
-            "Each fix was measured against the baseline of the same round: a larger per-rank batch raised samples "
-            "per second the most; compression (fp16, bf16) halved the bytes but changed samples per second by only "
-            "a few per cent on loopback.",
-            "At a batch of 8, two ranks gained little or nothing over one rank's samples per second; at 256 they "
-            "gained much more: scaling needs enough compute per step to hide the all-reduce.",
-            "Without GPUs the DataParallel table is a model fed with this machine's measurements, labelled so, and "
-            "the DataParallel claims read \"not tested here\".",
-        ),
+        keypoints=(),
+        keypoints_code=("# Key points: made from this notebook's runs above\n"
+                        'L.keypoints({"grid": grid, "scaling": scaling, "fix-rows": frows, "dataparallel": dp})'),
         recap=(
             ("Why does a larger per-rank batch reduce the share of the step spent waiting for communication?",
              "The all-reduce moves the same bytes (the parameter count x 4) whatever the batch, while compute grows "
@@ -736,10 +719,13 @@ def shape_end(nb, lesson: Lesson, solutions_name: str) -> None:
 
     earlier = {_lesson_kind(c): c for c in nb.cells if _lesson_kind(c) in ("keypoints", "recap")}
     nb.cells = [c for c in nb.cells if _lesson_kind(c) not in ("keypoints", "recap")]
-    for kind, text in (("keypoints", keypoints_text(lesson)), ("recap", recap_text(lesson, solutions_name))):
+    code = {"keypoints": bool(lesson.keypoints_code), "recap": False}
+    for kind, text in (("keypoints", lesson.keypoints_code or keypoints_text(lesson)),
+                       ("recap", recap_text(lesson, solutions_name))):
         cell = earlier.get(kind)
-        if cell is None:
-            cell = nbformat.v4.new_markdown_cell(text, metadata={"ddplab": {"lesson": kind}})
+        if cell is None or (cell.cell_type == "code") != code[kind]:
+            new = nbformat.v4.new_code_cell if code[kind] else nbformat.v4.new_markdown_cell
+            cell = new(text, metadata={"ddplab": {"lesson": kind}})
             cell["id"] = f"ddplab-lesson-{kind}"       # fixed: a second run writes the same file
         cell.source = text
         nb.cells.append(cell)
@@ -854,6 +840,48 @@ def apply(path: Path, solutions_dir: Path) -> list[str]:
     return changed
 
 
+# --- the instructor's route (docs/instructor.md) -------------------------------------------------
+
+BREAK_MIN = 10          # a route row named "break"
+_ROUTE = re.compile(r"^\| (\d+):(\d\d) \| ([^|]*?) \|", re.M)
+_ROUTE_HEADING = re.compile(r"^## A route of .*$", re.M)
+
+
+def notebook_minutes(path: Path) -> int:
+    """A notebook's learner minutes as its header gives them (teaching + exercises, the fix-it included
+    where the notebook has one)."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    return sum(learner_minutes(LESSONS[path.name[:2]], has_fixit(nb)))
+
+
+def _row_minutes(name: str, minutes: dict[str, int]) -> int | None:
+    """A route row's minutes: a break's, a notebook's, or the longest of "A or B"; None for any other row."""
+    if name.strip() == "break":
+        return BREAK_MIN
+    names = [n.strip() for n in name.split(" or ")]
+    return max(minutes[n] for n in names) if all(n in minutes for n in names) else None
+
+
+def route_times(text: str, minutes: dict[str, int]) -> str:
+    """The route with each row's start time the sum of the learner minutes of the rows above it (issue 42:
+    a route of 160 minutes for notebooks whose own headers add up to 255), and its heading with the total."""
+    rows = list(_ROUTE.finditer(text))
+    if not rows:
+        return text
+    start = int(rows[0].group(1)) * 60 + int(rows[0].group(2))
+    out, at = [], 0
+    for m in rows:
+        out.append(text[at:m.start()])
+        out.append(f"| {start // 60}:{start % 60:02d} | {m.group(3)} |")
+        at = m.end()
+        start += _row_minutes(m.group(3), minutes) or 0
+    text = "".join(out) + text[at:]
+    total = start - (int(rows[0].group(1)) * 60 + int(rows[0].group(2)))
+    return _ROUTE_HEADING.sub(f"## A route of {total // 60} h {total % 60:02d} min (the notebooks' learner minutes)",
+                              text, count=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddplab.course.lesson_shape", description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", type=Path, help="the folder of NN_*.ipynb (notebooks/)")
@@ -871,6 +899,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"no lesson data for {', '.join(missing)}: add it to LESSONS", file=sys.stderr)
         return 1
+    route = a.notebooks.resolve().parent / "docs" / "instructor.md"
+    if route.is_file():
+        text = route.read_text()
+        new = route_times(text, {p.stem: notebook_minutes(p) for p in paths})
+        if new != text:
+            route.write_text(new)
+        print(f"{route.name}: route times {'written' if new != text else 'unchanged'}")
     return 0
 
 

@@ -95,3 +95,36 @@ class LabTable:
             f"<td>{'<br>'.join(f'<code>{e(v.name)}</code> → {e(v.expect)}' for v in l.variants)}</td></tr>"
             for l in self.labs)
         return f"<table><tr><th>lab</th><th>title</th><th>article</th><th>variants → outcome</th></tr>{rows}</table>"
+
+
+# --- key points made from the notebook's own runs (issue 42) ----------------------------------------
+
+@dataclass(frozen=True)
+class KeyPoints:
+    """A notebook's key points, every number and every comparative word made from the runs it was given
+    (a lab's ``keypoints(runs)``): Markdown in Jupyter, the same text elsewhere."""
+    points: tuple[str, ...]
+
+    def markdown(self) -> str:
+        return "## Key points\n\n" + "\n".join(f"- {p}" for p in self.points)
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        return self.markdown()
+
+
+FASTER, SAME, SLOWER = "faster", "about the same", "slower"
+
+
+def compared(ratio: float, gain: float = GAIN) -> str:
+    """How one measured ratio of two rates reads, by the claims' threshold for "faster" (``GAIN``, the
+    articles' "more than 10 %"): at least ``gain`` is faster, at most 1/``gain`` slower, between them
+    about the same. For one ratio shown beside its value; a claim about a small effect is judged by
+    paired rounds (``sign_test_p``), never by this."""
+    if ratio >= gain:
+        return FASTER
+    if ratio <= 1 / gain:
+        return SLOWER
+    return SAME

@@ -19,6 +19,8 @@ from ddplab.errors import DdplabError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO_DIR = PACKAGE_DIR.parent.parent
+# the stored execution of the notebooks (make notebooks; notebooks/ holds the learner's copies, no output)
+EXECUTED_DIR = REPO_DIR / "course-src" / "executed"
 
 
 def labs_dir() -> Path:
