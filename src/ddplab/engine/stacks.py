@@ -77,7 +77,8 @@ class Where:
                    call=Frame.from_dict(d["call"]) if d.get("call") else None)
 
 
-KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
+KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other",
+         "thread")    # thread: the main thread finished; ``op`` names the non-daemon thread keeping the rank alive
 
 # torch.distributed functions that block until every rank joins. Names as they appear in stacks.
 COLLECTIVES = {
