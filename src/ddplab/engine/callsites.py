@@ -54,11 +54,14 @@ def _lines(c: CallSite | None, stand: Frame | None) -> list[Frame]:
 def _branch(here: Mapping[int, CallSite | None], stands: Mapping[int, Frame | None],
             sources: Mapping[str, str]) -> tuple[tuple[int, ...], Frame | None]:
     """The ranks whose call stands inside a condition (``if``/``while``) that holds none of the other
-    ranks' frames, and that condition (the innermost, in the innermost frame that has one). When every
-    rank has such a condition (an if and its else), or none has, no rank is odd."""
+    ranks' frames (their calls, or where they stand when they made none), and that condition (the innermost,
+    in the innermost frame that has one). When every rank has such a condition (an if and its else), or none
+    has, no rank is odd."""
     found: dict[int, Frame] = {}
     for r, c in here.items():
-        mine = _lines(c, stands.get(r))
+        # only a call stands under a branch: a rank that made no call at this number (still in a loop the
+        # others left, say) is where it is for reasons no call record shows
+        mine = list(c.user) if c is not None else []
         theirs = [f for q, d in here.items() if q != r for f in _lines(d, stands.get(q))]
         for f in mine:
             cond = _condition(f, [g.line for g in theirs if g.file == f.file], sources)

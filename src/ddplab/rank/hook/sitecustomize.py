@@ -301,7 +301,7 @@ def _site(op, frame, n):
     exc = _in_flight()
     if exc is not None:
         rec["exc"] = exc
-    import threading
+    threading = sys.modules["threading"]
     t = threading.current_thread()
     if t is not threading.main_thread():
         rec["thread"] = t.name
