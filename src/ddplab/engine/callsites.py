@@ -17,12 +17,14 @@ from ddplab.engine.stacks import Frame
 from ddplab.facts import CallDivergence, CallSite
 
 
-def divergence(calls: Mapping[int, tuple[CallSite, ...]], stands: Mapping[int, Frame | None] | None = None,
+def divergence(calls: Mapping[int, tuple[CallSite, ...]], stands: Mapping[int, tuple[Frame, ...]] | None = None,
                sources: Mapping[str, str] | None = None) -> CallDivergence | None:
     """The first call number at which the ranks' recorded call sites differ (``calls``: rank -> its call
     records), with the call before it and the user's branch between; None when every rank that has
     records called from the same places (or fewer than two ranks have records). ``stands``: where each
-    rank stands (its live frame, or where it failed), used for a rank that made no call at that number.
+    rank stands (every user frame of its stack, innermost first: live, or where it failed), used for a rank
+    that made no call at that number; all of them, since a condition holding only its innermost line may
+    hold its outer ones (``if __name__ == "__main__":``).
     Only numbers every rank still holds are compared (the hook keeps the last calls)."""
     have = {r: {c.n: c for c in cs} for r, cs in calls.items() if cs}
     if len(have) < 2:
@@ -44,14 +46,14 @@ def divergence(calls: Mapping[int, tuple[CallSite, ...]], stands: Mapping[int, F
     return None
 
 
-def _lines(c: CallSite | None, stand: Frame | None) -> list[Frame]:
+def _lines(c: CallSite | None, stand: tuple[Frame, ...] | None) -> list[Frame]:
     """A rank's user frames at the divergence: its call's, else where it stands."""
     if c is not None and c.user:
         return list(c.user)
-    return [stand] if stand is not None else []
+    return list(stand or ())
 
 
-def _branch(here: Mapping[int, CallSite | None], stands: Mapping[int, Frame | None],
+def _branch(here: Mapping[int, CallSite | None], stands: Mapping[int, tuple[Frame, ...]],
             sources: Mapping[str, str]) -> tuple[tuple[int, ...], Frame | None]:
     """The ranks whose call stands inside a condition (``if``/``while``) that holds none of the other
     ranks' frames (their calls, or where they stand when they made none), and that condition (the innermost,

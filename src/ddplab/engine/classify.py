@@ -473,6 +473,12 @@ def early_exit_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | Non
     return hits[0] if len(hits) == 1 else None
 
 
+def user_frames(r: RankResult) -> tuple[stacks.Frame, ...]:
+    """Every frame of the rank's own code in its stack (innermost first), else its one frame."""
+    own = tuple(f for f in (r.stack or ()) if stacks.is_user_file(f.file))
+    return own or ((r.frame,) if r.frame is not None else ())
+
+
 def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
     """The rank condition that any of the rank's own frames (innermost first) stands under."""
     from ddplab.engine.stacks import is_user_file
@@ -868,7 +874,7 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
     culprits: tuple[int, ...] = ()
     guard = None
     # where the ranks' own call sites part (the rank hook's records), and the user's branch between
-    parted = callsites.divergence({r.rank: r.calls for r in ranks}, {r.rank: r.frame for r in ranks}, sources)
+    parted = callsites.divergence({r.rank: r.calls for r in ranks}, {r.rank: user_frames(r) for r in ranks}, sources)
     if v.status == Status.FAILED and first is not None:
         own = next((r for r in ranks if r.rank == first), None)
         ms = timed_out_ms(own)
