@@ -131,3 +131,20 @@ def test_an_exception_in_flight_rules_out_each_control_flow_reading():
         if s.id in ruled:
             assert s.rules_out(facts), s.id
             assert not s.rules_out(HangFacts(**{**facts.__dict__, "in_flight": ()})), s.id
+
+
+def test_a_rank_still_in_its_loop_is_compared_at_every_frame_of_its_stack():
+    """Rank 1 left its data loop and called barrier; rank 0 is still in the loop (DDP's collectives, no call
+    record): `if __name__ == "__main__":` holds both ranks' outer frames, so it is no branch between them."""
+    src = ("def step():\n    pass\n\n"                          # 1-2
+           "def train(n):\n    for _ in range(n):\n        step()\n    barrier()\n\n"   # 4-7
+           "if __name__ == '__main__':\n    train(3)\n")       # 9-10
+    f = lambda func, line: Frame(func, "/x/t.py", line)   # noqa: E731
+    init = CallSite(1, "init_process_group", (f("<module>", 10),), None)
+    calls = {0: (init,), 1: (init, CallSite(2, "barrier", (f("train", 7), f("<module>", 10)), None))}
+    stands = {0: (f("step", 2), f("train", 6), f("<module>", 10))}
+    d = callsites.divergence(calls, stands, {"/x/t.py": src})
+    assert d is not None and d.n == 2 and d.first[0] is None
+    assert d.odd == () and d.branch is None
+    # with only its innermost frame known, the __main__ guard would have looked like a branch
+    assert callsites.divergence(calls, {0: stands[0][:1]}, {"/x/t.py": src}).branch is not None
