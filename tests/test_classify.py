@@ -186,6 +186,9 @@ def test_stall_facts_name_the_last_collective_every_rank_finished():
 
 # --- the hang rules are catalog entries -----------------------------------------------------------------
 
+from ddplab.facts import CallSite, InFlight  # noqa: E402
+
+
 def _examples():
     """One example per hang rule: captured runs where there is one, else the ranks' facts."""
     entry = ledger.parse(json.loads((run_dir("hang_different_op") / "ranks" / "rank0.fr_trace.json").read_text()))
@@ -215,6 +218,11 @@ def _examples():
         "rendezvous-ranks-conflict": tuple([tuple(replace(_rank(n, kind="rendezvous", op="init_process_group"),
                                                           asked={"rank": 0, "world_size": 2, "env": {"RANK": str(n)}})
                                                   for n in (0, 1)), None]),
+        # rank 1 called its barrier while an exception was in flight (the rank hook's call record)
+        "hang-collective-while-handling": ((_rank(0, kind="collective", op="all_reduce", seq=4, ledger_=entry),
+                                            replace(_rank(1, **coll), calls=(CallSite(
+                                                6, "barrier", (), None, InFlight("ValueError", "bad batch", None)),))),
+                                           None),
         "spawn-under-torchrun": ((replace(_rank(0, kind="socket", op="select"), stack=(
             Frame("join", "/venv/site-packages/torch/multiprocessing/spawn.py", 160),)),), None),
     }

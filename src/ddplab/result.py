@@ -17,6 +17,7 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
                           short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
+from ddplab.facts import CallDivergence, CallSite, Ended, Nested, ThreadStack, parse_traceback
 
 
 def _render():
@@ -40,6 +41,7 @@ class RankError:
     values: dict | None = None    # {name: short repr} on the innermost line of the user's own code
     exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
     asked: dict | None = None     # raised inside init_process_group: the rank and world size it asked for, its env
+    nested: Nested | None = None  # re-raised from another process (a DataLoader worker): its own exception
 
     @property
     def frame(self) -> Frame | None:
@@ -50,7 +52,7 @@ class RankError:
         return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
                 "time": self.time, "module": self.module, "cause": self.cause, "env": self.env,
                 "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited,
-                "asked": self.asked}
+                "asked": self.asked, "nested": self.nested.to_dict() if self.nested else None}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RankError | None":
@@ -60,7 +62,20 @@ class RankError:
                    frames=tuple(Frame.from_dict(f) for f in d.get("frames", ())), time=float(d.get("time", 0)),
                    module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"),
                    chain=tuple(ChainedError.from_dict(c) for c in d.get("chain") or ()),
-                   values=d.get("values") or None, exited=d.get("exited"), asked=d.get("asked"))
+                   values=d.get("values") or None, exited=d.get("exited"), asked=d.get("asked"),
+                   nested=_nested(d.get("nested")))
+
+
+def _nested(d) -> Nested | None:
+    """The hook's record of an exception re-raised from another process ({"type", "where", "traceback"}:
+    the traceback as that process formatted it), or a saved Nested."""
+    if not d:
+        return None
+    if "traceback" in d:
+        text = str(d.get("traceback") or "")
+        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+        return Nested(str(d.get("type", "?")), str(d.get("where", "")), last, tuple(parse_traceback(text)))
+    return Nested.from_dict(d)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,10 @@ class RankResult:
     log_tail: str = ""
     consequence: bool = False      # its error only says that a peer went away (not a cause)
     node: str | None = None        # the node it ran on (``ddplab explain`` of several nodes' folders)
+    # evidence channels (issue 41): the rank hook's records
+    calls: tuple[CallSite, ...] = ()      # the last collectives its script called, numbered, with their call sites
+    threads: tuple[ThreadStack, ...] = ()  # its threads: live at the verdict, or those still running at its shutdown
+    ended: Ended | None = None            # how it ended without a traceback (os._exit and its line)
 
     # --- views (made from the fields above, for people; never parsed) ---------------------------
     @property
@@ -124,6 +143,9 @@ class RankResult:
         d["stack"] = [f.to_dict() for f in self.stack]
         d["connections"] = list(self.connections)
         d["records"] = list(self.records)
+        d["calls"] = [c.to_dict() for c in self.calls]
+        d["threads"] = [t.to_dict() for t in self.threads]
+        d["ended"] = self.ended.to_dict() if self.ended else None
         return d
 
     @classmethod
@@ -131,7 +153,10 @@ class RankResult:
         return cls(**{**d, "state": RankState(d["state"]), "where": Where.from_dict(d.get("where")), "error": RankError.from_dict(d.get("error")),
                       "ledger": tuple(Collective.from_dict(c) for c in d.get("ledger", ())),
                       "stack": tuple(Frame.from_dict(f) for f in d.get("stack", ())),
-                      "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ()))})
+                      "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ())),
+                      "calls": tuple(CallSite.from_dict(c) for c in d.get("calls") or ()),
+                      "threads": tuple(ThreadStack.from_dict(t) for t in d.get("threads") or ()),
+                      "ended": Ended.from_dict(d.get("ended"))})
 
 
 @dataclass(frozen=True)
@@ -161,6 +186,7 @@ class RunResult:
     culprits: tuple[int, ...] = ()   # the ranks the evidence blames (classify.refine; () where it blames none)
     fix_at: Frame | None = None      # the one line of the culprit's script that set the failure up, where its
                                      # cause points at one (a --local_rank argument, a timeout, MASTER_PORT set)
+    calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part (engine.callsites)
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -195,6 +221,7 @@ class RunResult:
         d["check"] = self.check.to_dict() if self.check else None
         d["culprits"] = list(self.culprits)
         d["fix_at"] = self.fix_at.to_dict() if self.fix_at else None
+        d["calls_diverged"] = self.calls_diverged.to_dict() if self.calls_diverged else None
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -212,7 +239,8 @@ class RunResult:
                       "stall": Stall(**d["stall"]) if d.get("stall") else None,
                       "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None,
                       "check": CheckReport.from_dict(d.get("check")), "culprits": tuple(d.get("culprits") or ()),
-                      "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None})
+                      "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None,
+                      "calls_diverged": CallDivergence.from_dict(d.get("calls_diverged"))})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

@@ -21,6 +21,8 @@ Used by the rank hook (``_rankhook/sitecustomize.py``, inside every rank: this m
     RUN/ranks/rankN.live.json     ``attach --save``: what was read from the live rank (stack, ledger)
     RUN/ranks/rankN.log           ``attach --save``: the rank's last output lines
     RUN/ranks/rankN.check.json    ``run --check``: the rank's own checksums, sampler indices, steps
+    RUN/ranks/rankN.ended.json    ``os._exit(n)``: the code and the line that called it
+    RUN/ranks/rankN.threads.json  the threads still running at shutdown, with their stacks
 """
 import glob
 import os
@@ -47,7 +49,9 @@ RECORDS = "records.jsonl"
 LIVE = "live.json"
 LOG = "log"
 CHECK = "check.json"      # ddplab run --check: what the rank saw of its replicas, gradients and data
-KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK)
+ENDED = "ended.json"      # how a rank ended without a traceback (os._exit and its line)
+THREADS = "threads.json"  # the threads still running at interpreter shutdown (they keep the rank alive)
+KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK, ENDED, THREADS)
 
 
 def rank_name(rank, kind):

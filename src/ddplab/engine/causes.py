@@ -138,6 +138,9 @@ CAUSES: tuple[Cause, ...] = (
         "Something called torch.distributed (get_rank, a collective, DistributedSampler, SyncBatchNorm, DDP) before "
         "init_process_group, or after destroy_process_group, or in a run started without torchrun.\n"
         "Call dist.init_process_group(...) first, in every rank, and start the script with torchrun.",
+        # not where the rank's own records show init_process_group called in it and not destroyed since: the
+        # call then came from somewhere init never ran (a worker process, a subprocess), which this reading misses
+        premise=lambda f: not f.initialised,
         sources=("https://github.com/megvii-model/YOLOF/issues/11", "https://github.com/open-mmlab/mmsegmentation/issues/901",
                  "https://github.com/lufficc/SSD/issues/196")),
     Cause(

@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ddplab.engine import ledger as ledger_mod
-from ddplab.engine import signatures, stacks
+from ddplab.engine import callsites, signatures, stacks
 from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
 from ddplab.engine.reasons import init_asks, rendezvous_asks, spawns
+from ddplab.facts import CallDivergence
 from ddplab.result import RankResult, Stall
 
 # the ranks still alive stood blocked: the stall rule fired, or torch dumped them (its watchdog's timeout)
@@ -38,17 +39,31 @@ class Verdict:
     stall: Stall | None = None
     culprits: tuple[int, ...] = ()           # the ranks the evidence blames (() where it blames none)
     fix_at: stacks.Frame | None = None       # the line of the culprit's script that set the failure up
+    calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part
 
     def fields(self) -> dict:
         """The RunResult fields this verdict decides."""
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
                 "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
-                "culprits": self.culprits, "fix_at": self.fix_at}
+                "culprits": self.culprits, "fix_at": self.fix_at, "calls_diverged": self.calls_diverged}
 
 
-def locate(live: LiveRank) -> stacks.Where:
+def keeping_alive(threads) -> tuple:
+    """The threads that keep a rank alive whose main thread has finished: not daemon threads, still running
+    at its shutdown (the rank hook's record) or beside a main thread waiting in threading's _shutdown."""
+    return tuple(t for t in threads or () if not t.main and not t.daemon)
+
+
+def locate(live: LiveRank, threads: tuple = ()) -> stacks.Where:
     """Where a live rank stands: its stack and wait channel, numbered from its ledger."""
     w = stacks.where(live.frames, live.wchan)
+    keep = keeping_alive(threads)
+    if keep and w.kind == "lock" and any(f.func == "_shutdown" and f.file.replace("\\", "/").endswith("/threading.py")
+                                         for f in live.frames[:3]):
+        # its main thread finished and waits in threading's shutdown for a thread that is not a daemon
+        t = keep[0]
+        user = next((f for f in t.frames if stacks.is_user_file(f.file)), None)
+        return stacks.Where("thread", t.name, None, user, t.frames[0] if t.frames else None)
     p = ledger_mod.pending(live.ledger)
     if p is not None and w.kind in ("collective", "lock", "other"):
         # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a
@@ -71,12 +86,17 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
                       consequence=(_is_consequence(ev, rank) if rank in ev.errors
                                    else _ended_for_another(ev, rank)),
                       given=given, records=tuple(records.get(rank, ())),
-                      log_tail="\n".join(log.splitlines()[-15:]))
+                      log_tail="\n".join(log.splitlines()[-15:]),
+                      threads=tuple(live[rank].threads) if rank in live and live[rank].threads
+                      else ev.threads.get(rank, ()),
+                      calls=tuple(live[rank].calls) if rank in live and live[rank].calls else ev.calls.get(rank, ()),
+                      ended=ev.ended.get(rank))
         if rank in live:
             lv = live[rank]
             out.append(RankResult(
                 state=RankState.HUNG if ended_by in BLOCKED else RankState.RUNNING, exit_code=None, signal="SIGTERM",
-                where=locate(lv), ledger=lv.ledger or tuple(ledgers.get(rank, ())), stack=tuple(lv.frames),
+                where=locate(lv, common["threads"]), ledger=lv.ledger or tuple(ledgers.get(rank, ())),
+                stack=tuple(lv.frames),
                 stack_source=lv.source, connections=lv.connections, **_probe_facts(lv.dialling), **common))
             continue
         frames, source = (), None
@@ -133,6 +153,10 @@ def first_failure(ev: RunEvidence, ranks: tuple[RankResult, ...]) -> int | None:
     causes = [r for _, r in recorded if not _is_consequence(ev, r)]
     if causes:
         return causes[0]
+    # a rank that ended itself with os._exit(n != 0): no traceback, no exit handler, only the hook's record
+    ended = [r for r, e in sorted(ev.ended.items()) if e.code not in (0, None, "0")]
+    if ended:
+        return ended[0]
     if ev.fatal:  # a rank that died on a fatal signal (gloo's SIGABRT) before a peer's "connection closed"
         return min(ev.fatal)
     if killed_from_outside(ev):  # SIGKILL with no record (the OOM killer) before a peer's "connection closed"
@@ -191,7 +215,7 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
     led = ev.final_ledgers.get(first) or tuple(ledger) or None
     e = ev.errors.get(first)
     if e is not None:
-        return FailureFacts(e.frames, led)
+        return FailureFacts(e.frames, led, ev.calls.get(first) or None)
     if first in ev.fatal or stack:
         return FailureFacts(tuple(ev.fatal.get(first) or stack), led)
     return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
@@ -204,6 +228,9 @@ def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
     facts = failure_facts(ev, first, ledger, stack)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
+    if m is None and first in ev.ended and first not in ev.errors:
+        # it ended itself (os._exit) and said nothing known: the others' words are only that it went away
+        return None, None
     if m is None or m[0].id in signatures.GENERIC:
         every = "\n".join(_rank_text(ev, r) for r in sorted(set(ev.logs) | set(ev.errors)) if r != first)
         m_all = signatures.match_text(every + "\n" + ev.console)
@@ -229,6 +256,8 @@ class HangFacts:
     spawned: tuple[RankResult, ...] = ()   # live ranks waiting for processes they started with mp.spawn
     asks: Asks | None = None               # what the processes in init_process_group asked it for
     gone_joined: bool = False              # every exited rank had issued the collectives the others wait in
+    in_flight: tuple = ()                  # (rank, CallSite) of live ranks blocked in a collective they called
+                                           # while an exception was in flight in that thread (the hook's records)
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
@@ -242,7 +271,10 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         any_ledger=any(r.ledger for r in alive), blocked=tuple(blocked_connections(alive)),
         divergence_kind=divergence.kind if divergence is not None else None,
         in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
-        asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll))
+        asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
+        in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None))
+
+
 
 
 def gone_joined(ranks: tuple[RankResult, ...], in_coll: tuple[RankResult, ...]) -> bool:
@@ -280,7 +312,8 @@ def hang_signature(ranks: tuple[RankResult, ...], divergence: ledger_mod.Diverge
     """The catalog entry for a job in which no rank made progress (or that was interrupted): the
     first hang rule of the catalog that holds."""
     facts = hang_facts(ranks, divergence)
-    return next(s.id for s in signatures.HANG_RULES if s.hang_rule(facts))
+    return next(s.id for s in signatures.HANG_RULES
+                if s.hang_rule(facts) and not (s.rules_out is not None and s.rules_out(facts)))
 
 
 def blocked_connections(ranks) -> list[tuple[int, str]]:
@@ -438,6 +471,12 @@ def early_exit_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | Non
         if (body and _LEAVES.match(body)) or (not body and _LEAVES.match(nxt)):
             hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
     return hits[0] if len(hits) == 1 else None
+
+
+def user_frames(r: RankResult) -> tuple[stacks.Frame, ...]:
+    """Every frame of the rank's own code in its stack (innermost first), else its one frame."""
+    own = tuple(f for f in (r.stack or ()) if stacks.is_user_file(f.file))
+    return own or ((r.frame,) if r.frame is not None else ())
 
 
 def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
@@ -834,6 +873,8 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
     sig, first, ranks = v.signature, v.first_failure, v.ranks
     culprits: tuple[int, ...] = ()
     guard = None
+    # where the ranks' own call sites part (the rank hook's records), and the user's branch between
+    parted = callsites.divergence({r.rank: r.calls for r in ranks}, {r.rank: user_frames(r) for r in ranks}, sources)
     if v.status == Status.FAILED and first is not None:
         own = next((r for r in ranks if r.rank == first), None)
         ms = timed_out_ms(own)
@@ -861,11 +902,17 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
             # the ranks that stand under a condition on the rank while the others do not: a collective
             # (or the work before one) that only some ranks reach
             alive = [r for r in ranks if r.state in ALIVE]
-            under = {r.rank: guarded(r, sources) for r in alive}
-            odd = tuple(k for k, g in under.items() if g is not None)
-            if odd and len(odd) < len(alive):
-                culprits = odd
-                guard = under[odd[0]]
+            if parted is not None and parted.odd and parted.branch is not None:
+                # the ranks whose call stands under a condition the others' calls do not: from the call sites
+                culprits, guard = parted.odd, parted.branch
+            elif not any(r.calls for r in alive):
+                # no call records (a job ddplab did not start, an older run folder): the rank condition over
+                # the script's text, the reading before issue 41
+                under = {r.rank: guarded(r, sources) for r in alive}
+                odd = tuple(k for k, g in under.items() if g is not None)
+                if odd and len(odd) < len(alive):
+                    culprits = odd
+                    guard = under[odd[0]]
     fix_at = None
     where = next((r for r in ranks if r.rank in culprits), None) if culprits else next(
         (r for r in ranks if r.state in ALIVE), None)
@@ -896,4 +943,4 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         senders, at = p2p_sent_site(ranks, first, sources)
         if at is not None:
             culprits, fix_at = senders, at
-    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at)
+    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at, calls_diverged=parted)

@@ -32,7 +32,19 @@ from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import probe, stacks
 from ddplab import runfiles
 from ddplab.defaults import Ending
+from ddplab.facts import CallSite, Ended, ThreadStack
 from ddplab.result import RankError
+
+
+def calls_of(records) -> tuple[CallSite, ...]:
+    """The rank hook's call records as CallSites (a malformed one is left out)."""
+    out = []
+    for d in records or ():
+        try:
+            out.append(CallSite.from_dict(d))
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue
+    return tuple(out)
 
 
 def _rank_files(run_dir: Path, kind: str) -> list[tuple[int, Path]]:
@@ -69,6 +81,8 @@ class LiveRank:
     connections: tuple = ()
     dialling: dict | None = None
     note: str | None = None
+    calls: tuple = ()             # the hook's call records (facts.CallSite), live
+    threads: tuple = ()           # every thread's stack (facts.ThreadStack), live
 
 
 def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int, tuple]) -> dict[int, LiveRank]:
@@ -104,6 +118,10 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
             if dump is not None:
                 live.ledger = ledger_mod.parse(dump)
             live.dialling = probe.rendezvous_target(sock)
+            channels = probe.rank_channels(sock)
+            if channels:
+                live.calls = calls_of(channels.get("calls"))
+                live.threads = tuple(ThreadStack.from_dict(t) for t in channels.get("threads") or ())
         live.connections = tcp_connections(proc)
         out[rank] = live
     return out
@@ -259,6 +277,9 @@ class RunEvidence:
     clean_exit: dict[int, float] = field(default_factory=dict)   # rank -> time of a normal interpreter exit
     final_ledgers: dict[int, tuple] = field(default_factory=dict)  # rank -> its ledger as it exited
     terminated: dict[int, list] = field(default_factory=dict)   # rank -> main-thread frames when SIGTERM came
+    calls: dict[int, tuple] = field(default_factory=dict)       # rank -> its call records (exit or error record)
+    threads: dict[int, tuple] = field(default_factory=dict)     # rank -> threads still running at its shutdown
+    ended: dict[int, Ended] = field(default_factory=dict)       # rank -> how it ended without a traceback
 
 
 def read(path: Path) -> str:
@@ -270,11 +291,25 @@ def read(path: Path) -> str:
 
 def read_run(run_dir: Path) -> RunEvidence:
     infos = rank_infos(run_dir)
-    errors = {}
+    errors, calls, threads, ended = {}, {}, {}, {}
     for _, p in _rank_files(run_dir, runfiles.ERROR):
         try:
             d = json.loads(p.read_text())
             errors[int(d["rank"])] = RankError.from_dict(d)
+            calls[int(d["rank"])] = calls_of(d.get("calls"))
+        except (ValueError, KeyError, OSError):
+            continue
+    for _, p in _rank_files(run_dir, runfiles.THREADS):
+        try:
+            d = json.loads(p.read_text())
+            threads[int(d["rank"])] = tuple(ThreadStack.from_dict(t) for t in d.get("threads") or ())
+        except (ValueError, KeyError, OSError):
+            continue
+    for _, p in _rank_files(run_dir, runfiles.ENDED):
+        try:
+            d = json.loads(p.read_text())
+            ended[int(d["rank"])] = Ended.from_dict(d)
+            calls.setdefault(int(d["rank"]), calls_of(d.get("calls")))
         except (ValueError, KeyError, OSError):
             continue
     tr = None
@@ -307,8 +342,10 @@ def read_run(run_dir: Path) -> RunEvidence:
             clean_exit[rank] = float(d.get("time", 0))
         if d.get("ledger"):
             final_ledgers[rank] = ledger_mod.parse(d["ledger"])
+        if d.get("calls"):
+            calls.setdefault(rank, calls_of(d["calls"]))
     return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
-                       final_ledgers, terminated)
+                       final_ledgers, terminated, calls, threads, ended)
 
 
 

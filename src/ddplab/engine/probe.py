@@ -124,6 +124,16 @@ def traceback(sock_path: str, timeout_s: float = 2.0) -> str | None:
     return body.decode(errors="replace") if body else None
 
 
+def rank_channels(sock_path: str, timeout_s: float = 2.0) -> dict | None:
+    """{"calls", "threads"}: the rank hook's call records and every thread's stack, or None."""
+    body = ask(sock_path, "ddplab_rank", timeout_s)
+    try:
+        found = json.loads(body) if body else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def rendezvous_target(sock_path: str, timeout_s: float = 2.0) -> dict | None:
     """{"host", "port", "func"} of the store a rank in the rendezvous is dialling, or None."""
     body = ask(sock_path, "ddplab_rendezvous", timeout_s)

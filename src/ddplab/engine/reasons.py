@@ -65,6 +65,14 @@ class FailureFacts:
     collective ledger (None: no ledger was recorded, or only a message's text is at hand)."""
     frames: tuple[Frame, ...] = ()
     ledger: tuple | None = None
+    calls: tuple | None = None    # the rank hook's call records (facts.CallSite; None: none were recorded)
+
+    @property
+    def initialised(self) -> bool:
+        """The rank's own records show init_process_group called in this process and not undone by a later
+        destroy_process_group (False where nothing was recorded)."""
+        setup = [c.op for c in self.calls or () if c.op in ("init_process_group", "destroy_process_group")]
+        return bool(setup) and setup[-1] == "init_process_group"
 
     @property
     def line(self) -> str:

@@ -27,6 +27,7 @@ class Signature:
     hang_rule: Callable | None = None   # stack signatures: a predicate over classify.HangFacts
     precedence: int = 0                 # hang rules are tried lowest first
     premise: Callable | None = None     # text signatures: what the evidence must hold (reasons.FailureFacts)
+    rules_out: Callable | None = None   # hang rules: facts (classify.HangFacts) under which the reading is wrong
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -187,7 +188,8 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
         "01",
         # not when every rank that left had itself issued the collectives the others wait in
-        hang_rule=lambda f: bool(f.gone and f.in_coll) and not f.gone_joined, precedence=40),
+        hang_rule=lambda f: bool(f.gone and f.in_coll) and not f.gone_joined, precedence=40,
+        rules_out=lambda f: bool(f.in_flight)),
     Signature(
         "rank-exited-early", "A rank finished while another still waited in a collective",
         (),
@@ -218,26 +220,39 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Look in the kernel log (dmesg: 'Out of memory: Killed process <pid>' or 'memory cgroup out of memory') and lower that rank's memory use, or raise the limit.",
         "02"),
     Signature(
+        "hang-collective-while-handling", "A rank entered a collective while handling an exception",
+        (),
+        "A rank met an exception and, while handling it (an except or finally block, a with block's exit), entered a "
+        "collective its peers are not in; they went on to other calls, so none can finish. The exception, shown below, "
+        "is where it started.\n"
+        "Fix what raised it; and let an exception end the rank (torchrun then ends the others) rather than sync in its "
+        "handler, or have every rank agree first that one failed (all-reduce a flag) and leave together.",
+        "",
+        hang_rule=lambda f: bool(f.in_flight) and bool(f.in_coll), precedence=35),
+    Signature(
         "hang-different-collectives", "Ranks wait in different collectives",
         (),
         "The ranks are blocked in different collectives (or at different collective numbers), and each needs every rank, so none can finish.\n"
         "Make the control flow the same on every rank: the same number of steps, no collective under `if rank == ...`.",
         "01",
-        hang_rule=lambda f: bool(f.in_coll) and (len(f.ops) > 1 or f.divergence_kind == "different-op"), precedence=70),
+        hang_rule=lambda f: bool(f.in_coll) and (len(f.ops) > 1 or f.divergence_kind == "different-op"), precedence=70,
+        rules_out=lambda f: bool(f.in_flight)),
     Signature(
         "hang-different-sizes", "Ranks wait in the same collective with different sizes",
         (),
         "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"
         "Agree on sizes first (all-reduce MAX of the lengths, pad, then the collective) or use the *_object variants.",
         "03",
-        hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60),
+        hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60,
+        rules_out=lambda f: bool(f.in_flight)),
     Signature(
         "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
         (),
         "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
         "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
         "01",
-        hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50),
+        hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50,
+        rules_out=lambda f: bool(f.in_flight)),
     Signature(
         "hang-p2p-ordering", "Every rank blocked in a send (or every one in a receive) to a peer doing the same",
         (),

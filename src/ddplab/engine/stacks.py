@@ -18,7 +18,7 @@ from pathlib import Path
 
 # Frame, Where and the path helpers live in ddplab.facts (below the engine, with the result types)
 from ddplab.facts import (PACKAGE_DIR, WHERE_KINDS, Frame, Where,  # noqa: F401  (re-exported)
-                          is_user_file, short_path, short_paths)
+                          is_user_file, parse_traceback, short_path, short_paths)
 
 
 KINDS = WHERE_KINDS
@@ -191,18 +191,6 @@ def parse_faulthandler_last_main(text: str) -> list[Frame]:
     whose outermost frame is ``<module>``."""
     threads = [frames for _, frames in _fh_threads(text)]
     return next((t for t in reversed(threads) if t and t[-1].func == "<module>"), [])
-
-
-_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)$', re.M)
-
-
-def parse_traceback(text: str) -> list[Frame]:
-    """Frames of the last Python traceback in a rank's log, innermost first."""
-    starts = [m.end() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
-    if not starts:
-        return []
-    frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2))) for m in _TB_FRAME.finditer(text, starts[-1])]
-    return frames[::-1]
 
 
 def pyspy_path() -> str | None:

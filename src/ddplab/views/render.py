@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ddplab.engine import groups, waits
 from ddplab.defaults import ALIVE, RankState, Status
-from ddplab.facts import numel, short_path
+from ddplab.facts import is_user_file, numel, short_path
 from ddplab.views.render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,6 +104,9 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
                     to += f" (torchrun gave it {r.given['host']}:{r.given['port']})"
             what = "waiting at the rendezvous" if w.kind == "rendezvous" else f"in {w.op} on the TCPStore"
             return f"{what}{to}{at}"
+        if w.kind == "thread":
+            return (f"finished its main thread, kept alive by thread '{w.op}' (not a daemon: Python waits for "
+                    f"it at exit){at}")
         if w.kind in KIND_PHRASE:
             op = f" ({w.op})" if w.op and w.kind not in ("sleep",) else ""
             return f"{KIND_PHRASE[w.kind]}{op}, not in any collective{at}"
@@ -252,8 +255,38 @@ def diagnosis(result: "RunResult") -> str:
         return "The job ended while ddplab watched it."
     div = _divergence(result, paths)
     head = " ".join(x for x in (lead, wait_sentence(result, paths), div, p2p_sentence(result),
-                                spawn_sentence(result), asks_sentence(result)) if x)
+                                spawn_sentence(result), asks_sentence(result), in_flight_sentence(result),
+                                calls_sentence(result)) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
+
+
+def _at(f) -> str:
+    return f"{short_path(f.file)}:{f.line} in {f.func}" if f is not None else "?"
+
+
+def in_flight_sentence(result: "RunResult") -> str:
+    """Live ranks blocked in a collective they called while an exception was in flight in that thread."""
+    from ddplab.engine.callsites import pending_call
+    parts = []
+    for r in result.ranks:
+        c = pending_call(r) if r.state in ALIVE else None
+        if c is not None and c.exc is not None:
+            parts.append(f"Rank {r.rank} called {c.op} at {_at(c.frame)} while handling {c.exc.type}: "
+                         f"{_first_line(c.exc.message, 160)} (raised at {_at(c.exc.at)}).")
+    return " ".join(parts)
+
+
+def calls_sentence(result: "RunResult") -> str:
+    """Where the ranks' recorded call sites part (``RunResult.calls_diverged``)."""
+    d = getattr(result, "calls_diverged", None)
+    if d is None:
+        return ""
+    each = "; ".join(f"rank {k} {c.op} at {_at(c.frame)}" if c is not None else f"rank {k} none"
+                     for k, c in sorted(d.first.items()))
+    text = f"Their calls part at call #{d.n}: {each}."
+    if d.last_same is not None:
+        text += f" The last call they made from one place: {d.last_same.op} at {_at(d.last_same.frame)}."
+    return text
 
 
 def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
@@ -329,6 +362,10 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
     r = result.rank(first)
     if r.error is not None:
         what = f"{r.error.type}: {_first_line(r.error.message)}"
+    elif getattr(r, "ended", None) is not None:
+        e = r.ended
+        user = next((f for f in e.frames if is_user_file(f.file)), e.frames[0] if e.frames else None)
+        what = f"it called {e.how}({e.code}) at {_at(user)}: no traceback, no exit handler"
     elif r.signal:
         what = f"killed by {r.signal}" + (" with no Python error (the kernel's OOM killer, or a kill)"
                                            if r.signal == "SIGKILL" else "")
@@ -430,6 +467,11 @@ def error_details(e) -> list[str]:
         own = _call_sentence(c.frames, None, "  that one was")
         if own:
             out.append(own)
+    n = getattr(e, "nested", None)
+    if n is not None:
+        own = next((f for f in n.frames if is_user_file(f.file)), n.frames[0] if n.frames else None)
+        out.append(f"It was re-raised from another process: {n.type} {n.where} (a process this rank started), "
+                   f"raised there at {_at(own)}: {_first_line(n.message, 160)}.")
     if e.exited:
         at = e.exited.get("frames") or []
         by = f" in {short_path(at[0]['file'])}" if at else ""

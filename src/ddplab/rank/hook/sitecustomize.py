@@ -12,6 +12,19 @@ from its file: the package itself is not imported here):
                     gloo) and on SIGUSR1 (the fallback route to a stack before torch is imported)
   rankN.term.txt    faulthandler's dump of every thread on SIGTERM (torchrun ending the rank after
                     another failed), then SIGTERM's default action
+  rankN.ended.json  how a rank ended without a traceback: ``os._exit(n)`` and the line that called it
+  rankN.threads.json  at interpreter shutdown, the threads that still run and keep the rank alive (not
+                    daemon threads), each with its stack, before Python waits to join them
+Evidence channels (issue 41), kept in the rank and written with the records above (and answered live
+by the ``ddplab_rank`` handler of the worker server):
+  calls             every torch.distributed collective the script calls (the module functions, wrapped
+                    once after ``import torch.distributed``; calls nested in another, as all_gather inside
+                    all_gather_object, are not counted): its number in this rank, the op, the innermost
+                    user frames and the innermost library frame that led to it, and the exception being
+                    handled or propagating in that thread at the call (type, message, where raised)
+  threads           every thread's name, daemon flag and stack (live, and at shutdown)
+  nested            an exception torch re-raised from another process (``ExceptionWrapper.reraise``:
+                    "Caught X in DataLoader worker process N"): the worker's type, where and traceback
 and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
 server (``torch._C._distributed_c10d._WorkerServer``) on the Unix socket named in rankN.json. Its
 handlers run on a C++ thread, so the launcher can ask for the flight recorder's collective ledger
@@ -69,6 +82,8 @@ def _install():
     previous_hook = sys.excepthook
 
     owner = os.getpid()
+    calls = _Calls()
+    _STATE["calls"] = calls
 
     def write(kind, rec):
         # a process forked from the rank (a DataLoader worker) inherits these hooks: its exit or its
@@ -85,7 +100,7 @@ def _install():
             env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
             write(names.ERROR, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "type": type_name,
                             "module": module, "message": message, "frames": frames, "cause": cause, "env": env,
-                            **more})
+                            "calls": calls.records(), **more})
         except Exception:  # never let evidence-keeping change how the rank fails
             pass
 
@@ -99,6 +114,9 @@ def _install():
             asked = _asked_in(tb)
             if asked is not None:
                 more["asked"] = asked
+            nested = _nested(value)
+            if nested is not None:
+                more["nested"] = nested
             record_error(rec["type"], rec["module"], rec["message"], rec["frames"],
                          type(cause).__name__ + ": " + str(cause) if cause is not None else None, **more)
         except Exception:
@@ -130,10 +148,47 @@ def _install():
 
     sys.exit = exit_with_record
 
+    # exit(n) and quit(n) (site's builtins) raise SystemExit without sys.exit: the same record
+    import builtins
+    for name in ("exit", "quit"):
+        builtin = getattr(builtins, name, None)
+        if builtin is not None:
+            setattr(builtins, name, _Quitter(builtin, exit_with_record))
+
+    # os._exit(n) skips every handler: the only trace of it is this record (code and the calling line)
+    real_os_exit = os._exit
+
+    def os_exit_with_record(code):
+        try:
+            write(names.ENDED, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "how": "os._exit",
+                                "code": code if isinstance(code, int) else str(code),
+                                "frames": _stack(sys._getframe(1), 6), "calls": calls.records()})
+        except Exception:
+            pass
+        real_os_exit(code)
+
+    os._exit = os_exit_with_record
+
+    def record_threads():
+        """At the start of interpreter shutdown (threading's own atexit, before the non-daemon threads are
+        joined): the threads that will keep this rank alive, with their stacks."""
+        try:
+            keep = [t for t in _threads() if not t["main"] and not t["daemon"]]
+            if keep:
+                write(names.THREADS, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "threads": keep})
+        except Exception:
+            pass
+
+    import threading
+    try:
+        threading._register_atexit(record_threads)
+    except Exception:
+        pass
+
     def record_exit():
         """At a normal interpreter exit: when, and the flight recorder's whole ledger (a rank that
         exits leaves its collectives behind for the comparison with the ranks that still wait)."""
-        rec = {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "ledger": None}
+        rec = {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "ledger": None, "calls": calls.records()}
         c10d = sys.modules.get("torch._C._distributed_c10d")
         if c10d is not None and hasattr(c10d, "_dump_fr_trace_json"):
             try:
@@ -147,8 +202,14 @@ def _install():
 
     import atexit
     atexit.register(record_exit)
-    if sock:
-        _after_import("torch.distributed", lambda: _start_worker_server(sock, names.probe_lock(sock)))
+
+    def after_distributed():
+        # one post-import hook per module name: the first finder to answer ends the search
+        _watch_calls(calls)
+        if sock:
+            _start_worker_server(sock, names.probe_lock(sock))
+
+    _after_import("torch.distributed", after_distributed)
     if os.environ.get("DDPLAB_CHECK"):
         # ddplab run --check: record what the rank can see from inside torch (ddplab_rankcheck.py)
         _after_import("torch", lambda: _install_check(write))
@@ -156,6 +217,197 @@ def _install():
 
 
 _CHAIN_LIMIT = 8       # chained exceptions recorded (a loop of re-raises stops here)
+_CALLS_KEPT = 512      # the last collectives called, per rank (each numbered, so ranks align by number)
+_USER_FRAMES = 3       # user frames kept per call, innermost first
+_STATE = {}            # "calls": this rank's _Calls (read by the live handler)
+_FIRST_KEPT = 16       # the first calls are kept as well (init_process_group, new_group: the set-up)
+_KIND = {}             # file -> "user", "lib" or "api" (torch.distributed's own entry points), cached
+_API_FILES = ("distributed_c10d.py", "c10d_logger.py")
+# torch.distributed's functions that talk to other ranks (and set-up), as a script calls them
+_WATCHED = ("all_reduce", "broadcast", "barrier", "monitored_barrier", "all_gather", "all_gather_into_tensor",
+            "all_gather_object", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast_object_list",
+            "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv",
+            "init_process_group", "destroy_process_group", "new_group")
+
+
+class _Calls:
+    """This rank's call records: the first ``_FIRST_KEPT`` and the last ``_CALLS_KEPT``."""
+
+    def __init__(self):
+        import collections
+        self.first = []
+        self.last = collections.deque(maxlen=_CALLS_KEPT)
+
+    def append(self, rec):
+        if len(self.first) < _FIRST_KEPT:
+            self.first.append(rec)
+        else:
+            self.last.append(rec)
+
+    def records(self):
+        return self.first + list(self.last)
+
+
+def _kind(file):
+    k = _KIND.get(file)
+    if k is None:
+        norm = file.replace("\\", "/")
+        if norm.endswith(_API_FILES) and "torch/distributed/" in norm:
+            k = "api"
+        else:
+            k = "lib" if _is_library(file) else "user"
+        _KIND[file] = k
+    return k
+
+
+def _stack(frame, limit):
+    """A frame and its callers as records, innermost first: [file, line, func]."""
+    out = []
+    while frame is not None and len(out) < limit:
+        out.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
+        frame = frame.f_back
+    return out
+
+
+def _in_flight():
+    """The exception this thread is handling or propagating (an except or finally block, a with
+    block's exit), as data: type, message, the line it was raised at; None when there is none."""
+    value = sys.exc_info()[1]
+    if value is None:
+        return None
+    tb = value.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    at = [tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name] if tb is not None else None
+    return {"type": type(value).__name__, "message": str(value)[:300], "at": at}
+
+
+def _site(op, frame, n):
+    """One call record: the op, the innermost library frame below torch.distributed's entry point (a
+    library that called it: Lightning, accelerate, DDP, FSDP) and the innermost user frames."""
+    lib, user = None, []
+    while frame is not None:
+        file = frame.f_code.co_filename
+        k = _kind(file)
+        if k == "user":
+            user.append([file, frame.f_lineno, frame.f_code.co_name])
+            if len(user) >= _USER_FRAMES:
+                break
+        elif k == "lib" and lib is None and not user:
+            lib = [file, frame.f_lineno, frame.f_code.co_name]
+        frame = frame.f_back
+    rec = {"n": n, "op": op, "user": user, "lib": lib}
+    exc = _in_flight()
+    if exc is not None:
+        rec["exc"] = exc
+    threading = sys.modules["threading"]
+    t = threading.current_thread()
+    if t is not threading.main_thread():
+        rec["thread"] = t.name
+    return rec
+
+
+def _watch_calls(calls):
+    """Wrap torch.distributed's collective functions (in distributed_c10d, and the same objects in the
+    torch.distributed namespace) so that each call the script makes is numbered and recorded in
+    ``calls`` before it runs. Arguments and results pass through untouched; a call made inside another
+    watched call (all_gather inside all_gather_object) is not counted."""
+    import functools
+    import threading
+    import torch.distributed as dist
+    c10d = getattr(dist, "distributed_c10d", None)
+    if c10d is None:
+        return
+    local = threading.local()
+    count = [0]
+
+    def wrap(name, fn):
+        @functools.wraps(fn)
+        def watched(*args, **kwargs):
+            if getattr(local, "busy", False):
+                return fn(*args, **kwargs)
+            local.busy = True
+            try:
+                try:
+                    count[0] += 1
+                    calls.append(_site(name, sys._getframe(1), count[0]))
+                except Exception:   # evidence-keeping never changes the call
+                    pass
+                return fn(*args, **kwargs)
+            finally:
+                local.busy = False
+        watched.__ddplab_watched__ = fn
+        return watched
+
+    for name in _WATCHED:
+        fn = getattr(c10d, name, None)
+        if fn is None or hasattr(fn, "__ddplab_watched__"):
+            continue
+        w = wrap(name, fn)
+        setattr(c10d, name, w)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, w)
+
+
+def _threads():
+    """Every Python thread of this process: name, daemon, main, and its stack (innermost first)."""
+    import threading
+    frames = sys._current_frames()
+    main = threading.main_thread()
+    out = []
+    for t in threading.enumerate():
+        f = frames.get(t.ident)
+        if f is not None:
+            out.append({"name": t.name, "daemon": bool(t.daemon), "main": t is main, "frames": _stack(f, 24)})
+    return out
+
+
+def _rank_handler(req, resp):
+    """The worker server's ``ddplab_rank``: this rank's call records and every thread's stack, now."""
+    import json
+    calls = _STATE.get("calls")
+    found = {"calls": calls.records() if calls is not None else [], "threads": _threads()}
+    resp.set_content(json.dumps(found), "application/json")
+    resp.set_status(200)
+
+
+def _nested(value):
+    """An exception torch re-raised from another process (its ``ExceptionWrapper.reraise``: a DataLoader
+    worker's), read from the re-raising frame's own wrapper: the worker's exception type, where it was
+    ("in DataLoader worker process 0") and its traceback as the worker formatted it; None otherwise."""
+    seen = 0
+    e = value
+    while e is not None and seen < _CHAIN_LIMIT:
+        tb = e.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "reraise" and code.co_filename.replace("\\", "/").endswith("torch/_utils.py"):
+                w = tb.tb_frame.f_locals.get("self")
+                if w is not None and hasattr(w, "exc_msg"):
+                    return {"type": getattr(getattr(w, "exc_type", None), "__name__", "?"),
+                            "where": str(getattr(w, "where", "")), "traceback": str(w.exc_msg)[-8000:]}
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+class _Quitter:
+    """site's ``exit``/``quit`` builtin, with a non-zero code recorded as sys.exit's is."""
+
+    def __init__(self, builtin, record):
+        self._builtin, self._record = builtin, record
+
+    def __repr__(self):
+        return repr(self._builtin)
+
+    def __call__(self, code=None):
+        try:
+            sys.stdin.close()       # what site's Quitter does first
+        except Exception:
+            pass
+        self._record(code)
 _VALUE_CHARS = 120     # one value's repr, shortened
 
 
@@ -299,6 +551,7 @@ def _start_worker_server(sock, lock_path):
             _DDPLAB_WORKER_SERVER = c10d._WorkerServer(sock)
         if hasattr(c10d, "_register_handler"):
             c10d._register_handler("ddplab_rendezvous", _rendezvous_handler)
+            c10d._register_handler("ddplab_rank", _rank_handler)
         import atexit
         import threading
 

@@ -1,0 +1,120 @@
+"""Where the ranks' control flow parted, from their own call records (issue 41, item 2).
+
+The rank hook numbers every torch.distributed call a rank's script makes and records its call site (the
+innermost user frames). Ranks that run the same code call from the same places in the same order; the
+first number at which they call from different places (or one makes a call the other never makes) is
+where their paths parted, and the user's branch between the two places is the condition that sent them
+apart. The places come from the run; the script's syntax tree is read only to name the condition that
+holds one rank's call and not the other's (``ast``: the statement structure, no pattern over text).
+Pure: no I/O.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Mapping
+
+from ddplab.engine.stacks import Frame
+from ddplab.facts import CallDivergence, CallSite
+
+
+def divergence(calls: Mapping[int, tuple[CallSite, ...]], stands: Mapping[int, tuple[Frame, ...]] | None = None,
+               sources: Mapping[str, str] | None = None) -> CallDivergence | None:
+    """The first call number at which the ranks' recorded call sites differ (``calls``: rank -> its call
+    records), with the call before it and the user's branch between; None when every rank that has
+    records called from the same places (or fewer than two ranks have records). ``stands``: where each
+    rank stands (every user frame of its stack, innermost first: live, or where it failed), used for a rank
+    that made no call at that number; all of them, since a condition holding only its innermost line may
+    hold its outer ones (``if __name__ == "__main__":``).
+    Only numbers every rank still holds are compared (the hook keeps the last calls)."""
+    have = {r: {c.n: c for c in cs} for r, cs in calls.items() if cs}
+    if len(have) < 2:
+        return None
+    first_n = max(min(by_n) for by_n in have.values())
+    last_n = max(max(by_n) for by_n in have.values())
+    top = {r: max(by_n) for r, by_n in have.items()}
+    for n in range(first_n, last_n + 1):
+        if any(n not in by_n and n <= top[r] for r, by_n in have.items()):
+            continue      # a number some rank no longer holds (the hook keeps the first and the last calls)
+        here = {r: by_n.get(n) for r, by_n in sorted(have.items())}
+        if len({c.place if c is not None else None for c in here.values()}) < 2:
+            continue
+        before = have[min(have)].get(n - 1)
+        same = before if before is not None and all(
+            (by_n.get(n - 1) is not None and by_n[n - 1].place == before.place) for by_n in have.values()) else None
+        odd, branch = _branch(here, stands or {}, sources or {})
+        return CallDivergence(n, same, here, odd, branch)
+    return None
+
+
+def _lines(c: CallSite | None, stand: tuple[Frame, ...] | None) -> list[Frame]:
+    """A rank's user frames at the divergence: its call's, else where it stands."""
+    if c is not None and c.user:
+        return list(c.user)
+    return list(stand or ())
+
+
+def _branch(here: Mapping[int, CallSite | None], stands: Mapping[int, tuple[Frame, ...]],
+            sources: Mapping[str, str]) -> tuple[tuple[int, ...], Frame | None]:
+    """The ranks whose call stands inside a condition (``if``/``while``) that holds none of the other
+    ranks' frames (their calls, or where they stand when they made none), and that condition (the innermost,
+    in the innermost frame that has one). When every rank has such a condition (an if and its else), or none
+    has, no rank is odd."""
+    found: dict[int, Frame] = {}
+    for r, c in here.items():
+        # only a call stands under a branch: a rank that made no call at this number (still in a loop the
+        # others left, say) is where it is for reasons no call record shows
+        mine = list(c.user) if c is not None else []
+        theirs = [f for q, d in here.items() if q != r for f in _lines(d, stands.get(q))]
+        for f in mine:
+            cond = _condition(f, [g.line for g in theirs if g.file == f.file], sources)
+            if cond is not None:
+                found[r] = cond
+                break
+    if not found or len(found) == len(here):
+        return (), None
+    odd = tuple(sorted(found))
+    conds = {found[r] for r in odd}
+    return odd, (conds.pop() if len(conds) == 1 else None)
+
+
+def _condition(f: Frame, others: list[int], sources: Mapping[str, str]) -> Frame | None:
+    """The innermost ``if``/``while`` of ``f``'s file whose block holds ``f.line`` and none of ``others``
+    (lines of the other ranks in the same file), as a Frame on the condition's line."""
+    text = sources.get(f.file)
+    if not text:
+        return None
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    lines = text.splitlines()
+    best = None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.While)):
+            continue
+        for block in (node.body, node.orelse):
+            if not block:
+                continue
+            a, b = block[0].lineno, max(getattr(s, "end_lineno", s.lineno) or s.lineno for s in block)
+            if a <= f.line <= b and not any(a <= o <= b for o in others):
+                # the else of an ``if`` is its own branch: the condition's line names it
+                if best is None or node.lineno > best.lineno:
+                    best = node
+    if best is None:
+        return None
+    return Frame(f.func, f.file, best.lineno, lines[best.lineno - 1].strip() if best.lineno <= len(lines) else None)
+
+
+SETUP_CALLS = ("init_process_group", "destroy_process_group", "new_group")
+
+
+def pending_call(r) -> CallSite | None:
+    """The call record of the collective a blocked rank stands in: its last recorded call, when that is the
+    collective its stack shows (the op, or the object collective that issued it); None otherwise (a
+    collective DDP issued from C++ is recorded by no call)."""
+    if not r.calls or r.where is None or r.where.kind not in ("collective", "p2p"):
+        return None
+    c = r.calls[-1]
+    if c.op in SETUP_CALLS or c.op not in (r.where.op, r.where.via):
+        return None
+    return c
