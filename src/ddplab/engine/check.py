@@ -12,7 +12,7 @@ DataLoader) and counts; the fix for each kind lives once, in ``FIXES``. Sentence
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace, asdict, dataclass, field
 from pathlib import Path
 
 from ddplab import runfiles
@@ -102,7 +102,7 @@ class CheckReport:
     every: int                            # checksum interval (forwards with grad)
     findings: tuple[Finding, ...] = ()
     not_checked: tuple[NotChecked, ...] = ()
-    nothing: str | None = None            # "no-process-group", "no-records": nothing was compared
+    nothing: str | None = None            # "no-process-group", "no-records", "not-ended": nothing was compared
     ranks: tuple[int, ...] = ()           # the ranks whose records were read
     models: int = 0                       # DDP-wrapped models compared
     checksums: int = 0                    # checkpoints compared (per model, on every rank)
@@ -152,6 +152,18 @@ def has_records(run_dir: str | Path) -> bool:
     folder saved from one)."""
     return any(runfiles.rank_of(p.name, runfiles.CHECK) is not None
                for p in (Path(run_dir) / runfiles.RANKS).glob("rank*"))
+
+
+def not_ended(report: "CheckReport", ranks) -> "CheckReport":
+    """No rank left check records, but a rank's own evidence shows it had imported torch (a collective in
+    its ledger, torch's worker server answering, torch in its stack): the ranks never reached their exit,
+    where the records are written (a hung job the launcher ended), so "nothing" says that instead."""
+    def torch_seen(r) -> bool:
+        return bool(r.ledger) or r.stack_source == "worker-server" or any(
+            "torch" in Path(f.file).parts for f in r.stack)
+    if report is not None and report.nothing == "no-records" and any(torch_seen(r) for r in ranks):
+        return replace(report, nothing="not-ended")
+    return report
 
 
 def compare(run_dir: str | Path, world: int, every: int = EVERY) -> CheckReport:

@@ -51,7 +51,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False,
+        max_collectives: int | None = None) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -74,8 +75,9 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     if cluster is None and spec is not None:
         from ddplab.origins import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
-            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
-    return _turn(job, stream, grace_s, progress, cluster)
+            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made,
+                         max_collectives)
+    return _turn(job, stream, grace_s, progress, cluster, max_collectives)
 
 
 def _progress(progress):
@@ -89,12 +91,12 @@ def _progress(progress):
                       hint='use progress="auto" (a status line), None (nothing) or a function of a Snapshot')
 
 
-def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
+def _turn(job: Job, stream, grace_s, progress, cluster, max_collectives: int | None = None) -> RunResult:
     measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.rank.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress)
+        return _run(StartedJob(job, cluster, turn, max_collectives), stream, grace_s, progress)
 
 
 def _run(source: "StartedJob", stream, grace_s, progress) -> RunResult:
@@ -123,8 +125,9 @@ class StartedJob:
     limit = Ending.DEADLINE
     stop = True
 
-    def __init__(self, job: Job, cluster, turn: turns.Turn):
+    def __init__(self, job: Job, cluster, turn: turns.Turn, max_collectives: int | None = None):
         self.job, self.cluster, self.turn = job, cluster, turn
+        self.max_collectives = max_collectives
         self.limit_s = job.deadline_s
         self.waiting: turns.Waiting | None = None
         self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
@@ -155,7 +158,9 @@ class StartedJob:
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
              "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
-        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
+        sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
+        sup.max_collectives = self.max_collectives
+        return sup
 
     def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:
         if self.waiting is not None:

@@ -7,7 +7,7 @@ hardest examples overall: the tensors differ in length, and gloo aborts the rank
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, in_try)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, in_try)
 
 SEED = 3
 SAMPLES = 40
@@ -148,5 +148,6 @@ except RuntimeError:                                      # skip the gather if t
             "bring. The lengths still differ, so the gather still breaks.",
             "https://github.com/Lightning-AI/pytorch-lightning/issues/7773 (different sizes freeze all_gather)"),
     ),
+    layouts=(Layout(3),),
     sources=("https://github.com/pytorch/pytorch/issues/70037", "https://github.com/pytorch/pytorch/issues/23299"),
 )

@@ -8,7 +8,7 @@ too small).
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, has_keyword, in_try)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, has_keyword, in_try)
 
 SEED = 26
 N = 5
@@ -149,5 +149,6 @@ except RuntimeError:                                      # skip the gather if t
             "reaches the except clause.",
             "https://github.com/pytorch/pytorch/issues/44353 (catching a collective's error on one process)"),
     ),
+    layouts=(Layout(3),),
     sources=("https://github.com/pytorch/pytorch/issues/6299", "https://github.com/pytorch/pytorch/issues/13214"),
 )
