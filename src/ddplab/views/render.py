@@ -438,9 +438,17 @@ def error_details(e) -> list[str]:
     return out
 
 
+def progressing_at_stop(result: "RunResult") -> bool:
+    """An interrupted job whose ranks were still making progress when it was stopped (its ``stopped``
+    facts: idle for less than the stall window): a hang signature is not shown for it (issue 42)."""
+    st = getattr(result, "stopped", None)
+    return result.status == "interrupted" and st is not None and st.idle_s < st.window_s and \
+        bool(result.signature) and result.signature.startswith("hang-")
+
+
 def headline(result: "RunResult") -> str:
     v = f" --variant {result.variant}" if result.variant else ""
-    sig = f" [{result.signature}]" if result.signature else ""
+    sig = f" [{result.signature}]" if result.signature and not progressing_at_stop(result) else ""
     # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0)
     took = f" in {result.wall_s:.1f} s" if result.wall_s > 0 else ""
     return f"{result.target}{v}: {result.status}{sig}{took} ({result.nproc} ranks)"
@@ -532,7 +540,12 @@ def explain(result: "RunResult") -> str:
     from ddplab.engine import signatures
 
     lines = [headline(result)]
-    if not identified(result):
+    if progressing_at_stop(result):
+        st = result.stopped
+        lines.append(f"  Interrupted while the ranks were still making progress (the last progress {st.idle_s:g} s "
+                     f"before the interrupt, within the {st.window_s:g} s stall window): where each rank was "
+                     f"follows; nothing shows a hang.")
+    elif not identified(result):
         lines.append("  Cause not identified: no known failure fits the evidence; what the ranks did follows.")
     elif result.signature:
         sig = signatures.get(result.signature)

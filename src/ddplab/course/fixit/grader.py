@@ -364,7 +364,8 @@ def parts(g: Grade) -> list[tuple[str, str]]:
     at = f"on {layout_name(m.layout)}, " if m is not None and m.layout is not None else ""
     others = ex.layouts
     out = [("verdict", _OUTCOME[g.outcome].format(
-        status=getattr(r, "status", ""), syntax=g.syntax, findings=", ".join(m.got if m is not None and
+        status=m.got.get("status") if m is not None and isinstance(m.got, dict) else getattr(r, "status", ""),
+        syntax=g.syntax, findings=", ".join(m.got if m is not None and
                                                                              isinstance(m.got, list) else g.findings),
         mismatch=_mismatch(m), check=" with --check clean" if ex.silent else "", at=at,
         n=m.got.get("collectives") if m is not None and isinstance(m.got, dict) else None,
