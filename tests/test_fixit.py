@@ -61,7 +61,7 @@ def test_nothing_to_grade_says_not_yet_and_raises_nothing():
 # --- real runs: the reference passes, each wrong fix is named (the broken: tests/fixit_check.py) ----
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)      # a reference runs in each layout of its exercise (two runs for most)
 @pytest.mark.parametrize("exercise_id, case", CASES, ids=[f"{e}-{c}" for e, c in CASES])
 def test_grading(exercise_id, case, session_runs_dir):
     ex = fixit.get(exercise_id)

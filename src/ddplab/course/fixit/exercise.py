@@ -282,6 +282,20 @@ def flat(params: list) -> list[float]:
     return out
 
 
+def reduces_with(tree: ast.AST, op: str) -> bool:
+    """The code names ``ReduceOp.<op>`` (MIN, MAX, ...): evidence of what a reduction was asked to do."""
+    return any(isinstance(n, ast.Attribute) and n.attr == op and
+               isinstance(n.value, (ast.Attribute, ast.Name)) and
+               (getattr(n.value, "attr", None) or getattr(n.value, "id", None)) == "ReduceOp"
+               for n in ast.walk(tree))
+
+
+def constant_keyword(tree: ast.AST, funcs: tuple[str, ...], keyword: str) -> bool:
+    """A call to one of ``funcs`` passes ``keyword`` a constant (a number written into the code)."""
+    return any(kw.arg == keyword and isinstance(kw.value, ast.Constant)
+               for c in calls(tree, *funcs) for kw in c.keywords)
+
+
 def sets_env(tree: ast.AST, name: str) -> bool:
     """``os.environ[name] = ...`` somewhere in the code."""
     for node in ast.walk(tree):

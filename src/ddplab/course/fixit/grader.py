@@ -334,7 +334,8 @@ def _mismatch(m: Mismatch | None) -> str:
         return ""
     tol = f" within {m.tolerance:g}" if m.tolerance is not None else ""
     exp, got = _short(m.expected), _short(m.got)
-    return f"{m.kind}: {m.what}: expected {exp}{tol}, measured {got}"
+    what = "" if m.what == str(m.kind) else f"{m.what}: "
+    return f"{m.kind}: {what}expected {exp}{tol}, measured {got}"
 
 
 def _state(m: Mismatch) -> str:
