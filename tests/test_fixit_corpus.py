@@ -135,7 +135,7 @@ def test_an_attempt_that_never_ends_does_not_finish_within_its_limit(session_run
     ref = reference(ex, ex.all_layouts[0])["issued"]
     assert g.outcome is Outcome.NOT_FINISHED and g.result.status == "deadline", str(g)
     n = g.mismatch.got["collectives"]
-    assert g.limit == 5 * ref and g.limit < n <= g.limit + 200        # ended once past it (read twice a second)
+    assert g.limit == 5 * ref and g.limit < n          # ended once past it (each rank's ledger read twice a second)
     assert g.mismatch.got["progressing"] is True
     shown = str(g)
     assert f"does not finish: still making progress after {n} collectives (the reference needs {ref})" in shown

@@ -30,6 +30,8 @@ SCRIPT = "script.py"
 # Where cells are written before they run: a folder per cell run under the runs root.
 CELLS = "cells"
 DEFAULT_VAR = "_ddplab"
+# how often a loopback multi-node run is started again when its rendezvous port was taken first
+PORT_TRIES = 3
 USAGE = "%%ddplab [--nproc N] [--check] [--stall S] [--name VAR] [--limit COLLECTIVES]"
 
 
@@ -130,14 +132,23 @@ def run_source(source: str, name: str = "cell", *, nproc: int = 2, stall_s: floa
     folder = folder or new_folder(name)
     script = folder / f"{name}.py"
     script.write_text(source)
-    multi = {}
-    if nodes > 1:
-        from ddplab.origins.cluster import LoopbackNodes
-        from ddplab.origins.ports import free_port
-        multi = {"cluster": LoopbackNodes(nodes), "port": free_port()}
     try:
-        result = run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder,
-                     max_collectives=max_collectives, **multi)
+        for tries in range(1, PORT_TRIES + 1):
+            multi = {}
+            if nodes > 1:
+                from ddplab.origins.cluster import LoopbackNodes
+                from ddplab.origins.ports import free_port
+                multi = {"cluster": LoopbackNodes(nodes), "port": free_port()}
+            result = run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder,
+                         max_collectives=max_collectives, **multi)
+            # No rank started in a loopback multi-node run: the agents failed before any script ran. The
+            # rendezvous port is chosen free, then bound by node 0's agent, and on a shared machine another
+            # job can take it in between (seen: EADDRINUSE); or the agents, importing torch on a loaded
+            # machine, met at the rendezvous after the stall window. ddplab's launch failing, not the
+            # script: start it again.
+            if not multi or result.status not in ("failed", "hung") or \
+                    any(r.state != "not-started" for r in result.ranks):
+                break
     except DdplabError:
         shutil.rmtree(folder, ignore_errors=True)   # refused before anything started: leave nothing
         raise

@@ -250,18 +250,24 @@ def invariants(ex: Exercise, attempt: Attempt, layout: Layout) -> Mismatch | Non
         return Mismatch("collectives on every rank", "the same on every rank", kinds,
                         invariant=Invariant.COLLECTIVES, layout=at)
     if ex.bounded_collectives and ref is not None:
-        allowed = stepwise(ref["collectives"].get("0", {}))
+        allowed = max(ref["collectives"].get("0", {}).values(), default=0)
         for rank in sorted(counts):
-            if stepwise(counts[rank]) > allowed:
+            if stepwise(r.rank(rank).ledger) > allowed:
                 return Mismatch("collectives", ref["collectives"].get(str(rank)), kinds[rank],
                                 invariant=Invariant.COLLECTIVES, layout=at)
     return None
 
 
-def stepwise(kinds: dict) -> int:
-    """The collectives a rank issued step after step: every kind it issued more than once (a kind issued
-    once is set-up, such as the parameter broadcast a DDP wrapper makes when it is built)."""
-    return sum(n for n in kinds.values() if n > 1)
+def stepwise(ledger) -> int:
+    """The collectives a rank issued from its first step on: from the first collective of the kind it
+    issued most (its steps' kind) to its last. What came before is set-up (the broadcasts and the shape
+    check a DDP wrapper makes when it is built). The bounded exercises' references issue one kind, once a
+    step, so the reference's allowance is its count of that kind."""
+    ops = [c.op for c in sorted(ledger, key=lambda c: (c.pg, c.seq))]
+    if not ops:
+        return 0
+    most = max(set(ops), key=lambda op: (ops.count(op), -ops.index(op)))
+    return len(ops) - ops.index(most)
 
 
 _OUTCOME_OF = {Invariant.ENDS_OK: Outcome.NOT_OK, Invariant.CHECK: Outcome.CHECK,
@@ -364,7 +370,10 @@ def parts(g: Grade) -> list[tuple[str, str]]:
     m = g.mismatch
     at = f"on {layout_name(m.layout)}, " if m is not None and m.layout is not None else ""
     others = ex.layouts
-    out = [("verdict", _OUTCOME[g.outcome].format(
+    verdict = _OUTCOME[g.outcome]
+    if m is not None:               # the invariant that failed, by its name
+        verdict = verdict.replace("Not yet: ", f"Not yet [{m.kind}]: ", 1)
+    out = [("verdict", verdict.format(
         status=m.got.get("status") if m is not None and isinstance(m.got, dict) else getattr(r, "status", ""),
         syntax=g.syntax, findings=", ".join(m.got if m is not None and
                                                                              isinstance(m.got, list) else g.findings),
