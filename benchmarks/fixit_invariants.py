@@ -1,7 +1,7 @@
 """Issue 42's grading figures: every attempt of tests/fixit_corpus.py (wrong fixes from real reports that
 no exercise lists, and valid alternatives) graded for real, with the time a learner waits for each grade.
 
-    python benchmarks/fixit_invariants.py [--workers 1] [--only 06,07] [--json out.json]
+    python benchmarks/fixit_invariants.py [--workers 1] [--only 06,07] [--cases 07-ddp-buckets] [--json out.json]
 
 For each attempt: what it must be (rejected / passes), what the grade said (outcome, the named wrong fix or
 the failed invariant with its layout), whether that is right (a rejection needs a reason: a wrong fix whose
@@ -29,13 +29,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=1, help="gradings at once (default 1: the learner's wait)")
     p.add_argument("--only", default="", help="comma-separated exercise ids (default: all)")
+    p.add_argument("--cases", default="", help="comma-separated case ids (06-local-rank-as-rank; default: all)")
     p.add_argument("--json", default="", help="write the rows here")
     a = p.parse_args()
     os.environ.setdefault("DDPLAB_RUNS_DIR", tempfile.mkdtemp(prefix="ddplab-fixit-invariants-"))
     from fixit_corpus import CASES, REJECT
     from ddplab.course import fixit
     only = {i.strip() for i in a.only.split(",") if i.strip()}
-    cases = [c for c in CASES if not only or c.exercise in only]
+    named = {i.strip() for i in a.cases.split(",") if i.strip()}
+    cases = [c for c in CASES if (not only or c.exercise in only) and (not named or c.id in named)]
 
     def one(case):
         t0 = time.monotonic()
