@@ -231,3 +231,21 @@ def test_a_cell_runs_under_a_fixit_limit_from_its_reference():
     for bad in ("--limit 0", "--limit x", "--limit"):
         with pytest.raises(DdplabError):
             magic.parse(bad)
+
+
+def test_every_failed_invariant_is_shown_with_its_values():
+    """The view of each kind of failed invariant (no run: the grade's fields), as the corpus makes them."""
+    from ddplab.course.fixit.exercise import Layout, Mismatch
+    from ddplab.course.fixit.grader import Grade, Level, text
+    cases = [
+        (Outcome.WRONG_RESULT, Mismatch("hard losses", [0.9, 0.95], [0.9], 1e-6), "expected [0.9, 0.95]"),
+        (Outcome.WRONG_RESULT, Mismatch("steps", 34, 40, layout=Layout(3)), "on 3 ranks, "),
+        (Outcome.CHECK, Mismatch("findings", [], ["samples-overlap"], invariant=Invariant.CHECK), "samples-overlap"),
+        (Outcome.COLLECTIVES, Mismatch("collectives", {"all_reduce": 5}, {"reduce": 5, "broadcast": 5},
+                                       invariant=Invariant.COLLECTIVES), "measured {'reduce': 5"),
+        (Outcome.NOT_OK, Mismatch("status", "ok", {"status": "hung", "signature": None}, invariant=Invariant.ENDS_OK,
+                                  layout=Layout(1, nodes=2)), "on 2 nodes of 1 rank"),
+    ]
+    for outcome, m, needle in cases:
+        shown = text(Grade("03", outcome, 1, Level.EXPLAIN, mismatch=m))
+        assert shown.startswith(f"Not yet [{m.kind}]") and needle in shown, shown

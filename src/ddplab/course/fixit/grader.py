@@ -371,8 +371,8 @@ def parts(g: Grade) -> list[tuple[str, str]]:
         verdict = verdict.replace("Not yet: ", f"Not yet [{m.kind}]: ", 1)
     out = [("verdict", verdict.format(
         status=m.got.get("status") if m is not None and isinstance(m.got, dict) else getattr(r, "status", ""),
-        syntax=g.syntax, findings=", ".join(m.got if m is not None and
-                                                                             isinstance(m.got, list) else g.findings),
+        syntax=g.syntax, findings=", ".join(str(f) for f in (m.got if m is not None and m.kind is Invariant.CHECK
+                                                              else g.findings)),
         mismatch=_mismatch(m), check=" with --check clean" if ex.silent else "", at=at,
         n=m.got.get("collectives") if m is not None and isinstance(m.got, dict) else None,
         m=g.reference_collectives, state=_state(m) if g.outcome is Outcome.INTERRUPTED else "",
