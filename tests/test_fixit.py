@@ -15,6 +15,7 @@ from fixit_check import assert_broken, fix_lines
 from ddplab.course import fixit
 from ddplab.errors import DdplabError
 from ddplab.course.fixit import Level, Outcome
+from ddplab.course.fixit.grader import measure, reference
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # The broken script is graded from each lab notebook's own unfixed run (tests/fixit_check.py, collected
@@ -60,7 +61,7 @@ def test_nothing_to_grade_says_not_yet_and_raises_nothing():
 # --- real runs: the reference passes, each wrong fix is named (the broken: tests/fixit_check.py) ----
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)      # a reference runs in each layout of its exercise (two runs for most)
 @pytest.mark.parametrize("exercise_id, case", CASES, ids=[f"{e}-{c}" for e, c in CASES])
 def test_grading(exercise_id, case, session_runs_dir):
     ex = fixit.get(exercise_id)
@@ -72,6 +73,10 @@ def test_grading(exercise_id, case, session_runs_dir):
     if case == "reference":
         assert g.passed and g.outcome is Outcome.PASSED and g.wrong_fix is None and g.mismatch is None, shown
         assert shown.startswith("Fixed")
+        # it held in every layout, and each run's collectives are the ones its limit and budget come from
+        assert len(g.runs) == len(ex.layouts)
+        for layout, run in zip(ex.all_layouts, (r, *g.runs)):
+            assert run.nproc == layout.world and measure(run) == reference(ex, layout), (layout, measure(run))
         return
     assert not g.passed and shown.startswith("Not yet"), shown
     w = ex.wrong_fix(case)

@@ -36,7 +36,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: launch.Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
+        progress: launch.Progress | str | None = "auto", cluster=None, check: bool = False,
+        max_collectives: int | None = None) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -51,7 +52,9 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     ``check``: compare what each rank recorded about its replicas, gradients and data after the run
     (``result.check``, a ``ddplab.facts.CheckReport``), with no collective added to the job.
     ``stream``: echo the ranks' output as ``[rank N] ...`` while the job runs.
+    ``max_collectives``: end the job (status "deadline") once a live rank's ledger holds more collectives than
+    this, busy or not (a fix-it attempt's limit, derived from its reference run).
     """
     return launch.run(target, variant=variant, nproc=nproc, deadline_s=deadline_s, args=args, env=env, port=port,
                       stream=stream, run_root=run_root, grace_s=grace_s, stall_s=stall_s, progress=progress,
-                      cluster=cluster, check=check, views=VIEWS)
+                      cluster=cluster, check=check, views=VIEWS, max_collectives=max_collectives)

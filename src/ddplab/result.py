@@ -180,6 +180,9 @@ class RunResult:
     first_failure: int | None = None  # the rank whose own error started a failed run (torchrun's
                                       # "root cause" is the first exit it saw, which can be a peer)
     stall: Stall | None = None        # why it was judged hung
+    # an interrupted job, or one ended at a limit: its progress at that moment (the same facts as a
+    # stall's; idle_s below window_s: it was still making progress, not hung)
+    stopped: Stall | None = None
     divergence: Divergence | None = None   # where the ranks' ledgers first differ
     attached_pid: int | None = None   # `ddplab attach`: the pid it was given (the job was not started by ddplab)
     check: CheckReport | None = None  # `ddplab run --check`: what the ranks' own records show (ddplab.engine.check)
@@ -217,6 +220,7 @@ class RunResult:
         d["leftover"] = list(self.leftover)
         d["notes"] = list(self.notes)
         d["stall"] = self.stall.to_dict() if self.stall else None
+        d["stopped"] = self.stopped.to_dict() if self.stopped else None
         d["divergence"] = self.divergence.to_dict() if self.divergence else None
         d["check"] = self.check.to_dict() if self.check else None
         d["culprits"] = list(self.culprits)
@@ -237,6 +241,7 @@ class RunResult:
                       "command": tuple(d["command"]), "leftover": tuple(d.get("leftover", ())),
                       "notes": tuple(d.get("notes", ())),
                       "stall": Stall(**d["stall"]) if d.get("stall") else None,
+                      "stopped": Stall(**d["stopped"]) if d.get("stopped") else None,
                       "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None,
                       "check": CheckReport.from_dict(d.get("check")), "culprits": tuple(d.get("culprits") or ()),
                       "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None,

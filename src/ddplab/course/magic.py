@@ -30,7 +30,9 @@ SCRIPT = "script.py"
 # Where cells are written before they run: a folder per cell run under the runs root.
 CELLS = "cells"
 DEFAULT_VAR = "_ddplab"
-USAGE = "%%ddplab [--nproc N] [--check] [--stall S] [--name VAR]"
+# how often a loopback multi-node run is started again when its rendezvous port was taken first
+PORT_TRIES = 3
+USAGE = "%%ddplab [--nproc N] [--check] [--stall S] [--name VAR] [--limit COLLECTIVES]"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class Options:
     check: bool = False
     stall_s: float | None = None
     name: str | None = None
+    # end the job once a rank has issued more collectives than this (a fix-it's limit: in a notebook,
+    # `--limit {fixit.limit("01")}`, which IPython expands, so the number comes from the reference run)
+    limit: int | None = None
 
 
 def parse(line: str) -> Options:
@@ -58,7 +63,7 @@ def parse(line: str) -> Options:
             opts["check"] = True
             i += 1
             continue
-        if flag not in ("--nproc", "--stall", "--name"):
+        if flag not in ("--nproc", "--stall", "--name", "--limit"):
             raise DdplabError(f"unknown option {w!r}", hint=USAGE)
         if inline:
             value = inline
@@ -80,6 +85,14 @@ def parse(line: str) -> Options:
             except ValueError:
                 raise DdplabError(f"--stall must be a number of seconds, not {value!r}",
                                   hint="for example --stall 3") from None
+        elif flag == "--limit":
+            try:
+                opts["limit"] = int(value)
+            except ValueError:
+                opts["limit"] = 0
+            if opts["limit"] < 1:
+                raise DdplabError(f"--limit must be a whole number of collectives above 0, not {value!r}",
+                                  hint='for example --limit 100, or --limit {fixit.limit("01")} for a fix-it')
         else:
             if not value.isidentifier() or keyword.iskeyword(value):
                 raise DdplabError(f"--name {value!r} is not a Python variable name", hint="for example --name attempt")
@@ -108,16 +121,34 @@ def new_folder(name: str, run_root: str | Path | None = None) -> Path:
 
 
 def run_source(source: str, name: str = "cell", *, nproc: int = 2, stall_s: float | None = None,
-               check: bool = False, progress="auto", folder: Path | None = None):
+               check: bool = False, progress="auto", folder: Path | None = None, nodes: int = 1,
+               max_collectives: int | None = None):
     """Run ``source`` as a torchrun script on ``nproc`` ranks (``ddplab.run``) and save it in the run
-    folder. A KeyboardInterrupt propagates after ddplab.run has ended the job; the interrupted run's
-    result is then ``interrupted_result(folder)``."""
+    folder. ``nodes`` > 1: that many torchrun agents on this machine's loopback, ``nproc`` ranks each
+    (``ddplab.origins.cluster.LoopbackNodes``: RANK != LOCAL_RANK, no root needed). ``max_collectives``:
+    ``ddplab.run``'s limit in collectives. A KeyboardInterrupt propagates after ddplab.run has ended
+    the job; the interrupted run's result is then ``interrupted_result(folder)``."""
     from ddplab.front import run
     folder = folder or new_folder(name)
     script = folder / f"{name}.py"
     script.write_text(source)
     try:
-        result = run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder)
+        for tries in range(1, PORT_TRIES + 1):
+            multi = {}
+            if nodes > 1:
+                from ddplab.origins.cluster import LoopbackNodes
+                from ddplab.origins.ports import free_port
+                multi = {"cluster": LoopbackNodes(nodes), "port": free_port()}
+            result = run(script, nproc=nproc, stall_s=stall_s, check=check, progress=progress, run_root=folder,
+                         max_collectives=max_collectives, **multi)
+            # No rank started in a loopback multi-node run: the agents failed before any script ran. The
+            # rendezvous port is chosen free, then bound by node 0's agent, and on a shared machine another
+            # job can take it in between (seen: EADDRINUSE); or the agents, importing torch on a loaded
+            # machine, met at the rendezvous after the stall window. ddplab's launch failing, not the
+            # script: start it again.
+            if not multi or result.status not in ("failed", "hung") or \
+                    any(r.state != "not-started" for r in result.ranks):
+                break
     except DdplabError:
         shutil.rmtree(folder, ignore_errors=True)   # refused before anything started: leave nothing
         raise
@@ -160,7 +191,8 @@ def ddplab_cell(line: str, cell: str, shell=None) -> None:
     name = opts.name or "cell"
     folder = new_folder(name)
     try:
-        result = run_source(cell, name, nproc=opts.nproc, stall_s=opts.stall_s, check=opts.check, folder=folder)
+        result = run_source(cell, name, nproc=opts.nproc, stall_s=opts.stall_s, check=opts.check, folder=folder,
+                            max_collectives=opts.limit)
     except DdplabError as e:
         _refused(ns, opts.name, str(e))
         return

@@ -120,7 +120,7 @@ CAUSES: tuple[Cause, ...] = (
         "GLOO_SOCKET_IFNAME='^lo' is NCCL's way to say 'any interface but lo'; gloo takes one interface name (or a comma list of names) "
         "and looks for an interface called '^lo'.\nSet GLOO_SOCKET_IFNAME to the interface itself (eth0, ens5: `ip -4 route get "
         "MASTER_ADDR` names it), and keep the ^ form for NCCL_SOCKET_IFNAME only.",
-        lab="09",
+        lab="",
         sources=("https://github.com/aws-samples/aws-do-eks/pull/51",)),
     Cause(
         "launch-local-rank-arg", "A script written for torch.distributed.launch (--local_rank)",
@@ -184,7 +184,7 @@ CAUSES: tuple[Cause, ...] = (
         "The process group was made for one device (NCCL: CUDA tensors) and a collective got a tensor on another (a CPU tensor, "
         "often from .item() or a metric kept on the CPU).\nMove the tensor to the group's device first, or init with both: "
         "init_process_group('cpu:gloo,cuda:nccl').",
-        lab="06", sources=("https://github.com/THUDM/SwissArmyTransformer/issues/173",
+        lab="", sources=("https://github.com/THUDM/SwissArmyTransformer/issues/173",
                  "https://github.com/Lightning-AI/pytorch-lightning/issues/18803")),
     Cause(
         "syncbn-on-cpu", "SyncBatchNorm on the CPU",

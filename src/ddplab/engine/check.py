@@ -12,6 +12,7 @@ DataLoader) and counts; the fix for each kind lives once, in ``FIXES`` (``ddplab
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ddplab import runfiles
@@ -44,6 +45,18 @@ def has_records(run_dir: str | Path) -> bool:
     folder saved from one)."""
     return any(runfiles.rank_of(p.name, runfiles.CHECK) is not None
                for p in (Path(run_dir) / runfiles.RANKS).glob("rank*"))
+
+
+def not_ended(report: "CheckReport", ranks) -> "CheckReport":
+    """No rank left check records, but a rank's own evidence shows it had imported torch (a collective in
+    its ledger, torch's worker server answering, torch in its stack): the ranks never reached their exit,
+    where the records are written (a hung job the launcher ended), so "nothing" says that instead."""
+    def torch_seen(r) -> bool:
+        return bool(r.ledger) or r.stack_source == "worker-server" or any(
+            "torch" in Path(f.file).parts for f in r.stack)
+    if report is not None and report.nothing == "no-records" and any(torch_seen(r) for r in ranks):
+        return replace(report, nothing="not-ended")
+    return report
 
 
 def compare(run_dir: str | Path, world: int, every: int = EVERY) -> CheckReport:

@@ -40,12 +40,14 @@ class Verdict:
     culprits: tuple[int, ...] = ()           # the ranks the evidence blames (() where it blames none)
     fix_at: stacks.Frame | None = None       # the line of the culprit's script that set the failure up
     calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part
+    stopped: Stall | None = None             # progress at an interrupt or a limit (RunResult.stopped)
 
     def fields(self) -> dict:
         """The RunResult fields this verdict decides."""
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
                 "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
-                "culprits": self.culprits, "fix_at": self.fix_at, "calls_diverged": self.calls_diverged}
+                "culprits": self.culprits, "fix_at": self.fix_at, "calls_diverged": self.calls_diverged,
+                "stopped": self.stopped}
 
 
 def keeping_alive(threads) -> tuple:
@@ -333,13 +335,15 @@ def judge(evidence: Evidence) -> Verdict:
     signature, excerpt, first = _signature(status, ev, live, ranks, div)
     stall = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, w.waited_for_timeout_s)
              if ended_by == Ending.STALL and w.stall_s is not None else None)
+    stopped = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, None)
+               if ended_by in (Ending.INTERRUPT, Ending.DEADLINE) and w.stall_s is not None else None)
     if w.ranks_here is not None:
         ranks = tuple(r for r in ranks if r.rank in w.ranks_here)
     if not w.stopped:   # attached and left running: nobody sent it a signal
         ranks = tuple(replace(r, signal=None) for r in ranks)
     if evidence.nodes:  # merged from several nodes' folders
         ranks = tuple(replace(r, node=evidence.nodes.get(r.rank)) for r in ranks)
-    return Verdict(status, signature, excerpt, ranks, first, div, stall)
+    return Verdict(status, signature, excerpt, ranks, first, div, stall, stopped=stopped)
 
 
 def _status(ended_by: Ending, returncode: int | None, ev: RunEvidence) -> Status:

@@ -105,7 +105,7 @@ def _finish(source: Source, ev: Evidence) -> RunResult:
     master = next((i for i in ev.run.infos.values() if i.get("master_port")), None)
     check = None
     if who.records_dir is not None and (who.check or check_mod.has_records(who.records_dir)):
-        check = check_mod.compare(who.records_dir, w.world)
+        check = check_mod.not_ended(check_mod.compare(who.records_dir, w.world), v.ranks)
     result = RunResult(
         target=who.target, variant=who.variant, nproc=len(w.ranks_here) if w.ranks_here else w.world,
         wall_s=w.wall_s, run_dir=str(who.run_dir), command=tuple(who.command),

@@ -44,6 +44,12 @@ def last_completed(ledger: tuple[Collective, ...]) -> int | None:
     return max(done) if done else None
 
 
+def issued(ledger: tuple[Collective, ...]) -> int:
+    """How many collectives this rank has issued in its busiest process group: the highest
+    ``collective_seq_id`` (the flight recorder keeps only its last entries; the number keeps counting)."""
+    return max((c.seq for c in ledger), default=0)
+
+
 def position(ledger: tuple[Collective, ...]) -> tuple[int, int]:
     """(collectives issued, collectives completed): moves whenever the rank gets anywhere."""
     return len(ledger), sum(c.completed for c in ledger)

@@ -61,7 +61,7 @@ CATALOG: tuple = CAUSES + (
         (r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected, but not set",),
         "init_process_group(init_method='env://') reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.\n"
         "Start the script with torchrun (it sets them all) or set them yourself before init_process_group.",
-        "06"),
+        "08"),
     Signature(
         "store-unreachable", "Cannot reach the master's store (MASTER_ADDR:MASTER_PORT)",
         (r"DistNetworkError: The client socket has (timed out after \d+ms while trying to connect|failed to connect)",
@@ -82,7 +82,7 @@ CATALOG: tuple = CAUSES + (
         (r"Detected mismatch between collectives on ranks", r"[Mm]ismatch between collectives"),
         "The ranks reached a collective with a different operation, order or tensor shape.\n"
         "Make every rank call the same collectives in the same order with the same shapes; the message names both calls.",
-        "03"),
+        ""),
     Signature(
         "p2p-size-mismatch", "A point-to-point receive got a message of another size",
         (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
@@ -96,7 +96,7 @@ CATALOG: tuple = CAUSES + (
         (r"Received data size doesn't match expected size", r"op\.preamble\.length <= op\.nbytes"),
         "Two ranks were in different collectives, or in the same one with tensors of different shapes or dtypes: gloo saw the bytes disagree.\n"
         "Find the collective one rank calls and the other does not (an `if rank == 0:`, a different number of batches), or print each rank's shape and dtype before it.",
-        "01"),
+        "03"),
     Signature(
         "ddp-model-mismatch", "DDP saw different models on different ranks",
         (r"DDP expects same model across all ranks", r"appears not to match sizes of the same param in process 0",
@@ -117,7 +117,7 @@ CATALOG: tuple = CAUSES + (
         UNUSED_PATTERNS,
         "Some parameters took no part in producing the loss, so DDP's reducer waited for gradients that never came.\n"
         "Use every parameter in forward, or pass find_unused_parameters=True (costs a graph walk each step).",
-        "03", premise=lambda f: f.reduced_before == 0),
+        "10", premise=lambda f: f.reduced_before == 0),
     Signature(
         "device-mismatch", "Tensors on different devices in one operation",
         (r"Expected all tensors to be on the same device", r"is not on the expected device"),
@@ -131,13 +131,13 @@ CATALOG: tuple = CAUSES + (
          r"[Ii]nvalid .*(size|shape)", r"All tensors must have the same"),
         "A collective or a concatenation received tensors whose shapes differ across ranks or replicas.\n"
         "Gather sizes first and pad to the largest (or use all_gather_object); check shapes before the collective.",
-        "03"),
+        "04"),
     Signature(
         "cuda-oom", "CUDA out of memory",
         (r"CUDA out of memory", r"torch\.OutOfMemoryError", r"torch\.cuda\.OutOfMemoryError"),
         "A GPU allocation failed. On one rank it ends that rank; torchrun then ends the others.\n"
         "Lower the per-rank batch and keep the effective batch with gradient accumulation under no_sync().",
-        "02"),
+        ""),
     Signature(
         "cpu-oom", "CPU out of memory",
         (r"DefaultCPUAllocator: can't allocate memory", r"DefaultCPUAllocator: not enough memory",
@@ -151,20 +151,20 @@ CATALOG: tuple = CAUSES + (
          r"ProcessGroupNCCL.*(failed|error)", r"NCCL communicator was aborted"),
         "NCCL failed: a peer died, the network or NVLink/PCIe path failed, or NCCL and the driver disagree.\n"
         "Rerun with NCCL_DEBUG=INFO and read the first rank's NCCL WARN line; check every rank sees the same GPUs and versions.",
-        "07"),
+        ""),
     Signature(
         "collective-timeout", "A collective timed out",
         (r"Timed out waiting \d+ms for (recv|send) operation", r"Watchdog caught collective operation timeout",
          r"[Cc]ollective operation timeout", r"Timed out waiting \d+ms", r"Application timeout caused pair closure"),
         "A rank waited longer than the process group's timeout for the others to join a collective.\n"
         "The diagnosis names the rank it waited for and whether that rank was busy (a longer loop), blocked (another collective) or gone.",
-        "01"),
+        ""),
     Signature(
         "peer-lost", "A peer rank disappeared",
         (r"Connection reset by peer", r"Connection closed by peer", r"Broken pipe"),
-        "This rank lost its connection to another rank, almost always because that rank died first.\n"
+        "This rank lost its connection to another rank: that rank ended first (the ranks' exits below say how).\n"
         "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
-        "01"),
+        ""),
     Signature(
         "python-exception", "A rank raised a Python exception",
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
@@ -186,7 +186,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "At least one rank had already finished while the others still waited in a collective.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
-        "01",
+        "",
         # not when every rank that left had itself issued the collectives the others wait in
         hang_rule=lambda f: bool(f.gone and f.in_coll) and not f.gone_joined, precedence=40,
         rules_out=lambda f: bool(f.in_flight)),
@@ -195,7 +195,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "One rank left the loop early and exited cleanly; its peer was still in a collective, and gloo ended it with 'Connection closed by peer'.\n"
         "Every rank must make the same collective calls: give all ranks the same number of batches (DistributedSampler) or use Join.",
-        "01"),
+        ""),
     Signature(
         "timeout-too-short", "The process group's timeout ran out while a peer was still working",
         (),
@@ -242,7 +242,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"
         "Agree on sizes first (all-reduce MAX of the lengths, pad, then the collective) or use the *_object variants.",
-        "03",
+        "",
         hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60,
         rules_out=lambda f: bool(f.in_flight)),
     Signature(
@@ -250,7 +250,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
         "Look at what that rank is doing (its line is shown): it never reaches the collective the others wait in.",
-        "01",
+        "",
         hang_rule=lambda f: bool(f.in_coll) and len(f.in_coll) < len(f.alive), precedence=50,
         rules_out=lambda f: bool(f.in_flight)),
     Signature(
@@ -298,13 +298,13 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "processes started: the rendezvous waits for a rank that no process will be.\n"
         "Under torchrun leave rank and world_size out of init_process_group (it reads RANK and WORLD_SIZE); if you pass "
         "them, take them from os.environ['RANK'] and os.environ['WORLD_SIZE'].",
-        "", hang_rule=lambda f: f.asks is not None and f.asks.conflict, precedence=25),
+        "06", hang_rule=lambda f: f.asks is not None and f.asks.conflict, precedence=25),
     Signature(
         "hang-rendezvous", "Ranks wait at rendezvous",
         (),
         "Some ranks are in init_process_group waiting for others that never arrive, or for a store that does not answer.\n"
         "Check that every rank starts, agrees on MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and set a join timeout on purpose.",
-        "06",
+        "05",
         hang_rule=lambda f: f.at_rendezvous and (not f.any_ledger or not f.in_coll), precedence=30),
     Signature(
         "stalled-outside-collectives", "No rank makes progress, and none is in a collective",
@@ -318,20 +318,20 @@ STACK_CATALOG: tuple[Signature, ...] = (
         (),
         "torchrun made no progress and started no rank.\n"
         "Run the script once by itself (python script.py) to see it import; check torchrun's output in the run directory.",
-        "06",
+        "",
         hang_rule=lambda f: not f.alive, precedence=10),
     Signature(
         "deadline-exceeded", "Still making progress at the outer deadline",
         (),
         "The job was still working (using CPU, moving through collectives) when its outer limit ran out: slow, not stuck.\n"
         "Raise --deadline, or leave it out: a stuck job is found by the stall rule, not by the deadline.",
-        "01"),
+        ""),
     Signature(
         "rank-waits-for-data", "Stopped while a rank waited for its DataLoader and the others waited for it",
         (),
         "When the job was stopped (before ddplab saw it stall), a rank was fetching its next batch and its peers waited for it in a collective: a slow input pipeline looks like a hang.\n"
         "Measure the time in next(loader) per rank; more num_workers, cheaper decoding or balanced shards fix it (lab 11).",
-        "11"),
+        ""),
 )
 
 BY_ID = {s.id: s for s in CATALOG + STACK_CATALOG}

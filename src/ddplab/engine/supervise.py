@@ -188,6 +188,8 @@ class RankWatch:
     runnable_n: int = 0                          # consecutive samples with a runnable thread
     tcp: dict = field(default_factory=dict)      # its TCP queues at the last look (tcp_queues)
     waits: set = field(default_factory=set)      # the kernel waits its main thread has slept in
+    issued: int = 0                              # collectives issued (ledger.issued), for a collective limit
+    issued_t: float = 0.0
 
     @property
     def alive(self) -> bool:
@@ -202,6 +204,9 @@ class RankWatch:
 
 class Supervisor:
     """The job's processes and each rank's progress, sampled by ``poll()``."""
+    # an outer limit counted in collectives, not seconds (a fix-it's limit from its reference run):
+    # past it, the loop ends the job as it does at a deadline (the ranks were still making progress)
+    max_collectives: int | None = None
 
     def __init__(self, proc: subprocess.Popen, run_dir: Path, nproc: int, stall_s: float, t0: float,
                  go_file: Path | None = None):
@@ -344,6 +349,19 @@ class Supervisor:
     # --- the stall rule ----------------------------------------------------------------------------
     def live(self) -> list[RankWatch]:
         return [w for w in self.ranks.values() if w.alive]
+
+    def past_limit(self, now: float) -> bool:
+        """A rank has issued more collectives than ``max_collectives`` (its ledger read through its
+        worker server every LEDGER_EVERY_S, busy or not: a rank that keeps computing is never idle)."""
+        if self.max_collectives is None:
+            return False
+        for w in self.live():
+            if w.sock and now - w.issued_t >= LEDGER_EVERY_S:
+                w.issued_t = now
+                dump = probe.ledger(w.sock, timeout_s=1.0)
+                if dump is not None:
+                    w.issued = max(w.issued, ledger_mod.issued(ledger_mod.parse(dump)))
+        return any(w.issued > self.max_collectives for w in self.ranks.values())
 
     def idle_s(self, now: float) -> float:
         return now - self.job_progress
@@ -594,6 +612,8 @@ def watch(sup: Supervisor, *, limit_s: float | None = None, limit: Ending = Endi
                 shown = now
                 show(sup.snapshot(now))
             if limit_s is not None and now - sup.t0 >= limit_s:
+                return limit
+            if sup.past_limit(now):
                 return limit
             if sup.stalled(now):
                 return Ending.STALL

@@ -363,6 +363,52 @@ class Cluster:
             self._old_term = None
 
 
+@dataclass(frozen=True)
+class LoopbackNode:
+    """One node of ``LoopbackNodes``: a torchrun agent on this machine's loopback, in no namespace."""
+    index: int
+    address: str = "127.0.0.1"
+
+    @property
+    def hostname(self) -> str:
+        return f"{DEFAULT_NAME}{self.index}"
+
+    def exec_prefix(self) -> list[str]:
+        return []
+
+
+@dataclass
+class LoopbackNodes:
+    """N torchrun agents on this machine's loopback (``--nnodes N``, one c10d rendezvous): what a
+    multi-node launch changes for the ranks (RANK != LOCAL_RANK, GROUP_RANK, one agent per node)
+    without network namespaces, so without root. Nothing is created: a context manager only to be
+    used where a ``Cluster`` is. The rendezvous port is chosen free (a ``Cluster`` has addresses of
+    its own; loopback is shared with every other job here)."""
+    nodes: int = 2
+    nproc: dict = field(default_factory=dict)
+    members: list = field(default_factory=list, init=False)
+    active: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.members = [LoopbackNode(i) for i in range(self.nodes)]
+
+    nproc_of = Cluster.nproc_of
+    ranks = Cluster.ranks
+    master = Cluster.master
+
+    def describe(self) -> dict:
+        return {"run_id": None, "loopback": True, "nodes": [
+            {"index": n.index, "netns": None, "address": n.address, "hostname": n.hostname,
+             "nproc": self.nproc.get(n.index)} for n in self.members]}
+
+    def __enter__(self) -> "LoopbackNodes":
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.active = False
+
+
 def threading_main() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()

@@ -62,11 +62,13 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
         progress: Progress | str | None = "auto", cluster=None, check: bool = False,
-        views: Views | None = None) -> RunResult:
+        views: Views | None = None, max_collectives: int | None = None) -> RunResult:
     """The launcher behind ``ddplab.run`` (``ddplab.front.run``, whose docstring says what each argument
     does). ``views``: what shows ``progress`` and ``stream`` and draws the timeline (``Views``);
     ``ddplab.run`` hands the package's own (``ddplab.front.VIEWS``). Without it nothing is shown or
     drawn, and ``stream=True`` is refused.
+    ``max_collectives``: end the job (status deadline) once a live rank's ledger holds more collectives
+    than this (a fix-it attempt's limit, derived from its reference run).
     """
     progress = _progress(progress)
     if stream and views is None:
@@ -80,8 +82,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         from ddplab.origins import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
             return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made,
-                         views)
-    return _turn(job, stream, grace_s, progress, cluster, views)
+                         views, max_collectives)
+    return _turn(job, stream, grace_s, progress, cluster, views, max_collectives)
 
 
 def _progress(progress):
@@ -95,12 +97,13 @@ def _progress(progress):
                       hint='use progress="auto" (a status line), None (nothing) or a function of a Snapshot')
 
 
-def _turn(job: Job, stream, grace_s, progress, cluster, views: Views | None) -> RunResult:
+def _turn(job: Job, stream, grace_s, progress, cluster, views: Views | None,
+          max_collectives: int | None = None) -> RunResult:
     measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.rank.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress, views)
+        return _run(StartedJob(job, cluster, turn, max_collectives), stream, grace_s, progress, views)
 
 
 def _run(source: "StartedJob", stream, grace_s, progress, views: Views | None) -> RunResult:
@@ -132,8 +135,9 @@ class StartedJob:
     limit = Ending.DEADLINE
     stop = True
 
-    def __init__(self, job: Job, cluster, turn: turns.Turn):
+    def __init__(self, job: Job, cluster, turn: turns.Turn, max_collectives: int | None = None):
         self.job, self.cluster, self.turn = job, cluster, turn
+        self.max_collectives = max_collectives
         self.limit_s = job.deadline_s
         self.waiting: turns.Waiting | None = None
         self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
@@ -164,7 +168,9 @@ class StartedJob:
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
              "warm_parent": proc.server.proc.pid if isinstance(proc, warm.WarmProcess) else None}, indent=2))
-        return Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
+        sup = Supervisor(proc, job.run_dir, world, job.stall_s, t0, go_file=go)
+        sup.max_collectives = self.max_collectives
+        return sup
 
     def evidence(self, seen: Watch | None, live: dict[int, LiveRank]) -> Evidence:
         if self.waiting is not None:

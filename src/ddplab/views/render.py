@@ -479,9 +479,17 @@ def error_details(e) -> list[str]:
     return out
 
 
+def progressing_at_stop(result: "RunResult") -> bool:
+    """An interrupted job whose ranks were still making progress when it was stopped (its ``stopped``
+    facts: idle for less than the stall window): a hang signature is not shown for it (issue 42)."""
+    st = getattr(result, "stopped", None)
+    return result.status == "interrupted" and st is not None and st.idle_s < st.window_s and \
+        bool(result.signature) and result.signature.startswith("hang-")
+
+
 def headline(result: "RunResult") -> str:
     v = f" --variant {result.variant}" if result.variant else ""
-    sig = f" [{result.signature}]" if result.signature else ""
+    sig = f" [{result.signature}]" if result.signature and not progressing_at_stop(result) else ""
     # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0)
     took = f" in {result.wall_s:.1f} s" if result.wall_s > 0 else ""
     return f"{result.target}{v}: {result.status}{sig}{took} ({result.nproc} ranks)"
@@ -528,17 +536,69 @@ def culprit_sentence(result: "RunResult") -> str:
     return " ".join(parts)
 
 
+def peer_ends(result: "RunResult") -> str | None:
+    """How the ranks other than the one that lost its peer ended, from their exit facts: "died" only for
+    a rank ended by a signal or a non-zero exit, "exited cleanly" for one that exited 0."""
+    parts = []
+    for r in result.ranks:
+        if r.rank == result.first_failure or r.state != RankState.EXITED:
+            continue
+        if r.exit_code == 0 and r.error is None:
+            parts.append(f"rank {r.rank} exited cleanly (exit code 0): it finished, it did not die")
+        elif r.signal and r.signal != "SIGTERM":
+            parts.append(f"rank {r.rank} died ({r.signal})")
+        elif r.exit_code not in (None, 0):
+            parts.append(f"rank {r.rank} died (exit code {r.exit_code}"
+                         f"{', ' + r.error.type if r.error is not None else ''})")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "." if parts else None
+
+
+def different_collectives(result: "RunResult") -> str | None:
+    """Where the ranks' ledgers are not one the prefix of the other (not fewer of the same steps, but a
+    collective only some ranks call), the advice for that: uneven data's remedies (the same number of
+    batches, Join) do not apply, and Join would add its own collectives to a job already out of step."""
+    seqs = {r.rank: [c.op for c in sorted(r.ledger, key=lambda c: c.seq)] for r in result.ranks if r.ledger}
+    if len(seqs) < 2:
+        return None
+    ordered = sorted(seqs.values(), key=len)
+    if all(longer[:len(ordered[0])] == ordered[0] for longer in ordered[1:]):
+        return None          # fewer of the same collectives: uneven data, the catalog's advice holds
+    counts = {rank: {} for rank in seqs}
+    for rank, ops in seqs.items():
+        for op in ops:
+            counts[rank][op] = counts[rank].get(op, 0) + 1
+    kinds = sorted({op for c in counts.values() for op in c})
+    differs = [op for op in kinds if len({c.get(op, 0) for c in counts.values()}) > 1]
+    shown = "; ".join(f"{op}: " + ", ".join(f"rank {r} {counts[r].get(op, 0)}" for r in sorted(counts))
+                      for op in differs)
+    return (f"The ranks did not run fewer of the same steps: they called different collectives ({shown}). Find "
+            f"the call only some ranks make (an `if rank == 0:` around a collective or a forward through the DDP "
+            f"wrapper) and make it on every rank or on none; more batches or Join do not apply here.")
+
+
 def explain(result: "RunResult") -> str:
     from ddplab.engine import signatures
 
     lines = [headline(result)]
-    if not identified(result):
+    if progressing_at_stop(result):
+        st = result.stopped
+        lines.append(f"  Interrupted while the ranks were still making progress (the last progress {st.idle_s:g} s "
+                     f"before the interrupt, within the {st.window_s:g} s stall window): where each rank was "
+                     f"follows; nothing shows a hang.")
+    elif not identified(result):
         lines.append("  Cause not identified: no known failure fits the evidence; what the ranks did follows.")
     elif result.signature:
         sig = signatures.get(result.signature)
         lines.append(f"  {sig.title}.")
-        lines += [f"  {t}" for t in sig.explanation.splitlines()]
-        if sig.lab:
+        what, *advice = sig.explanation.splitlines()
+        lines.append(f"  {what}")
+        ended = peer_ends(result) if result.signature in ("peer-lost", "rank-exited-early") else None
+        if ended:
+            lines.append(f"  {ended}")
+        other = different_collectives(result) if result.signature == "rank-exited-early" else None
+        lines += [f"  {t}" for t in ([other] if other else advice)]
+        if sig.lab:      # the lab whose own variant shows this failure (the catalog's: tests/test_signatures.py)
             lines.append(f"  Lab {sig.lab} teaches this failure.")
     d = diagnosis(result)
     if d:

@@ -9,7 +9,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddplab.facts import CheckReport, Finding, NotChecked
 
 NOTHING = {"no-process-group": "nothing to check: no process group",
-           "no-records": "nothing to check: no rank left check records (did any rank import torch?)"}
+           "no-records": "nothing to check: no rank left check records (did any rank import torch?)",
+           "not-ended": "nothing to check: the ranks imported torch but none reached its end "
+                        "(the job was ended first), so none wrote its records"}
 WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas were not compared",
        "fsdp": "FSDP shards parameters (replicas are not meant to be equal), so they were not compared",
        "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared"}

@@ -13,5 +13,5 @@ results live here, in the package, never in a notebook.
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix  # noqa: F401
-from ddplab.course.fixit.grader import Grade, Level, Outcome, grade, reset, settings  # noqa: F401
+from ddplab.course.fixit.grader import Grade, Level, Outcome, grade, grading_of, limit, reset, settings  # noqa: F401
 from ddplab.course.fixit.catalog import MODULES, exercises, get  # noqa: F401

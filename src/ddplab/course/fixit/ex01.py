@@ -7,7 +7,7 @@ rank leaves the loop for the checkpoint barrier while the other waits in backwar
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, flat, has_keyword, imports_or_calls,
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, flat, has_keyword, imports_or_calls,
     in_loop, in_try)
 
 THRESHOLD = 0.05
@@ -177,6 +177,7 @@ EXERCISE = Exercise(
             "https://docs.pytorch.org/tutorials/advanced/generic_join.html (Join for uneven inputs); "
             "https://github.com/pytorch/pytorch/issues/38174 (uneven inputs in DDP)"),
     ),
+    layouts=(Layout(3),),
     sources=("https://github.com/speechbrain/speechbrain/issues/1939",
              "https://github.com/Lightning-AI/pytorch-lightning/issues/555"),
 )

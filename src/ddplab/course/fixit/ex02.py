@@ -170,6 +170,7 @@ EXERCISE = Exercise(
             "https://github.com/EuroEval/EuroEval/issues/22 ('different batch sizes tend to make the models perform "
             "differently ... we should change the gradient accumulation accordingly')"),
     ),
+    limited=False,
     sources=("https://github.com/pytorch/pytorch/issues/44353",
              "https://github.com/Lightning-AI/pytorch-lightning/issues/5243"),
 )

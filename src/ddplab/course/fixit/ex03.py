@@ -7,7 +7,7 @@ hardest examples overall: the tensors differ in length, and gloo aborts the rank
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, in_try)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, calls, close, in_try, reduces_with)
 
 SEED = 3
 SAMPLES = 40
@@ -79,8 +79,12 @@ def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
 
 
 def _cut_to_shortest(a: Attempt) -> bool:
+    """Every rank kept fewer than it should, the same on every rank, and the code asks for the minimum
+    of the ranks' counts (a gather to one rank, also short on the others, is not this)."""
     m = a.mismatch
-    return m is not None and isinstance(m.got, list) and len(m.got) < len(m.expected)
+    same = len({tuple(r.get("hard", [])) for r in a.finals().values()}) == 1
+    return m is not None and isinstance(m.got, list) and len(m.got) < len(m.expected) and same \
+        and reduces_with(a.tree, "MIN")
 
 
 def _padded_not_cut(a: Attempt) -> bool:
@@ -148,5 +152,6 @@ except RuntimeError:                                      # skip the gather if t
             "bring. The lengths still differ, so the gather still breaks.",
             "https://github.com/Lightning-AI/pytorch-lightning/issues/7773 (different sizes freeze all_gather)"),
     ),
+    layouts=(Layout(3),),
     sources=("https://github.com/pytorch/pytorch/issues/70037", "https://github.com/pytorch/pytorch/issues/23299"),
 )

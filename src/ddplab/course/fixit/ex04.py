@@ -8,7 +8,8 @@ too small).
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank, close, has_keyword, in_try)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, constant_keyword, every_rank, close, has_keyword, in_try,
+    reduces_with)
 
 SEED = 26
 N = 5
@@ -119,7 +120,7 @@ EXERCISE = Exercise(
         WrongFix(
             "fixed-max-length",
             (Edit(_UNPACK, "    out, _ = pad_packed_sequence(rnn(packed)[0], batch_first=True, total_length=16)\n"),),
-            lambda a: _shape(a, longer=True),
+            lambda a: _shape(a, longer=True) and constant_keyword(a.tree, ("pad_packed_sequence",), "total_length"),
             "A constant total_length makes the shapes agree by guessing: too small and pad_packed_sequence raises, "
             "too large (as here) and every consumer gets padding beyond the longest sequence. Take the longest "
             "length of all ranks instead (one small all_reduce).",
@@ -132,7 +133,7 @@ dist.all_reduce(n, op=dist.ReduceOp.MIN)
 out = out[:, :int(n)].contiguous()
 gathered = [torch.empty_like(out) for _ in range(d.world_size)]
 '''),),
-            lambda a: _shape(a, longer=False),
+            lambda a: _shape(a, longer=False) and reduces_with(a.tree, "MIN"),
             "Cutting every rank's outputs to the shortest rank's length makes the gather work by dropping the last "
             "tokens of the longer sequences: their tags are lost.",
             "https://github.com/pytorch/ignite/issues/1569 (unequal lengths at evaluation)"),
@@ -149,5 +150,6 @@ except RuntimeError:                                      # skip the gather if t
             "reaches the except clause.",
             "https://github.com/pytorch/pytorch/issues/44353 (catching a collective's error on one process)"),
     ),
+    layouts=(Layout(3),),
     sources=("https://github.com/pytorch/pytorch/issues/6299", "https://github.com/pytorch/pytorch/issues/13214"),
 )

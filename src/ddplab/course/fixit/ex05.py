@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, calls, every_rank_joined_and_summed, has_keyword, in_try)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, calls, every_rank_joined_and_summed, has_keyword, in_try)
 
 PORT = 29500
 
@@ -133,5 +133,6 @@ for attempt in range(3):                                  # the port may be free
             "job's, so no amount of waiting lets them meet.",
             "https://github.com/ultralytics/ultralytics/pull/3343 (timeout raised from 1 to 3 hours)"),
     ),
+    layouts=(Layout(1, nodes=2),),
     sources=("https://github.com/pytorch/examples/issues/840", "https://github.com/hpcaitech/ColossalAI/issues/110"),
 )

@@ -7,7 +7,7 @@ torchrun does not set: every process claims rank 0, no one is rank 1, and init w
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank_joined_and_summed, has_keyword, in_try, sets_env)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, every_rank_joined_and_summed, has_keyword, in_try, sets_env)
 
 BROKEN = '''\
 # Fix it (lab 06): this script came from a SLURM cluster; here torchrun starts it on 2 ranks. It never
@@ -94,5 +94,6 @@ for attempt in range(3):                                  # retry if init fails
             "https://github.com/helboukkouri/character-bert-pretraining/issues/4 (hang at init_process_group; "
             "setting the address and port 'didn't work as well')"),
     ),
+    layouts=(Layout(1, nodes=2),),
     sources=("https://github.com/pytorch/pytorch/issues/49846", "https://github.com/pytorch/pytorch/issues/52848"),
 )

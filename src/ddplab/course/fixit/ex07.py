@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ast
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, has_keyword, params_match
+from ddplab.course.fixit.exercise import (
+    Attempt, Edit, Exercise, Layout, Mismatch, WrongFix, calls, has_keyword, params_match)
 
 STEPS = 5
 BATCH = 32
@@ -168,5 +169,7 @@ EXERCISE = Exercise(
             "https://github.com/spellml/deeplab-voc-2012/issues/3 (are gradients summed rather than averaged?); "
             "https://github.com/NVIDIA/apex/issues/696"),
     ),
+    layouts=(Layout(3),),
+    bounded_collectives=True,
     sources=("https://github.com/NVIDIA/waveglow/issues/92", "https://github.com/meta-pytorch/torchft/pull/111"),
 )

@@ -6,7 +6,9 @@ ends ok, and each step uses only the last micro-batch's gradient. Only the resul
 """
 from __future__ import annotations
 
-from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, params_match
+import ast
+
+from ddplab.course.fixit.exercise import Attempt, Edit, Exercise, Mismatch, WrongFix, calls, params_match
 
 K = 4
 MICRO = 8
@@ -81,6 +83,11 @@ def judge(attempt: Attempt, nproc: int) -> Mismatch | None:
     return params_match(attempt, nproc, baseline(nproc), TOL)
 
 
+def _zero_in_if(tree: ast.AST) -> bool:
+    """zero_grad() is called only under an ``if`` (on some steps), never unconditionally in a loop."""
+    return any(isinstance(n, ast.If) and any(calls(s, "zero_grad") for s in n.body) for n in ast.walk(tree))
+
+
 def _no_division(a: Attempt) -> bool:
     """Gradients accumulate (zero_grad not inside the micro-batch loop) but the loss is not divided."""
     import ast
@@ -123,7 +130,7 @@ EXERCISE = Exercise(
         opt.step()
     opt.zero_grad()
 '''),),
-            lambda a: "step-in-no-sync" in a.findings() or (a.mismatch is not None and "no_sync" in a.source),
+            lambda a: "step-in-no-sync" in a.findings() or (a.mismatch is not None and bool(calls(a.tree, "no_sync"))),
             "no_sync() saves the all-reduce of the micro-batches before the last; with every backward inside it "
             "no gradient is ever averaged across ranks, so each rank steps on its own data and the replicas "
             "drift apart. The last micro-batch's backward (and the step) must run outside no_sync().",
@@ -134,7 +141,7 @@ EXERCISE = Exercise(
             (Edit(_INNER, "    if step == 0:\n        opt.zero_grad()                                     # once\n"
                   + _INNER.replace("        opt.zero_grad()\n", "").replace(
                       "model(xb), yb)\n", "model(xb), yb) / accum\n")),),
-            lambda a: a.mismatch is not None and "step == 0" in a.source,
+            lambda a: a.mismatch is not None and _zero_in_if(a.tree),
             "zero_grad() only before the first step lets the gradients of every step pile up: step 2 steps on the "
             "gradients of steps 1 and 2, and so on. Clear them once per optimizer step, after opt.step().",
             "no user report found for this exact form: a variant of article 001's Example 3 (where zero_grad() "

@@ -7,7 +7,7 @@ parameters (not those of the shuffled one-process baseline) show that it is wron
 from __future__ import annotations
 
 from ddplab.course.fixit.exercise import (
-    Attempt, Edit, Exercise, Mismatch, WrongFix, calls, has_keyword, in_loop, params_match)
+    Layout, Attempt, Edit, Exercise, Mismatch, WrongFix, calls, has_keyword, in_loop, params_match)
 
 SAMPLES = 32
 BATCH = 4
@@ -134,11 +134,14 @@ EXERCISE = Exercise(
             "drop-sampler",
             (Edit("loader = DataLoader(data, batch_size=4, sampler=sampler)",
                   "loader = DataLoader(data, batch_size=4, shuffle=True)   # shuffle every epoch"),),
-            lambda a: "samples-overlap" in a.findings() or "samples-dropped" in a.findings(),
+            # no loader is given a sampler, and the run shows what that does to the samples
+            lambda a: not has_keyword(a.tree, ("DataLoader",), "sampler")
+            and bool({"samples-overlap", "samples-dropped"} & a.findings()),
             "shuffle=True without the DistributedSampler gives every rank the whole dataset in its own random "
             "order: each epoch sees every sample twice (once per rank) and the ranks no longer share the data out.",
             "https://github.com/yangkky/distributed_tutorial/issues/5 (the epoch must be the same on every rank, "
             "else samples are visited several times and others not at all)"),
     ),
+    layouts=(Layout(4),),
     sources=("https://github.com/lucidrains/DALLE-pytorch/pull/230", "https://github.com/pytorch/pytorch/issues/31771"),
 )

@@ -11,7 +11,9 @@ process, so deleting the collective, the loop or the data is not a fix.
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from typing import Callable
 
@@ -31,14 +33,56 @@ class Edit:
         return source.replace(self.old, self.new)
 
 
+class Invariant(str, Enum):
+    """What makes a fix right, each measured from the run (``ddplab.course.fixit.grader`` checks them in
+    this order, in every layout of the exercise)."""
+    ENDS_OK = "ends-ok"              # the run ends ok (its status)
+    FINISHES = "finishes"            # it ends within its limit (collectives, from the reference run)
+    CHECK = "check-clean"            # --check: replicas, gradients, the samples each rank saw
+    RANKS = "every-rank"             # every rank recorded its result, as its own rank
+    STEPS = "steps"                  # the steps taken, against the one-process baseline
+    RESULT = "result"                # the final parameters / values, against the one-process baseline
+    COLLECTIVES = "collectives"      # the collectives of every kind on each rank (ledger), against the task
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# a judge's ``what`` that names an invariant other than the result itself
+_WHAT = {"steps": Invariant.STEPS, "ranks": Invariant.RANKS, "world": Invariant.RANKS}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an attempt runs: ``nodes`` torchrun agents (on this machine's loopback) of ``nproc`` ranks
+    each. The first of an exercise's layouts is the one the learner's cell uses."""
+    nproc: int = 2
+    nodes: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nodes
+
+    @property
+    def key(self) -> str:
+        return f"{self.nodes}x{self.nproc}"
+
+
 @dataclass(frozen=True)
 class Mismatch:
-    """The attempt's result differs from the grader's reference: ``what`` (a key such as "steps",
-    "params", "values", "ranks"), what the reference has and what the attempt recorded."""
+    """An invariant that failed: ``what`` (a key such as "steps", "params", "status", "collectives"),
+    what the reference has (``expected``) and what the attempt's run measured (``got``); the invariant
+    it belongs to, and the layout it was measured in (None: the learner's own)."""
     what: str
     expected: object
     got: object
     tolerance: float | None = None
+    invariant: Invariant | None = None
+    layout: Layout | None = None
+
+    @property
+    def kind(self) -> Invariant:
+        return self.invariant or _WHAT.get(self.what, Invariant.RESULT)
 
 
 @dataclass
@@ -105,6 +149,19 @@ class Exercise:
     silent: bool = False          # the class is silent (ends ok): --check must then be clean
     failure: str = ""             # the failure the broken script shows (the signature or the check finding)
     sources: tuple[str, ...] = field(default_factory=tuple)   # where the broken pattern comes from
+    # the layouts a fix must also hold in, beyond the learner's (``nproc`` ranks on one node): two nodes
+    # (RANK != LOCAL_RANK) for rank and init classes, another world size for data and gather classes
+    layouts: tuple[Layout, ...] = ()
+    # the task bounds communication: no rank may issue more collectives (of any kind) than the reference
+    bounded_collectives: bool = False
+    # an attempt is ended past grader.LIMIT_FACTOR times its reference's collectives, read from each rank's
+    # flight recorder while it runs; off where that read would change the run (02: torch builds the dump
+    # inside the rank, under the rank's memory cap, and the cap is the exercise)
+    limited: bool = True
+
+    @property
+    def all_layouts(self) -> tuple[Layout, ...]:
+        return (Layout(self.nproc),) + self.layouts
 
     def wrong_fix(self, key: str) -> WrongFix:
         return next(w for w in self.wrong_fixes if w.key == key)
@@ -167,6 +224,15 @@ def imports_or_calls(tree: ast.AST, name: str) -> bool:
     return False
 
 
+def collectives(result) -> dict[int, Counter]:
+    """Each rank's collectives by kind (op), from its ledger (torch's flight recorder, which keeps a
+    rank's last TORCH_FR_BUFFER_SIZE entries: 2000 under ddplab, far more than an exercise issues)."""
+    out = {}
+    for r in result.ranks:
+        out[r.rank] = Counter(c.op for c in r.ledger)
+    return out
+
+
 def every_rank(finals: dict, nproc: int) -> "Mismatch | None":
     """Every rank recorded its final result; else the mismatch names the ranks that did."""
     if sorted(finals) != list(range(nproc)):
@@ -214,6 +280,20 @@ def flat(params: list) -> list[float]:
     for p in params:
         out.extend(p if isinstance(p, list) else [p])
     return out
+
+
+def reduces_with(tree: ast.AST, op: str) -> bool:
+    """The code names ``ReduceOp.<op>`` (MIN, MAX, ...): evidence of what a reduction was asked to do."""
+    return any(isinstance(n, ast.Attribute) and n.attr == op and
+               isinstance(n.value, (ast.Attribute, ast.Name)) and
+               (getattr(n.value, "attr", None) or getattr(n.value, "id", None)) == "ReduceOp"
+               for n in ast.walk(tree))
+
+
+def constant_keyword(tree: ast.AST, funcs: tuple[str, ...], keyword: str) -> bool:
+    """A call to one of ``funcs`` passes ``keyword`` a constant (a number written into the code)."""
+    return any(kw.arg == keyword and isinstance(kw.value, ast.Constant)
+               for c in calls(tree, *funcs) for kw in c.keywords)
 
 
 def sets_env(tree: ast.AST, name: str) -> bool:
