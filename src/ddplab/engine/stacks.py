@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]   # src/ddplab: frames there are ddplab's own
@@ -44,6 +44,24 @@ class Frame:
 
 
 @dataclass(frozen=True)
+class LibraryFrame:
+    """The library frame a user's call leads into (``ddplab.engine.libraries``): the library's id
+    ("lightning", "accelerate", "torch", or an undescribed package's name), the frame, and the
+    key of what it does in that library's data (its description; None where the library says
+    nothing of that frame)."""
+    library: str
+    frame: Frame
+    role: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"library": self.library, "frame": self.frame.to_dict(), "role": self.role}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "LibraryFrame | None":
+        return cls(d["library"], Frame.from_dict(d["frame"]), d.get("role")) if d else None
+
+
+@dataclass(frozen=True)
 class Where:
     """Where one rank stands, as data: what it is blocked in and the line of its own code.
 
@@ -58,6 +76,7 @@ class Where:
     frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
     call: Frame | None = None     # the innermost library frame that names the call
     seq: int | None = None
+    library: LibraryFrame | None = None   # the library frame the user's call leads into (issue 43)
 
     @property
     def in_collective(self) -> bool:
@@ -66,7 +85,8 @@ class Where:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
                 "frame": self.frame.to_dict() if self.frame else None,
-                "call": self.call.to_dict() if self.call else None}
+                "call": self.call.to_dict() if self.call else None,
+                **({"library": self.library.to_dict()} if self.library else {})}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Where | None":
@@ -74,7 +94,8 @@ class Where:
             return None
         return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
                    frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
-                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
+                   call=Frame.from_dict(d["call"]) if d.get("call") else None,
+                   library=LibraryFrame.from_dict(d.get("library")))
 
 
 KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other")
@@ -176,7 +197,23 @@ def _base_name(func: str) -> str:
 
 def where(frames: list[Frame], wchan: str | None = None) -> Where:
     """Classify a stack (innermost first), with the kernel's wait channel of the main thread when
-    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep)."""
+    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep); the
+    library frame the user's call leads into is added (``library_frame``)."""
+    found = _where(frames, wchan)
+    lib = library_frame(frames)
+    return replace(found, library=lib) if lib is not None else found
+
+
+def library_frame(frames: list[Frame]) -> LibraryFrame | None:
+    """The library frame the innermost user frame leads into, as ``ddplab.engine.libraries`` names
+    it (Lightning's self.log, accelerate's gather_for_metrics, any package's frame by its name)."""
+    from ddplab.engine import libraries
+    index = next((i for i, f in enumerate(frames) if is_user_file(f.file)), None)
+    found = libraries.entry(frames, index)
+    return LibraryFrame(found.library, frames[found.index], found.role) if found is not None else None
+
+
+def _where(frames: list[Frame], wchan: str | None = None) -> Where:
     user = next((f for f in frames if is_user_file(f.file)), None)
     for f in frames:
         name = _base_name(f.func)
