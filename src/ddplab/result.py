@@ -164,6 +164,7 @@ class RunResult:
     culprits: tuple[int, ...] = ()   # the ranks the evidence blames (classify.refine; () where it blames none)
     fix_at: Frame | None = None      # the one line of the culprit's script that set the failure up, where its
                                      # cause points at one (a --local_rank argument, a timeout, MASTER_PORT set)
+    startup_s: float = 0.0           # from the command's start to the job's: the headline counts wall_s after it
 
     # --- conveniences -------------------------------------------------------------------------
     @property

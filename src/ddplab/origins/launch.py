@@ -51,7 +51,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         deadline_s: float | None = None, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
-        progress: Progress | str | None = "auto", cluster=None, check: bool = False) -> RunResult:
+        progress: Progress | str | None = "auto", cluster=None, check: bool = False,
+        started_at: float | None = None) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -65,7 +66,10 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     gets a cluster of its own, made and removed around the run.
     ``check``: compare what each rank recorded about its replicas, gradients and data after the run
     (``result.check``, a ``ddplab.engine.check.CheckReport``), with no collective added to the job.
+    ``started_at``: when the command started (seconds since the epoch; default: this call): the
+    result's ``startup_s`` counts from there to the start of torchrun's agent.
     """
+    started_at = time.time() if started_at is None else started_at
     progress = _progress(progress)
     # the lab is looked up once, here (job.lab)
     job = resolve(target, variant, nproc, deadline_s, tuple(args), port, env=env,
@@ -74,8 +78,9 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     if cluster is None and spec is not None:
         from ddplab.origins import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
-            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made)
-    return _turn(job, stream, grace_s, progress, cluster)
+            return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made,
+                         started_at)
+    return _turn(job, stream, grace_s, progress, cluster, started_at)
 
 
 def _progress(progress):
@@ -89,12 +94,12 @@ def _progress(progress):
                       hint='use progress="auto" (a status line), None (nothing) or a function of a Snapshot')
 
 
-def _turn(job: Job, stream, grace_s, progress, cluster) -> RunResult:
+def _turn(job: Job, stream, grace_s, progress, cluster, started_at: float | None = None) -> RunResult:
     measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.rank.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(StartedJob(job, cluster, turn), stream, grace_s, progress)
+        return _run(StartedJob(job, cluster, turn, started_at), stream, grace_s, progress)
 
 
 def _run(source: "StartedJob", stream, grace_s, progress) -> RunResult:
@@ -123,8 +128,9 @@ class StartedJob:
     limit = Ending.DEADLINE
     stop = True
 
-    def __init__(self, job: Job, cluster, turn: turns.Turn):
+    def __init__(self, job: Job, cluster, turn: turns.Turn, started_at: float | None = None):
         self.job, self.cluster, self.turn = job, cluster, turn
+        self.started_at = started_at
         self.limit_s = job.deadline_s
         self.waiting: turns.Waiting | None = None
         self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
@@ -151,6 +157,8 @@ class StartedJob:
             # already (ddplab.origins.warm: the first run may wait for that import, neither the job's time nor a stall).
             proc = warm.start(cmd, penv, console)
         t0 = time.monotonic()   # the job's clock starts with its agent
+        if self.started_at is not None:   # what came before it: the command's own start-up
+            self.identity = dataclasses.replace(self.identity, startup_s=round(max(0.0, time.time() - self.started_at), 3))
         # which agent ran it: forked warm (its parent: ddplab.origins.warm's process) or started cold
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,
