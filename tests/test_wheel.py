@@ -7,6 +7,7 @@ line (no download; this venv's own editable ddplab is not on that path), and the
 --no-deps."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,9 +40,16 @@ def _install(python: Path, *args: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_the_wheel_runs_and_explains_a_broken_script_with_no_clone(tmp_path):
+    # the package's sources copied out first: a build writes build/ beside them, and the clone's build/
+    # is the workbook's
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, source / name)
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(ROOT)], check=True, timeout=300)
+                    "-w", str(dist), str(source)], check=True, timeout=300)
     wheel = next(dist.glob("ddplab-*.whl"))
     import ddplab
     assert wheel.name.startswith(f"ddplab-{ddplab.__version__}-")      # the version from one place
