@@ -235,8 +235,10 @@ def launch_environment(job: Job, nodes: int = 1) -> dict[str, str]:
     }
     if "TORCH_FR_BUFFER_SIZE" not in os.environ:
         changes["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE   # torch's flight recorder: the collective ledger
-    if job.lab is not None:
-        # the settings the labs were written and measured with (ddplab.origins.parity: LABS_ONLY)
+    if True:
+        # the settings the labs and the course's graders (%%ddplab cells: scripts to the launcher) were
+        # measured with (ddplab.origins.parity); a user's script gets them too until every grader has
+        # been measured without them (issue 43)
         changes["PYTHONUNBUFFERED"] = "1"
         changes["PYTHONFAULTHANDLER"] = None  # the hook enables faulthandler into the rank's stack file
         if "OMP_NUM_THREADS" not in os.environ:

@@ -60,9 +60,11 @@ DIFFERENCES: tuple[Difference, ...] = (
                env=("DDPLAB_RANK_PID",)),
     Difference("DDPLAB_CHECK", Kind.ENV, When.CHECK, "the checksum interval of --check's records",
                env=("DDPLAB_CHECK",)),
-    Difference("PYTHONUNBUFFERED, OMP_NUM_THREADS, GLOO_SOCKET_IFNAME", Kind.ENV, When.LABS,
-               "the settings the labs were written and measured with (each rank's share of the cores, gloo on "
-               "loopback); a user's script gets torchrun's own (OMP_NUM_THREADS=1 with more than one rank)",
+    Difference("PYTHONUNBUFFERED, OMP_NUM_THREADS, GLOO_SOCKET_IFNAME", Kind.ENV, When.UNSET,
+               "the settings the labs and the course's graders were measured with: output as it is printed, "
+               "each rank's share of the cores (torchrun gives 1 with more than one rank), gloo on loopback "
+               "(faulthandler goes to the run folder, so PYTHONFAULTHANDLER is taken out); the course's "
+               "graders run cells as scripts, so a user's script gets them too until those are measured without",
                env=("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "PYTHONFAULTHANDLER")),
     # --- the interpreter's start-up ----------------------------------------------------------------
     Difference("sitecustomize (the rank hook)", Kind.STARTUP, When.ALWAYS,
