@@ -2,6 +2,7 @@
 #   make workbook   venv + pinned install, every notebook executed once -> build/, summary table
 #   make test       the whole test suite (what CI runs)
 #   make test-load  the checkers' tests with a CPU burner beside their runs
+#   make test-torch VERSION=x   the engine's tests and a set of lab variants on another torch (own venv)
 #   make lab        JupyterLab on notebooks/
 #   make classroom  as root: LEARNERS=N accounts and a JupyterHub for them (Ctrl-C stops everything)
 #   make test-classroom  the hub with K learners and the gradebook (what CI runs after make test)
@@ -37,8 +38,8 @@ INSTALL = sh -c 'if [ -x "$$0/uv" ] && "$$0/uv" pip install --quiet --python "$$
 # part is skipped: the build and the tests still pass.
 SYSTEM = $(PYTHON) src/ddplab/tools/system.py install
 
-.PHONY: workbook notebooks test test-load test-classroom lab install clean benchmark classroom classroom-benchmark \
-	system assign sources
+.PHONY: workbook notebooks test test-torch test-load test-classroom lab install clean benchmark classroom \
+	classroom-benchmark system assign sources
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +66,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # the test extra (pytest, Playwright, JupyterLab) on top: make workbook does not wait for it
 $(TEST_STAMP): $(STAMP)
-	$(INSTALL) -e ".[test]"
+	$(INSTALL) -e ".[test,clients]"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -113,6 +114,22 @@ assign: $(STAMP)
 
 sources: $(STAMP)
 	$(BIN)/python -m ddplab.course.assign sources
+
+# The engine's tests and a set of lab variants on another torch, in a venv of its own (never part of
+# make test): make test-torch VERSION=2.14.1. torch comes from pip's configuration (PyPI's build for a
+# version with no local wheel: the CUDA build, about 5.5 GB, runs on a CPU); constraints.txt's other
+# pins stay. README's table of torch versions comes from these runs.
+TORCH_TESTS ?= tests/test_stacks.py tests/test_signatures.py tests/test_causes.py tests/test_ledger.py \
+	tests/test_launch.py tests/test_probe.py tests/test_parity.py tests/test_faults_sample.py
+test-torch: $(STAMP)
+	@test -n "$(VERSION)" || { echo "make test-torch VERSION=2.14.1: which torch to test"; exit 2; }
+	$(PYTHON) -m venv .venv-torch-$(VERSION)
+	sed 's/^torch==.*/torch==$(VERSION)/' constraints.txt > .venv-torch-$(VERSION)/constraints.txt
+	.venv-torch-$(VERSION)/bin/python -m pip install --quiet -c .venv-torch-$(VERSION)/constraints.txt \
+		"torch==$(VERSION)" -e ".[test]"
+	.venv-torch-$(VERSION)/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		$(PYTEST_ARGS) $(TORCH_TESTS)
+	.venv-torch-$(VERSION)/bin/python -m ddplab.tools.torch_variants
 
 # the checkers' tests again with a CPU burner beside their runs (tests/burner.py says why not in make test)
 test-load: $(TEST_STAMP)

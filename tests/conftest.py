@@ -119,8 +119,8 @@ def run_lab(tmp_path):
 # test file executes its notebook (tests/notebook_check.py), the longest are these (CI at f9031c3:
 # test_fixit 395 s, test_lab09 355, test_reasoning 240, test_lab12 188, test_launch 164; labs 01, 06
 # and 07 with their notebooks about 100-160 s here; test_warm 106, test_lab11 98).
-LONGEST_FIRST = ("test_fixit.py", "test_lab09.py", "test_reasoning.py", "test_lab12.py", "test_launch.py",
-                 "test_lab06.py", "test_lab01.py", "test_lab07.py", "test_warm.py", "test_lab11.py")
+LONGEST_FIRST = ("test_fixit.py", "test_lab09.py", "test_reasoning.py", "test_lab12.py", "test_clients.py",
+                 "test_launch.py", "test_lab06.py", "test_lab01.py", "test_lab07.py", "test_warm.py", "test_lab11.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -29,6 +29,7 @@ EXPECTED = {
     "real_cuda_set_device_cpu_torch.txt": "cuda-on-cpu-torch",
     "real_cuda_tensor_cpu_torch.txt": "cuda-on-cpu-torch",
     "real_ddp_device_ids_cpu.txt": "ddp-device-ids-cpu",
+    "real_lightning_gpu_on_cpu.txt": "lightning-misconfiguration-exception",
     "real_gloo_ifname_exclusion.txt": "gloo-ifname-exclusion",
     "real_launch_local_rank_arg.txt": "launch-local-rank-arg",
     "real_pg_not_initialized.txt": "process-group-not-initialized",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 import os
 import signal
 import sys
@@ -33,6 +34,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _cmd_list(a: argparse.Namespace) -> int:
     labs = catalog.labs()
+    if not labs and not a.json:
+        # an installed wheel carries the engine, not the labs: say where they are
+        print(f"No labs here: {catalog.labs_dir()} holds none. An installed ddplab carries the engine, not the "
+              f"labs: they are the labs/ folder of a clone of the ddplab repository (make workbook there), or set "
+              f"DDPLAB_LABS_DIR to a clone's labs/ folder.\nYour own script needs no lab: "
+              f"ddplab run path/to/train.py --nproc 2")
+        return EXIT_OK
     if a.json:
         print(json.dumps([l.to_dict() for l in labs], indent=2))
         return EXIT_OK
@@ -43,13 +51,23 @@ def _cmd_list(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _command_started() -> float | None:
+    """When this command started (its process's creation, as the user's clock counts it: Python's
+    start and ddplab's import included), in seconds since the epoch; None where psutil cannot say."""
+    try:
+        import psutil
+        return psutil.Process().create_time()
+    except Exception:   # noqa: BLE001 - the headline then counts from the run's start
+        return None
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
     from ddplab.front import run
 
     try:
         r = run(a.target, variant=a.variant, nproc=a.nproc, deadline_s=a.deadline, stall_s=a.stall,
                 args=a.script_args, port=a.port, stream=not a.json and not a.quiet,
-                progress=None if a.json else "auto", check=a.check)
+                progress=None if a.json else "auto", check=a.check, started_at=_command_started())
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return _show(r, a.json)
@@ -85,7 +103,13 @@ def _cmd_explain(a: argparse.Namespace) -> int:
     from ddplab.views import render
     from ddplab.origins.explain import explain
 
-    r = explain(a.folders)
+    saved = [Path(f) for f in a.folders if (Path(f) / "result.json").is_file() and not (Path(f) / "node.json").exists()]
+    if saved and len(saved) == len(a.folders) == 1:
+        # a run folder ddplab run wrote: its saved result, shown again (nothing is judged anew)
+        from ddplab.result import RunResult
+        r = RunResult.load(saved[0])
+    else:
+        r = explain(a.folders)
     if a.json:
         print(json.dumps({**r.to_dict(), "first_divergence": groups.first_divergence(r)}, indent=2, default=str))
     else:

@@ -97,6 +97,24 @@ class Frame:
 
 
 @dataclass(frozen=True)
+class LibraryFrame:
+    """The library frame a user's call leads into (``ddplab.engine.libraries``): the library's id
+    ("lightning", "accelerate", "torch", or an undescribed package's name), the frame, and the
+    key of what it does in that library's data (its description; None where the library says
+    nothing of that frame)."""
+    library: str
+    frame: Frame
+    role: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"library": self.library, "frame": self.frame.to_dict(), "role": self.role}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "LibraryFrame | None":
+        return cls(d["library"], Frame.from_dict(d["frame"]), d.get("role")) if d else None
+
+
+@dataclass(frozen=True)
 class Where:
     """Where one rank stands, as data: what it is blocked in and the line of its own code.
 
@@ -111,6 +129,7 @@ class Where:
     frame: Frame | None = None    # innermost frame of the user's (or the lab's) own code
     call: Frame | None = None     # the innermost library frame that names the call
     seq: int | None = None
+    library: LibraryFrame | None = None   # the library frame the user's call leads into (issue 43)
 
     @property
     def in_collective(self) -> bool:
@@ -119,7 +138,8 @@ class Where:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "op": self.op, "via": self.via, "seq": self.seq,
                 "frame": self.frame.to_dict() if self.frame else None,
-                "call": self.call.to_dict() if self.call else None}
+                "call": self.call.to_dict() if self.call else None,
+                **({"library": self.library.to_dict()} if self.library else {})}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Where | None":
@@ -127,7 +147,8 @@ class Where:
             return None
         return cls(kind=d["kind"], op=d.get("op"), via=d.get("via"), seq=d.get("seq"),
                    frame=Frame.from_dict(d["frame"]) if d.get("frame") else None,
-                   call=Frame.from_dict(d["call"]) if d.get("call") else None)
+                   call=Frame.from_dict(d["call"]) if d.get("call") else None,
+                   library=LibraryFrame.from_dict(d.get("library")))
 
 
 WHERE_KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other",

@@ -37,7 +37,7 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
         progress: launch.Progress | str | None = "auto", cluster=None, check: bool = False,
-        max_collectives: int | None = None) -> RunResult:
+        max_collectives: int | None = None, started_at: float | None = None) -> RunResult:
     """Run a lab (number or name) or any torchrun-able script on ``nproc`` local ranks.
 
     Returns a RunResult whose ``status`` is "ok", "failed" (a rank exited with an error), "hung"
@@ -54,7 +54,10 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
     ``stream``: echo the ranks' output as ``[rank N] ...`` while the job runs.
     ``max_collectives``: end the job (status "deadline") once a live rank's ledger holds more collectives than
     this, busy or not (a fix-it attempt's limit, derived from its reference run).
+    ``started_at``: when the command started (seconds since the epoch; default: this call): the result's
+    ``startup_s`` counts from there to the start of torchrun's agent, and the headline's seconds include it.
     """
     return launch.run(target, variant=variant, nproc=nproc, deadline_s=deadline_s, args=args, env=env, port=port,
                       stream=stream, run_root=run_root, grace_s=grace_s, stall_s=stall_s, progress=progress,
-                      cluster=cluster, check=check, views=VIEWS, max_collectives=max_collectives)
+                      cluster=cluster, check=check, views=VIEWS, max_collectives=max_collectives,
+                      started_at=started_at)

@@ -190,6 +190,7 @@ class RunResult:
     fix_at: Frame | None = None      # the one line of the culprit's script that set the failure up, where its
                                      # cause points at one (a --local_rank argument, a timeout, MASTER_PORT set)
     calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part (engine.callsites)
+    startup_s: float = 0.0           # from the command's start to the job's: the headline counts wall_s after it
 
     # --- conveniences -------------------------------------------------------------------------
     @property

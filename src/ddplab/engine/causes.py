@@ -274,3 +274,18 @@ CAUSES: tuple[Cause, ...] = (
         "Put the start under `if __name__ == '__main__':` (or start the ranks with torchrun instead of mp.spawn).",
         sources=("https://github.com/pytorch/rl/issues/1805", "https://github.com/facebookresearch/mmf/issues/1182")),
 )
+
+
+def _library_causes() -> tuple[Cause, ...]:
+    """A library's own exception, raised from its own files (``ddplab.engine.libraries``' data), as the
+    cause in its terms: what it means, and the library's message itself as the evidence."""
+    from ddplab.engine import libraries
+    return tuple(
+        Cause(f"{lib.id}-{''.join('-' + c.lower() if c.isupper() else c for c in type_name).strip('-')}",
+              meaning, (type_name,), (r".",),
+              f"The message is {lib.name}'s own, raised in its own code: it names what {lib.name} refused.\n{fix}",
+              sources=lib.sources, premise=libraries.raised_by(lib))
+        for lib in libraries.LIBRARIES for type_name, (meaning, fix) in lib.exceptions.items())
+
+
+CAUSES = CAUSES + _library_causes()

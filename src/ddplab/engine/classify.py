@@ -70,7 +70,8 @@ def locate(live: LiveRank, threads: tuple = ()) -> stacks.Where:
     if p is not None and w.kind in ("collective", "lock", "other"):
         # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a
         # futex) shows none.
-        return stacks.Where("collective", p.op, w.via if w.kind == "collective" else None, w.frame, w.call, p.seq)
+        return stacks.Where("collective", p.op, w.via if w.kind == "collective" else None, w.frame, w.call, p.seq,
+                            library=w.library)
     return w
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 
 from ddplab.engine import check as check_mod
 from ddplab.engine import classify
+from ddplab.engine import torch_support
 from ddplab import runfiles
 from ddplab.defaults import GRACE_S, Ending
 from ddplab.engine.evidence import Evidence, LiveRank, Watch
@@ -44,6 +45,7 @@ class Identity:
     check: bool = False               # --check asked for: compare the ranks' records even if there are none
     records_dir: Path | None = None   # where the rank hook's records are (--check compares them when present)
     save: bool = True                 # write result.json into run_dir (not into a saved node's own folder)
+    startup_s: float = 0.0            # from the command's start to the job's (ddplab run: Python, imports, the agent)
 
 
 class Source(Protocol):
@@ -108,10 +110,11 @@ def _finish(source: Source, ev: Evidence) -> RunResult:
         check = check_mod.not_ended(check_mod.compare(who.records_dir, w.world), v.ranks)
     result = RunResult(
         target=who.target, variant=who.variant, nproc=len(w.ranks_here) if w.ranks_here else w.world,
-        wall_s=w.wall_s, run_dir=str(who.run_dir), command=tuple(who.command),
+        wall_s=w.wall_s, startup_s=who.startup_s, run_dir=str(who.run_dir), command=tuple(who.command),
         stall_s=w.stall_s if w.stall_s is not None else 0.0, deadline_s=who.deadline_s,
         port=int(master["master_port"]) if master else (who.port or None), returncode=w.returncode,
-        leftover=w.leftover, notes=w.notes, attached_pid=who.attached_pid, check=check, **v.fields())
+        leftover=w.leftover, notes=w.notes + torch_support.notes(), attached_pid=who.attached_pid, check=check,
+        **v.fields())
     if who.save:
         result.save(Path(who.run_dir) / runfiles.RESULT)
     source.keep(ev, result)

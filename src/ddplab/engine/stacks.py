@@ -14,10 +14,11 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 # Frame, Where and the path helpers live in ddplab.facts (below the engine, with the result types)
-from ddplab.facts import (PACKAGE_DIR, WHERE_KINDS, Frame, Where,  # noqa: F401  (re-exported)
+from ddplab.facts import (PACKAGE_DIR, WHERE_KINDS, Frame, LibraryFrame, Where,  # noqa: F401  (re-exported)
                           is_user_file, parse_traceback, short_path, short_paths)
 
 
@@ -71,7 +72,23 @@ def _base_name(func: str) -> str:
 
 def where(frames: list[Frame], wchan: str | None = None) -> Where:
     """Classify a stack (innermost first), with the kernel's wait channel of the main thread when
-    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep)."""
+    it is known (``/proc/PID/wchan``: Python shows no frame for a C call such as time.sleep); the
+    library frame the user's call leads into is added (``library_frame``)."""
+    found = _where(frames, wchan)
+    lib = library_frame(frames)
+    return replace(found, library=lib) if lib is not None else found
+
+
+def library_frame(frames: list[Frame]) -> LibraryFrame | None:
+    """The library frame the innermost user frame leads into, as ``ddplab.engine.libraries`` names
+    it (Lightning's self.log, accelerate's gather_for_metrics, any package's frame by its name)."""
+    from ddplab.engine import libraries
+    index = next((i for i, f in enumerate(frames) if is_user_file(f.file)), None)
+    found = libraries.entry(frames, index)
+    return LibraryFrame(found.library, frames[found.index], found.role) if found is not None else None
+
+
+def _where(frames: list[Frame], wchan: str | None = None) -> Where:
     user = next((f for f in frames if is_user_file(f.file)), None)
     for f in frames:
         name = _base_name(f.func)

@@ -185,7 +185,7 @@ class AttachedJob:
         self.limit_s = max(watch_s, stall_s + 1)
         self.source_dir = job_run_dir(found)     # a job ddplab started: its rank hook's records
         self.sockets = {r: _socket_of(_env(p)) for r, p in found.ranks.items()}
-        run_dir = new_run_dir(runs_root() / "attach", f"pid{pid}")
+        run_dir = new_run_dir(runs_root(lab=False) / "attach", f"pid{pid}")
         (run_dir / runfiles.RANKS).mkdir(parents=True, exist_ok=True)
         self.identity = Identity(target=f"pid {pid}", run_dir=run_dir, command=_command(found), attached_pid=pid,
                                  records_dir=self.source_dir)

@@ -27,11 +27,13 @@ HOOK_DIR = Path(__file__).resolve().parents[1] / "rank" / "hook"
 FR_BUFFER_SIZE = 2000
 
 
-def runs_root() -> Path:
-    """$DDPLAB_RUNS_DIR, else ``runs/`` in this checkout (where the labs are), else ./runs."""
+def runs_root(lab: bool = True) -> Path:
+    """$DDPLAB_RUNS_DIR, else: for a lab (and the course's own cells) ``runs/`` in the clone where the
+    labs are; for a user's script (``lab=False``) ``./runs`` of the working folder, beside the user,
+    however ddplab was installed (an editable clone's runs/ is not the user's)."""
     if os.environ.get("DDPLAB_RUNS_DIR"):
         return Path(os.environ["DDPLAB_RUNS_DIR"])
-    if catalog.labs_dir().is_dir():
+    if lab and catalog.labs_dir().is_dir():
         return catalog.REPO_DIR / "runs"
     return Path.cwd() / "runs"
 
@@ -115,7 +117,7 @@ def resolve(target: str | int | os.PathLike, variant: str | None, nproc: int | N
         st = ports.check_port(port, host)
         if not st.free:
             raise DdplabError(st.describe(), hint="pass --port 0 to pick a free one")
-    run_dir = new_run_dir(Path(run_root or runs_root()) / name, variant or "run")
+    run_dir = new_run_dir(Path(run_root or runs_root(lab=lab is not None)) / name, variant or "run")
     return Job(name, script, lab, variant, nproc, stall_s, deadline_s, port, host, script_args, run_dir, dict(env or {}),
                bool(check))
 
@@ -171,7 +173,8 @@ def torchrun_command(job: Job, result: Path, nnodes: int, endpoint: str, local_a
     return [
         # torchrun itself (torch.distributed.run), with its outcome also written as data.
         sys.executable, "-m", "ddplab.origins._torchrun", str(result),
-        "--nnodes", str(nnodes),
+        # torchrun's defaults (one node, no restarts) are left to torchrun (ddplab.origins.parity)
+        *(["--nnodes", str(nnodes)] if nnodes != 1 else []),
         "--nproc-per-node", str(job.nproc if nproc is None else nproc),
         # c10d rendezvous on loopback (or node 0's address); port 0 lets the store bind a free port
         # itself (no race).
@@ -181,7 +184,6 @@ def torchrun_command(job: Job, result: Path, nnodes: int, endpoint: str, local_a
         "--rdzv-id", job.run_dir.name,
         # The address this agent gives its workers as MASTER_ADDR when it hosts the store.
         "--local-addr", local_addr,
-        "--max-restarts", "0",
         # Each rank's stdout and stderr in its own file under the run directory.
         "--log-dir", str(job.run_dir / runfiles.TORCHRUN_LOGS),
         "--redirects", "3",
@@ -216,16 +218,17 @@ def build_cluster_command(job: Job, cluster) -> tuple[list[str], dict]:
 
 
 def launch_environment(job: Job, nodes: int = 1) -> dict[str, str]:
-    """The ranks' environment (a copy). On a multi-node job (``nodes`` > 1, every node on this
-    machine) each rank's share of the cores counts every node's ranks, and the host's interface
-    names mean nothing on a node: gloo's interface is the job's own choice, or gloo's."""
+    """The ranks' environment (a copy): the caller's, plus what ``ddplab.origins.parity`` lists for
+    this job and nothing else (a user's script gets torchrun's environment with ddplab's evidence
+    channels; a lab keeps the settings it was measured with). On a multi-node job (``nodes`` > 1,
+    every node on this machine) each rank's share of the cores counts every node's ranks, and the
+    host's interface names mean nothing on a node: gloo's interface is the job's own choice, or gloo's."""
     cores = os.cpu_count() or 1
     changes: dict[str, object] = {
         "DDPLAB_RUN_DIR": str(job.run_dir),
-        # The rank hook (faulthandler on SIGUSR1, pid file) goes first on the ranks' path.
+        # The rank hook (faulthandler on SIGUSR1, pid file) goes first on the ranks' path; in each
+        # rank it takes itself off sys.path and PYTHONPATH again before the script starts.
         "PYTHONPATH": os.pathsep.join([str(HOOK_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONFAULTHANDLER": None,  # the hook enables faulthandler into the rank's stack file
         # The rank hook starts torch's worker server on a socket here (a short path: AF_UNIX paths
         # are limited to about 100 bytes, and run directories can be deep).
         "DDPLAB_SOCKET_DIR": str(socket_dir(job.run_dir)),
@@ -233,15 +236,21 @@ def launch_environment(job: Job, nodes: int = 1) -> dict[str, str]:
     }
     if "TORCH_FR_BUFFER_SIZE" not in os.environ:
         changes["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE   # torch's flight recorder: the collective ledger
-    if "OMP_NUM_THREADS" not in os.environ:
-        # torchrun would set 1 with a warning banner; give each rank its share of the cores instead.
-        changes["OMP_NUM_THREADS"] = max(1, cores // (job.nproc * nodes))
+    if True:
+        # the settings the labs and the course's graders (%%ddplab cells: scripts to the launcher) were
+        # measured with (ddplab.origins.parity); a user's script gets them too until every grader has
+        # been measured without them (issue 43)
+        changes["PYTHONUNBUFFERED"] = "1"
+        changes["PYTHONFAULTHANDLER"] = None  # the hook enables faulthandler into the rank's stack file
+        if "OMP_NUM_THREADS" not in os.environ:
+            # torchrun would set 1 with a warning banner; give each rank its share of the cores instead.
+            changes["OMP_NUM_THREADS"] = max(1, cores // (job.nproc * nodes))
+        if nodes == 1 and job.host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
+            ifname = _loopback_ifname()
+            if ifname:
+                changes["GLOO_SOCKET_IFNAME"] = ifname  # gloo would otherwise pick the hostname's interface
     if nodes > 1:
         changes["GLOO_SOCKET_IFNAME"] = None
-    elif job.host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
-        ifname = _loopback_ifname()
-        if ifname:
-            changes["GLOO_SOCKET_IFNAME"] = ifname  # gloo would otherwise pick the hostname's interface
     if job.check:
         from ddplab.engine.check import ENV, EVERY
         changes[ENV] = EVERY          # the checksum interval, read by the rank hook

@@ -62,14 +62,18 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         port: int | None = 0, stream: bool = False, run_root: str | Path | None = None,
         grace_s: float = GRACE_S, stall_s: float | None = None,
         progress: Progress | str | None = "auto", cluster=None, check: bool = False,
-        views: Views | None = None, max_collectives: int | None = None) -> RunResult:
+        views: Views | None = None, max_collectives: int | None = None,
+        started_at: float | None = None) -> RunResult:
     """The launcher behind ``ddplab.run`` (``ddplab.front.run``, whose docstring says what each argument
     does). ``views``: what shows ``progress`` and ``stream`` and draws the timeline (``Views``);
     ``ddplab.run`` hands the package's own (``ddplab.front.VIEWS``). Without it nothing is shown or
     drawn, and ``stream=True`` is refused.
     ``max_collectives``: end the job (status deadline) once a live rank's ledger holds more collectives
     than this (a fix-it attempt's limit, derived from its reference run).
+    ``started_at``: when the command started (seconds since the epoch; default: this call): the
+    result's ``startup_s`` counts from there to the start of torchrun's agent.
     """
+    started_at = time.time() if started_at is None else started_at
     progress = _progress(progress)
     if stream and views is None:
         raise DdplabError("stream=True needs the views that echo the ranks' output",
@@ -82,8 +86,8 @@ def run(target: str | int | os.PathLike, variant: str | None = None, nproc: int 
         from ddplab.origins import cluster as cluster_mod
         with cluster_mod.Cluster.from_spec(spec) as made:
             return _turn(replace(job, env={**spec.get("env", {}), **job.env}), stream, grace_s, progress, made,
-                         views, max_collectives)
-    return _turn(job, stream, grace_s, progress, cluster, views, max_collectives)
+                         views, max_collectives, started_at)
+    return _turn(job, stream, grace_s, progress, cluster, views, max_collectives, started_at)
 
 
 def _progress(progress):
@@ -98,12 +102,12 @@ def _progress(progress):
 
 
 def _turn(job: Job, stream, grace_s, progress, cluster, views: Views | None,
-          max_collectives: int | None = None) -> RunResult:
+          max_collectives: int | None = None, started_at: float | None = None) -> RunResult:
     measured = job.lab is not None and job.lab.variant(job.variant).measured is not None
     # make workbook: a run that measures times has the machine alone; its job starts at once, its
     # ranks wait (ddplab.rank.lab) until the runs in progress have ended
     with turns.turn(alone=measured, early=True) as turn:
-        return _run(StartedJob(job, cluster, turn, max_collectives), stream, grace_s, progress, views)
+        return _run(StartedJob(job, cluster, turn, max_collectives, started_at), stream, grace_s, progress, views)
 
 
 def _run(source: "StartedJob", stream, grace_s, progress, views: Views | None) -> RunResult:
@@ -135,9 +139,11 @@ class StartedJob:
     limit = Ending.DEADLINE
     stop = True
 
-    def __init__(self, job: Job, cluster, turn: turns.Turn, max_collectives: int | None = None):
+    def __init__(self, job: Job, cluster, turn: turns.Turn, max_collectives: int | None = None,
+                 started_at: float | None = None):
         self.job, self.cluster, self.turn = job, cluster, turn
         self.max_collectives = max_collectives
+        self.started_at = started_at
         self.limit_s = job.deadline_s
         self.waiting: turns.Waiting | None = None
         self.identity = Identity(target=job.target, run_dir=job.run_dir, variant=job.variant,
@@ -164,6 +170,8 @@ class StartedJob:
             # already (ddplab.origins.warm: the first run may wait for that import, neither the job's time nor a stall).
             proc = warm.start(cmd, penv, console)
         t0 = time.monotonic()   # the job's clock starts with its agent
+        if self.started_at is not None:   # what came before it: the command's own start-up
+            self.identity = dataclasses.replace(self.identity, startup_s=round(max(0.0, time.time() - self.started_at), 3))
         # which agent ran it: forked warm (its parent: ddplab.origins.warm's process) or started cold
         (job.run_dir / runfiles.COMMAND).write_text(json.dumps(
             {"command": cmd, "env": dict(job.env), "agent_pid": proc.pid,

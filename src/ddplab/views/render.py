@@ -9,7 +9,7 @@ import html as _html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddplab.engine import groups, waits
+from ddplab.engine import groups, libraries, waits
 from ddplab.defaults import ALIVE, RankState, Status
 from ddplab.facts import is_user_file, numel, short_path
 from ddplab.views.render_check import check_html, check_lines
@@ -91,10 +91,10 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
             pend = next((c for c in reversed(r.ledger) if c.seq == w.seq and not c.completed), None) if w.seq else None
             size = f" of {pend.numel} elements" if pend is not None and pend.sizes else ""
             via = f" ({_via(w.via)})" if _via(w.via) else ""
-            return f"in {w.op}{seq}{size}{via}{at}"
+            return f"in {w.op}{seq}{size}{via}{library_phrase(w)}{at}"
         if w.kind == "p2p":       # its peer is in p2p_sentence: a group's ranks have different peers
             via = f" (inside {w.via})" if w.via else ""
-            return f"in {w.op}{via}, a point-to-point call{at}"
+            return f"in {w.op}{via}, a point-to-point call{library_phrase(w)}{at}"
         if w.kind == "rendezvous" or w.kind == "store":
             to = ""
             if r.dialling and r.dialling.get("host"):
@@ -490,16 +490,38 @@ def progressing_at_stop(result: "RunResult") -> bool:
 def headline(result: "RunResult") -> str:
     v = f" --variant {result.variant}" if result.variant else ""
     sig = f" [{result.signature}]" if result.signature and not progressing_at_stop(result) else ""
-    # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0)
-    took = f" in {result.wall_s:.1f} s" if result.wall_s > 0 else ""
-    return f"{result.target}{v}: {result.status}{sig}{took} ({result.nproc} ranks)"
+    # torch's own dumps read by `ddplab explain` say nothing of how long the job ran (wall_s 0). The
+    # seconds count from the command's start, as the user's clock does; start-up is named where it
+    # is a noticeable part (STARTUP_SHOWN_S), so that "in 53.8 s" is the whole command
+    startup = getattr(result, "startup_s", 0.0) or 0.0
+    took = f" in {result.wall_s + startup:.1f} s" if result.wall_s > 0 else ""
+    parts = [f"{result.nproc} ranks"]
+    if result.wall_s > 0 and startup >= STARTUP_SHOWN_S:
+        parts.append(f"{startup:.1f} s of it start-up before torchrun")
+    return f"{result.target}{v}: {result.status}{sig}{took} ({'; '.join(parts)})"
+
+
+STARTUP_SHOWN_S = 1.0
 
 
 def _waits(r: "RankResult") -> str:
-    """What a rank waits in, with the collective's number when the ledger knows it."""
+    """What a rank waits in, with the collective's number when the ledger knows it, and the library
+    frame the user's call led into ("inside Lightning's strategy.barrier()")."""
     if not r.waits_in:
         return ""
-    return r.waits_in + (f" #{r.where.seq}" if r.where is not None and r.where.seq is not None else "")
+    return (r.waits_in + (f" #{r.where.seq}" if r.where is not None and r.where.seq is not None else "")
+            + library_phrase(r.where))
+
+
+def library_phrase(w: "Where | None") -> str:
+    """" inside Lightning's strategy.barrier() (lightning/pytorch/strategies/ddp.py:303),": the library
+    frame the user's call leads into, in the library's terms (``ddplab.engine.libraries``' data)."""
+    lib = w.library if w is not None else None
+    if lib is None:
+        return ""
+    what = libraries.describe(lib.library, lib.role) or \
+        f"{libraries.name_of(lib.library)}'s {lib.frame.func.rsplit('.', 1)[-1]}"
+    return f" inside {what} ({short_path(lib.frame.file)}:{lib.frame.line}),"
 
 
 def _state(r: "RankResult") -> str:

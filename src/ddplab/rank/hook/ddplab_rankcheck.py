@@ -203,7 +203,20 @@ def install(write, after_import):
     DDP.__init__, DDP.forward = init, forward
 
     # --- optimizer steps --------------------------------------------------------------------------
+    def _closure(args, kwargs):
+        # optimizer.step(closure): the forward and backward run inside the step (Lightning's automatic
+        # optimization, LBFGS), so the step is counted when it returns, after them
+        return kwargs.get("closure") is not None or bool(args and callable(args[0]))
+
     def pre_step(opt, args, kwargs):
+        if not _closure(args, kwargs):
+            account(opt)
+
+    def post_step(opt, args, kwargs):
+        if _closure(args, kwargs):
+            account(opt)
+
+    def account(opt):
         try:
             S.steps += 1
             n = sum(len(g["params"]) for g in opt.param_groups)
@@ -240,8 +253,9 @@ def install(write, after_import):
         except Exception as e:
             S.errors.append(f"optimizer step: {type(e).__name__}: {e}")
 
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     register_optimizer_step_pre_hook(pre_step)
+    register_optimizer_step_post_hook(post_step)
 
     # --- data loaders -----------------------------------------------------------------------------
     it_init, it_reset, it_next = dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, \

@@ -715,3 +715,43 @@ def _chain():
 _DDPLAB_WORKER_SERVER = None
 _DDPLAB_STACK_FILE = _install()
 _chain()
+
+
+# --- parity with bare torchrun (issue 43; ddplab.origins.parity lists every difference) -------------
+
+class _HookModules:
+    """Finds the hook folder's own modules (ddplab_rankcheck, ...) once the folder is off sys.path."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        import importlib.util
+        here = os.path.dirname(os.path.abspath(__file__))
+        file = os.path.join(here, fullname + ".py")
+        if "." in fullname or fullname == "sitecustomize" or not os.path.isfile(file):
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def _as_torchrun_left_it():
+    """In a rank (not in torchrun's agent, whose workers need it): the hook's folder leaves sys.path
+    and PYTHONPATH (as the caller had it: unset stays unset), and stdout is line-buffered as on the
+    terminal bare torchrun's ranks write to. Labs keep PYTHONUNBUFFERED (ddplab.origins.parity)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if not (p and os.path.abspath(p) == here)]
+    sys.meta_path.append(_HookModules)
+    value = os.environ.get("PYTHONPATH")
+    if value is not None and value.split(os.pathsep)[0] and os.path.abspath(value.split(os.pathsep)[0]) == here:
+        rest = value[len(value.split(os.pathsep)[0]):]
+        if rest:
+            os.environ["PYTHONPATH"] = rest[len(os.pathsep):]
+        else:
+            del os.environ["PYTHONPATH"]
+    if not os.environ.get("PYTHONUNBUFFERED"):
+        try:
+            sys.stdout.reconfigure(line_buffering=True)
+        except Exception:
+            pass
+
+
+if _DDPLAB_STACK_FILE is not None:
+    _as_torchrun_left_it()
