@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ddplab.engine import groups, libraries, waits
 from ddplab.defaults import ALIVE, RankState, Status
 from ddplab.facts import is_user_file, numel, short_path
+from ddplab.spans import label
 from ddplab.views.render_check import check_html, check_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -281,11 +282,17 @@ def calls_sentence(result: "RunResult") -> str:
     d = getattr(result, "calls_diverged", None)
     if d is None:
         return ""
-    each = "; ".join(f"rank {k} {c.op} at {_at(c.frame)}" if c is not None else f"rank {k} none"
-                     for k, c in sorted(d.first.items()))
-    text = f"Their calls part at call #{d.n}: {each}."
+    def site(c) -> str:
+        # the file by its name, as the rank groups below show it (the path in full was given once above)
+        return f"{c.op} at {Path(c.frame.file).name}:{c.frame.line} in {c.frame.func}" if c.frame else c.op
+
+    by_site: dict[str, list[int]] = {}
+    for k, c in sorted(d.first.items()):        # ranks grouped by the place of their call: 8 or 1,024 read alike
+        by_site.setdefault(site(c) if c is not None else "no call", []).append(k)
+    each = "; ".join(f"{label(ks)} {where}" for where, ks in by_site.items())
+    text = f"Their recorded calls part at call #{d.n}: {each}."
     if d.last_same is not None:
-        text += f" The last call they made from one place: {d.last_same.op} at {_at(d.last_same.frame)}."
+        text += f" The last call they made from one place: {site(d.last_same)}."
     return text
 
 
