@@ -260,6 +260,12 @@ CHECK_FIXES = {
     "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
                    "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
                    "(DDP copies rank 0's weights to every rank at construction)",
+    "hyperparameter-differs": "change the optimizer's settings alike on every rank: step the learning-rate "
+                              "scheduler (and set any lr, momentum or weight decay by hand) on every rank, outside "
+                              "`if rank == 0:` branches; DDP averages the gradients, never the optimizers' settings",
+    "optimizer-state-differs": "load the optimizer's state on every rank (each rank reads the checkpoint, "
+                               "map_location to its own device, then optimizer.load_state_dict), not on rank 0 "
+                               "alone: DDP copies rank 0's weights at construction, never the optimizer's state",
 }
 CHECK_KINDS = tuple(CHECK_FIXES)
 # A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
@@ -283,6 +289,8 @@ class Finding:
     since_equal: int | None = None  # replicas: the last step at which they were still equal
     cause: str | None = None      # a reason the evidence shows (CHECK_CAUSE_FIXES): "split-differs"
     held_out: int | None = None   # samples a split leaves out of the loader's data by design (not counted)
+    values: tuple | None = None   # (rank, value) for every rank: an optimizer's setting where they differ
+    loaded: tuple[int, ...] | None = None  # the ranks that loaded the optimizer's state (load_state_dict)
 
     @property
     def fix(self) -> str:
@@ -293,7 +301,12 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        return cls(**{**{k: v for k, v in d.items() if k != "fix"}, "ranks": tuple(d.get("ranks", ()))})
+        d = {k: v for k, v in d.items() if k != "fix"}
+        if d.get("values") is not None:
+            d["values"] = tuple((int(r), tuple(v) if isinstance(v, list) else v) for r, v in d["values"])
+        if d.get("loaded") is not None:
+            d["loaded"] = tuple(d["loaded"])
+        return cls(**{**d, "ranks": tuple(d.get("ranks", ()))})
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
 never, the same order every epoch, the same inputs on every rank, optimizer steps inside ``no_sync()``,
 unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper,
-optimizer steps that found no gradient at all.
+optimizer steps that found no gradient at all, optimizers whose settings or loaded state differ across ranks.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
 DataLoader) and counts; the fix for each kind lives once, in ``FIXES`` (``ddplab.facts.CHECK_FIXES``). Sentences are made in
@@ -95,6 +95,13 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         findings.append(Finding("steps-without-gradients", ranks, "optimizer.step()", step=0,
                                 count=max(steps.values()), of=max(steps.values())))
     findings += _compare_fsdp_wraps(recs, ranks)
+    optim = _compare_optimizers(recs, ranks)
+    if optim:
+        # replicas that were equal until the optimizers' settings or state parted: that finding seen from the
+        # parameters, and its fix (steps outside the wrapper, weights loaded after it) is not this one's
+        first = min(f.step for f in optim)
+        findings = [f for f in findings if not (f.kind == "replicas-differ" and (f.step or 0) >= first)]
+    findings += optim
     data, epochs = _compare_loaders(recs, ranks)
     if any(f.kind == "samples-overlap" for f in data):
         # the loader's own records already say which samples every rank shared: the inputs that were the
@@ -214,6 +221,97 @@ def _compare_fsdp_wraps(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[F
         odd = tuple(r for r in ranks if wraps[r]["sum"] != base)
         if odd:
             out.append(Finding("init-differs", odd, f"FSDP-wrapped model #{i}", step=0))
+    return out
+
+
+def _setting_at(hp: list, step: int):
+    """An optimizer's param groups' numbers in force at ``step`` (the last change at or before it)."""
+    cur = None
+    for at, groups in hp:
+        if at > step:
+            break
+        cur = groups
+    return cur
+
+
+# the settings named first where several differ: what a learner sets; then the rest, by name
+_SETTINGS_FIRST = ("lr", "momentum", "betas", "weight_decay", "eps", "alpha", "dampening")
+
+
+def _first_setting_diff(vals: dict[int, list]) -> tuple[str, dict]:
+    """The first param group and setting whose value differs across ranks: (label, {rank: value})."""
+    for j in range(max(len(v or ()) for v in vals.values())):
+        keys = {k for v in vals.values() if v and j < len(v) for k in v[j]}
+        for k in sorted(keys, key=lambda k: (_SETTINGS_FIRST.index(k) if k in _SETTINGS_FIRST
+                                             else len(_SETTINGS_FIRST), k)):
+            per = {r: (v[j].get(k) if v and j < len(v) else None) for r, v in vals.items()}
+            if len({repr(x) for x in per.values()}) > 1:
+                return f"param group {j}: {k}", per
+    return "param groups", {r: None for r in vals}
+
+
+def _optimizer_key(o: dict) -> tuple:
+    return (o["type"], tuple(o.get("sizes", ())), tuple(o.get("models", ())))
+
+
+def _matched_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[dict[int, dict]]:
+    """The optimizers every rank has, matched by what they optimize (type, parameters per group, the DDP
+    models holding them) and, among equals, by order; one a rank alone made (to write a checkpoint) is
+    left out."""
+    per = {}
+    for r in ranks:
+        seen: dict = {}
+        for o in recs[r].get("optimizers", ()):
+            k = _optimizer_key(o)
+            per.setdefault((k, seen.get(k, 0)), {})[r] = o
+            seen[k] = seen.get(k, 0) + 1
+    return [v for _, v in sorted(per.items(), key=lambda kv: min(o["index"] for o in kv[1].values()))
+            if len(v) == len(ranks)]
+
+
+def _compare_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """Each optimizer every rank has (``_matched_optimizers``) compared across ranks: its hyperparameters at
+    every step where some rank's changed, up to the steps every rank took; where none differ, its state's
+    checksum at steps every rank summed it, when only some ranks loaded a state. DDP averages gradients;
+    what each rank's optimizer does with them is its own."""
+    if len(ranks) < 2:
+        return []
+    out = []
+    for i, opts in enumerate(_matched_optimizers(recs, ranks)):
+        kind_name = f"{opts[ranks[0]]['type']} (optimizer #{i})"
+        loads = {r: tuple(o.get("loads", ())) for r, o in opts.items()}
+        asymmetric = len(set(loads.values())) > 1
+        loaded = tuple(r for r in ranks if loads[r])
+        common = min(o["steps"] for o in opts.values())
+        # a truncated record holds its changes up to its last entry only
+        upto = min([common] + [o["hp"][-1][0] for o in opts.values() if o.get("truncated") and o["hp"]])
+        points = sorted({at for o in opts.values() for at, _ in o.get("hp", ()) if at < upto})
+        prev = None
+        for at in points:
+            vals = {r: _setting_at(o["hp"], at) for r, o in opts.items()}
+            if len({repr(v) for v in vals.values()}) == 1:
+                prev = vals[ranks[0]]
+                continue
+            name, per = _first_setting_diff(vals)
+            state = asymmetric and any(x <= at for r in loaded for x in loads[r])
+            if prev is not None:
+                odd = tuple(r for r in ranks if vals[r] != prev)
+            elif state:
+                odd = loaded
+            else:
+                odd = tuple(r for r in ranks if vals[r] != vals[ranks[0]])
+            out.append(Finding("optimizer-state-differs" if state else "hyperparameter-differs", odd,
+                               f"{kind_name}, {name}", step=at, values=tuple((r, per[r]) for r in ranks),
+                               loaded=loaded if state else None))
+            break
+        else:
+            if asymmetric and loaded:
+                sums = {r: {at: v for at, v in o.get("state_sums", ())} for r, o in opts.items()}
+                for at in sorted(set.intersection(*(set(v) for v in sums.values()))):
+                    if at < common and len({sums[r][at] for r in ranks}) > 1:
+                        out.append(Finding("optimizer-state-differs", loaded, f"state of {kind_name}", step=at,
+                                           loaded=loaded))
+                        break
     return out
 
 

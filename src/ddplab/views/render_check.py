@@ -66,7 +66,25 @@ def finding_sentence(f: "Finding") -> str:
         return (f"different initial weights: {who} built the model with parameters different from rank 0's, and "
                 f"FSDP sharded them as they were (sync_module_states off, no checkpoint loaded before training), "
                 f"so the model is put together from the shards of different initialisations ({f.object})")
+    if k in ("hyperparameter-differs", "optimizer-state-differs"):
+        vals = "; ".join(f"rank {r}: {_value(v)}" for r, v in (f.values or ()))
+        loaded = (f"{_ranks(f.loaded)} alone loaded the optimizer's state (load_state_dict), and "
+                  if getattr(f, "loaded", None) else "")
+        if f.values:
+            return (f"the optimizers differ: {loaded}from step {f.step} {f.object} was not the same on every rank "
+                    f"({vals}); DDP averaged the gradients, but each rank stepped with its own settings, so the "
+                    f"replicas drift apart")
+        return (f"the optimizers differ: {loaded}at step {f.step} the {f.object} differed across ranks; DDP averaged "
+                f"the gradients, but each rank stepped with its own optimizer state, so the replicas drift apart")
     return f"{k}: {who}"
+
+
+def _value(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_value(x) for x in v) + ")"
+    return "none" if v is None else str(v)
 
 
 def not_checked_sentence(n: "NotChecked") -> str:

@@ -13,7 +13,11 @@ results:
                                     and of each input tensor the forward was given
   optimizer step (torch's global pre-hook)  steps taken inside no_sync(), forwards per step, parameters
                                     without a gradient, steps on a watched model with no forward through DDP,
-                                    steps at which none of the optimizer's parameters had a gradient
+                                    steps at which none of the optimizer's parameters had a gradient,
+                                    and per optimizer its param groups' hyperparameters (the numbers: lr,
+                                    momentum, betas, weight_decay, ...) whenever they change, and the sum of
+                                    its state's tensors at its first step and at the first step after a load
+  Optimizer.load_state_dict         the optimizer's own step count at each load (a resume)
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
                                     Subset to the underlying dataset, and the sampler's kind and epoch
   init_process_group, destroy_process_group (a final checksum before it)
@@ -50,6 +54,7 @@ class _State:
         self.unwrapped_steps = 0    # steps on parameters no watched DDP model holds
         self.gradless_steps = 0     # steps at which no parameter of the optimizer had a gradient
         self.train_forwards = 0     # DDP and FSDP forwards with grad, all models
+        self.optimizers = []        # _Optimizer, in the order of their first step or load
         self.errors = []
 
 
@@ -82,6 +87,78 @@ class _Model:
                 "sync_buffers": self.sync_buffers, "forwards": self.forwards, "steps": self.steps,
                 "checkpoints": self.checkpoints, "unsynced_steps": self.unsynced_steps,
                 "bypass_steps": self.bypass_steps, "accum": self.accum, "no_grad": self.no_grad, "final": self.final}
+
+
+MAX_HP_CHANGES = 2_000      # per optimizer; beyond it the record is marked truncated
+
+
+class _Optimizer:
+    """One optimizer's settings as the ranks could disagree on them: its param groups' numbers when they
+    change (a learning-rate scheduler, a value set by hand, a loaded state), the steps at which its state was
+    loaded, and a checksum of its state where it may have come from elsewhere (the first step, the first
+    step after a load)."""
+    def __init__(self, opt, index):
+        self.index = index
+        self.type = type(opt).__name__
+        # what it optimizes, to match it across ranks: the parameters per group, and the watched DDP models
+        # that hold them (a throwaway optimizer one rank made to write a checkpoint matches nothing)
+        ids = {id(p) for g in opt.param_groups for p in g["params"]}
+        self.sizes = [len(g["params"]) for g in opt.param_groups]
+        self.models = sorted(m.index for m in S.models if m.param_ids & ids)
+        self.steps = 0
+        self.hp = []                # [step, [{name: value} per param group]], appended when they change
+        self.loads = []             # this optimizer's step count at each load_state_dict
+        self.state_sums = []        # [step, checksum of the state's tensors]
+        self.truncated = False
+        self.sum_due = True
+
+    def to_dict(self):
+        return {"index": self.index, "type": self.type, "sizes": self.sizes, "models": self.models,
+                "steps": self.steps, "hp": self.hp, "loads": self.loads,
+                "state_sums": self.state_sums, "truncated": self.truncated}
+
+
+def _numbers(group):
+    """A param group's hyperparameters: its numbers (and tuples of numbers: betas), not its tensors or flags."""
+    out = {}
+    for k, v in group.items():
+        if k == "params" or isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[k] = v
+        elif isinstance(v, (tuple, list)) and v and len(v) <= 8 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            out[k] = list(v)
+        elif getattr(getattr(v, "device", None), "type", None) == "cpu" and v.numel() == 1:
+            out[k] = float(v.item())        # a tensor learning rate on the CPU (no device synchronisation)
+    return out
+
+
+def _optimizer(opt):
+    rec = opt.__dict__.get("_ddplab_opt")
+    if rec is None:
+        rec = _Optimizer(opt, len(S.optimizers))
+        opt.__dict__["_ddplab_opt"] = rec
+        S.optimizers.append(rec)
+    return rec
+
+
+def _watch_optimizer(torch, opt):
+    """At each step of ``opt`` (before it): its hyperparameters where they changed, its state's checksum
+    where it is due."""
+    rec = _optimizer(opt)
+    groups = [_numbers(g) for g in opt.param_groups]
+    if not rec.hp or rec.hp[-1][1] != groups:
+        if len(rec.hp) < MAX_HP_CHANGES:
+            rec.hp.append([rec.steps, groups])
+        else:
+            rec.truncated = True
+    if rec.sum_due:
+        rec.sum_due = False
+        tensors = [t for st in opt.state.values() for t in st.values()
+                   if isinstance(t, torch.Tensor) and t.numel() > 0]
+        rec.state_sums.append([rec.steps, sum(_sums(torch, tensors)) % (1 << 64) if tensors else None])
+    rec.steps += 1
 
 
 def _sums(torch, tensors):
@@ -219,6 +296,7 @@ def install(write, after_import):
     def account(opt):
         try:
             S.steps += 1
+            _watch_optimizer(torch, opt)
             n = sum(len(g["params"]) for g in opt.param_groups)
             cached = opt.__dict__.get("_ddplab_ids")
             if cached is None or cached[0] != n:
@@ -256,6 +334,20 @@ def install(write, after_import):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     register_optimizer_step_pre_hook(pre_step)
     register_optimizer_step_post_hook(post_step)
+
+    load_opt = torch.optim.Optimizer.load_state_dict
+
+    @functools.wraps(load_opt)
+    def load_state_dict(self, *a, **k):
+        out = load_opt(self, *a, **k)
+        try:
+            rec = _optimizer(self)
+            rec.loads.append(rec.steps)
+            rec.sum_due = True
+        except Exception as e:
+            S.errors.append(f"optimizer load: {type(e).__name__}: {e}")
+        return out
+    torch.optim.Optimizer.load_state_dict = load_state_dict
 
     # --- data loaders -----------------------------------------------------------------------------
     it_init, it_reset, it_next = dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, \
@@ -422,6 +514,7 @@ def install(write, after_import):
                             "fsdp_wraps": S.fsdp_wraps,
                             "steps": S.steps, "unwrapped_steps": S.unwrapped_steps,
                             "gradless_steps": S.gradless_steps,
+                            "optimizers": [o.to_dict() for o in S.optimizers],
                             "models": [m.to_dict() for m in S.models], "loaders": loaders, "errors": S.errors})
         except Exception as e:
             sys.stderr.write(f"[ddplab] --check could not write its records: {type(e).__name__}: {e}\n")
