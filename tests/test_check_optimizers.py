@@ -108,3 +108,42 @@ def test_replicas_that_parted_before_the_optimizers_did_are_still_named():
             1: {**_rank(_opt([(0, LR(0.1))])), "models": [model(2)]}}
     kinds = compare_records(recs).kinds()
     assert kinds == {"replicas-differ", "hyperparameter-differs"}    # step 1 < step 3: another cause first
+
+
+# --- no wrapper: each rank's own model, seen from its optimizer's parameters -------------------------
+
+def _own(first, last, steps=6, p2p=False):
+    o = _opt([(0, LR(0.1))], steps=steps, models=())
+    o["param_sums"] = [[0, first], [steps, last]]
+    return {**_rank(o), "p2p": p2p}
+
+
+def test_ranks_that_each_trained_their_own_model_are_named():
+    rep = compare_records({0: _own(5, 50), 1: _own(5, 51)})
+    f = rep.of_kind("model-not-wrapped")[0]
+    assert f.ranks == (0, 1) and f.step == 6 and rep.own_models == 1 and not rep.not_checked
+    assert "a model of its own" in finding_sentence(f) and "DistributedDataParallel" in f.fix
+
+
+def test_parameters_kept_equal_by_hand_name_nothing_and_say_what_was_compared():
+    rep = compare_records({0: _own(5, 50), 1: _own(5, 50)})
+    assert rep.clean and rep.own_models == 1 and not rep.not_checked
+
+
+def test_no_finding_where_its_premise_fails():
+    # a pipeline's stages send point to point: their parameters differ by design
+    assert compare_records({0: _own(5, 50, p2p=True), 1: _own(5, 51, p2p=True)}).clean
+    # no call records at hand: whether the ranks sent point to point is unknown, so nothing is compared
+    rep = compare_records({0: _own(5, 50, p2p=None), 1: _own(5, 51, p2p=None)})
+    assert rep.clean and [n.why for n in rep.not_checked] == ["no-ddp-model"]
+    # different from the first step (each rank its own seed): not shown to be one model trained apart
+    assert not compare_records({0: _own(5, 50), 1: _own(6, 51)}).findings
+    # the ranks ended at different steps: not the same point of training
+    assert compare_records({0: _own(5, 50, steps=6), 1: _own(5, 51, steps=5)}).clean
+
+
+def test_parameters_apart_from_the_first_step_are_shown_not_named():
+    rep = compare_records({0: _own(5, 50), 1: _own(6, 51)})
+    assert not rep.findings and [n.why for n in rep.not_checked] == ["own-models-apart"]
+    from ddplab.views.render_check import not_checked_sentence
+    assert "differed across ranks from its first step" in not_checked_sentence(rep.not_checked[0])

@@ -31,6 +31,7 @@ SILENT = {
     "full_dataset_every_rank.py": {"samples-overlap"},   # its inputs are the same too: one finding, the loader's
     "same_seed_random_batches.py": {"same-inputs"},       # no loader: the inputs DDP's forward got
     "optimizer_before_fsdp_wrap.py": {"steps-without-gradients"},   # FSDP: replicas not compared, steps are
+    "each_rank_own_model.py": {"model-not-wrapped"},     # no wrapper: the optimizer's parameters compared
 }
 
 
@@ -136,12 +137,21 @@ def test_no_process_group_gives_the_run_and_one_line(tmp_path, capsys):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("script,why", [("hand_averaged.py", "no-ddp-model"), ("fsdp.py", "fsdp")])
+@pytest.mark.parametrize("script,why", [("fsdp.py", "fsdp")])
 def test_what_check_cannot_see_is_said(script, why, tmp_path):
     r = ddplab.run(SCRIPTS / "check" / script, check=True, run_root=tmp_path, progress=None)
     assert r.status == "ok" and r.check.nothing is None and not r.check.findings
     assert [n.why for n in r.check.not_checked] == [why]
     assert "not checked: " in r.explain()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_model_no_wrapper_holds_is_compared_by_its_optimizer(tmp_path):
+    # gradients averaged by hand: no DDP model, but the optimizer's parameters are compared, and equal
+    r = ddplab.run(SCRIPTS / "check" / "hand_averaged.py", check=True, run_root=tmp_path, progress=None)
+    assert r.status == "ok" and r.check.clean and r.check.own_models == 1 and not r.check.not_checked, r.explain()
+    assert "the parameters of 1 optimizer(s) compared" in r.explain()
 
 
 # --- the comparison itself, on records as the rank hook writes them ------------------------------

@@ -260,6 +260,9 @@ CHECK_FIXES = {
     "same-inputs": "give every rank its own data: a DistributedSampler for a DataLoader, or, for batches drawn at "
                    "random, a seed offset by the rank (torch.manual_seed(seed + rank)) after the model is built "
                    "(DDP copies rank 0's weights to every rank at construction)",
+    "model-not-wrapped": "wrap the model in DistributedDataParallel on every kind of device, the CPU included "
+                         "(DDP(model) with device_ids=None on gloo), so that every step averages the gradients; "
+                         "or all-reduce each gradient and divide by the world size before every optimizer step",
     "hyperparameter-differs": "change the optimizer's settings alike on every rank: step the learning-rate "
                               "scheduler (and set any lr, momentum or weight decay by hand) on every rank, outside "
                               "`if rank == 0:` branches; DDP averages the gradients, never the optimizers' settings",
@@ -330,6 +333,7 @@ class CheckReport:
     models: int = 0                       # DDP-wrapped models compared
     checksums: int = 0                    # checkpoints compared (per model, on every rank)
     loader_epochs: int = 0                # training epochs compared
+    own_models: int = 0                   # optimizers over parameters no wrapper holds, compared (no DDP model)
 
     @property
     def clean(self) -> bool:
@@ -345,7 +349,7 @@ class CheckReport:
         return {"every": self.every, "findings": [f.to_dict() for f in self.findings],
                 "not_checked": [n.to_dict() for n in self.not_checked], "nothing": self.nothing,
                 "ranks": list(self.ranks), "models": self.models, "checksums": self.checksums,
-                "loader_epochs": self.loader_epochs}
+                "loader_epochs": self.loader_epochs, "own_models": self.own_models}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "CheckReport | None":
@@ -355,7 +359,8 @@ class CheckReport:
                    not_checked=tuple(NotChecked(**{**n, "ranks": tuple(n.get("ranks", ()))})
                                      for n in d.get("not_checked", ())),
                    nothing=d.get("nothing"), ranks=tuple(d.get("ranks", ())), models=d.get("models", 0),
-                   checksums=d.get("checksums", 0), loader_epochs=d.get("loader_epochs", 0))
+                   checksums=d.get("checksums", 0), loader_epochs=d.get("loader_epochs", 0),
+                   own_models=d.get("own_models", 0))
 
 
 # --- a Python traceback as text (a rank's log, a worker's re-raised traceback) -> frames ------

@@ -79,10 +79,15 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
                                       ", ".join(fsdp)))
     counts = {r: len(recs[r].get("models", ())) for r in ranks}
     n_models = min(counts.values())
+    compared = 0
     if n_models == 0 and not fsdp:
-        unwrapped = tuple(r for r in ranks if recs[r].get("unwrapped_steps"))
-        not_checked.append(NotChecked("replicas", "no-ddp-model", unwrapped or ranks,
-                                      "optimizer steps on parameters no DDP wrapper holds" if unwrapped else ""))
+        own, apart, compared = _compare_unwrapped(recs, ranks)
+        findings += own
+        not_checked += apart
+        if not compared:
+            unwrapped = tuple(r for r in ranks if recs[r].get("unwrapped_steps"))
+            not_checked.append(NotChecked("replicas", "no-ddp-model", unwrapped or ranks,
+                                          "optimizer steps on parameters no DDP wrapper holds" if unwrapped else ""))
     checksums = 0
     for i in range(n_models):
         models = {r: recs[r]["models"][i] for r in ranks}
@@ -112,7 +117,7 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         if any(recs[r].get("loaders") for r in ranks):
             not_checked.append(NotChecked("data", "no-training-loader", ranks,
                                           "no DataLoader epoch fed a DDP or FSDP forward with gradients"))
-    return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs)
+    return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs, compared)
 
 
 def _first_diff(lists: dict[int, list], names: list[str]) -> tuple[tuple[int, ...], str | None, int]:
@@ -251,7 +256,7 @@ def _first_setting_diff(vals: dict[int, list]) -> tuple[str, dict]:
 
 
 def _optimizer_key(o: dict) -> tuple:
-    return (o["type"], tuple(o.get("sizes", ())), tuple(o.get("models", ())))
+    return (o["type"], tuple(o.get("sizes", ())), tuple(o.get("models", ())), o.get("shapes"))
 
 
 def _matched_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[dict[int, dict]]:
@@ -267,6 +272,39 @@ def _matched_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[d
             seen[k] = seen.get(k, 0) + 1
     return [v for _, v in sorted(per.items(), key=lambda kv: min(o["index"] for o in kv[1].values()))
             if len(v) == len(ranks)]
+
+
+def _compare_unwrapped(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[list[Finding], list[NotChecked], int]:
+    """No DDP or FSDP model on any rank: the parameters of each optimizer every rank has, over parameters no
+    wrapper holds (the same shapes on every rank), compared at its first step and at the end. Equal at the first
+    and different at the end, with no rank sending point to point (a pipeline's stages differ by design):
+    each rank trained a model of its own. Different from the first step: said, not named (findings, what was
+    not judged, optimizers compared)"""
+    if len(ranks) < 2 or any(recs[r].get("p2p") is not False for r in ranks):
+        return [], [], 0
+    out, apart, compared = [], [], 0
+    for i, opts in enumerate(_matched_optimizers(recs, ranks)):
+        if any(o.get("models") for o in opts.values()):
+            continue
+        sums = {r: o.get("param_sums") or [] for r, o in opts.items()}
+        if any(len(v) < 2 for v in sums.values()):
+            continue
+        first = {r: v[0] for r, v in sums.items()}
+        last = {r: v[-1] for r, v in sums.items()}
+        if len({v[0] for v in last.values()}) != 1:
+            continue
+        compared += 1
+        if len({tuple(v) for v in first.values()}) != 1:
+            # apart from the start: shards that differ by design (tensor parallel), or ranks that each built a
+            # model nothing syncs; the evidence does not tell which, so it is shown, not named
+            o0 = opts[ranks[0]]
+            apart.append(NotChecked("replicas", "own-models-apart", ranks, f"{o0['type']} (optimizer #{i})"))
+            continue
+        if None not in {v[1] for v in last.values()} and len({v[1] for v in last.values()}) > 1:
+            o0 = opts[ranks[0]]
+            out.append(Finding("model-not-wrapped", ranks, f"{o0['type']} (optimizer #{i})",
+                               step=last[ranks[0]][0], count=sum(o0.get("sizes", ()))))
+    return out, apart, compared
 
 
 def _compare_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:

@@ -14,6 +14,10 @@ NOTHING = {"no-process-group": "nothing to check: no process group",
                         "(the job was ended first), so none wrote its records"}
 WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas were not compared",
        "fsdp": "FSDP shards parameters (replicas are not meant to be equal), so they were not compared",
+       "own-models-apart": "no model wrapped in DistributedDataParallel, and the parameters of this optimizer "
+                           "differed across ranks from its first step: each rank built its own (tensor-parallel "
+                           "shards do so by design; a model nothing averages does so by mistake: wrap it in DDP "
+                           "with the same seed on every rank)",
        "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared"}
 
 
@@ -66,6 +70,10 @@ def finding_sentence(f: "Finding") -> str:
         return (f"different initial weights: {who} built the model with parameters different from rank 0's, and "
                 f"FSDP sharded them as they were (sync_module_states off, no checkpoint loaded before training), "
                 f"so the model is put together from the shards of different initialisations ({f.object})")
+    if k == "model-not-wrapped":
+        return (f"each rank trained a model of its own: the {f.count} parameters of {f.object} were the same on "
+                f"{who} at its first step and differ at the end (step {f.step}); no DDP or FSDP wrapper holds them "
+                f"and no rank averaged them, so nothing made the ranks' updates one")
     if k in ("hyperparameter-differs", "optimizer-state-differs"):
         vals = "; ".join(f"rank {r}: {_value(v)}" for r, v in (f.values or ()))
         loaded = (f"{_ranks(f.loaded)} alone loaded the optimizer's state (load_state_dict), and "
@@ -106,6 +114,9 @@ def check_lines(report: "CheckReport | None") -> list[str]:
     elif report.models or report.loader_epochs:
         lines.append(f"  --check: nothing found ({report.models} DDP model(s), {report.checksums} checksum(s) "
                      f"every {report.every} forwards, {report.loader_epochs} training epoch(s) of data compared).")
+    elif report.own_models:
+        lines.append(f"  --check: nothing found (no DDP model; the parameters of {report.own_models} optimizer(s) "
+                     f"compared across ranks at their first step and at the end: equal).")
     lines += [f"  {not_checked_sentence(n)}." for n in report.not_checked]
     return lines
 
@@ -117,6 +128,9 @@ def check_html(report: "CheckReport | None") -> str:
     if report.nothing:
         return f"<p><b>--check:</b> {e(NOTHING.get(report.nothing, report.nothing))}</p>"
     extra = "".join(f"<li>{e(not_checked_sentence(n))}</li>" for n in report.not_checked)
+    if not report.findings and report.own_models and not (report.models or report.loader_epochs):
+        return (f"<p><b>--check:</b> nothing found (no DDP model; the parameters of {report.own_models} optimizer(s) "
+                f"compared across ranks: equal).</p>" + (f"<ul>{extra}</ul>" if extra else ""))
     if not report.findings and not (report.models or report.loader_epochs):
         return f"<ul>{extra}</ul>" if extra else ""
     if not report.findings:

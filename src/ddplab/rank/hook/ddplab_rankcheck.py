@@ -32,6 +32,7 @@ same with or without the check.
 """
 import atexit
 import functools
+import hashlib
 import os
 import sys
 import weakref
@@ -105,6 +106,12 @@ class _Optimizer:
         ids = {id(p) for g in opt.param_groups for p in g["params"]}
         self.sizes = [len(g["params"]) for g in opt.param_groups]
         self.models = sorted(m.index for m in S.models if m.param_ids & ids)
+        shapes = repr([tuple(p.shape) for g in opt.param_groups for p in g["params"]])
+        self.shapes = hashlib.sha1(shapes.encode()).hexdigest()[:16]
+        self.ref = weakref.ref(opt)
+        # an optimizer over parameters no DDP model holds: their checksum at its first step and at the end,
+        # so ranks that each train a model of their own are seen (no wrapper to compare)
+        self.param_sums = []        # [step, checksum]
         self.steps = 0
         self.hp = []                # [step, [{name: value} per param group]], appended when they change
         self.loads = []             # this optimizer's step count at each load_state_dict
@@ -114,7 +121,7 @@ class _Optimizer:
 
     def to_dict(self):
         return {"index": self.index, "type": self.type, "sizes": self.sizes, "models": self.models,
-                "steps": self.steps, "hp": self.hp, "loads": self.loads,
+                "shapes": self.shapes, "param_sums": self.param_sums, "steps": self.steps, "hp": self.hp, "loads": self.loads,
                 "state_sums": self.state_sums, "truncated": self.truncated}
 
 
@@ -158,7 +165,14 @@ def _watch_optimizer(torch, opt):
         tensors = [t for st in opt.state.values() for t in st.values()
                    if isinstance(t, torch.Tensor) and t.numel() > 0]
         rec.state_sums.append([rec.steps, sum(_sums(torch, tensors)) % (1 << 64) if tensors else None])
+    if rec.steps == 0 and not rec.models:
+        rec.param_sums.append([0, _params_sum(torch, opt)])
     rec.steps += 1
+
+
+def _params_sum(torch, opt):
+    ps = [p for g in opt.param_groups for p in g["params"]]
+    return sum(_sums(torch, ps)) % (1 << 64) if ps else None
 
 
 def _sums(torch, tensors):
@@ -225,11 +239,32 @@ def _final(torch):
                 m.final = _checkpoint(torch, m, ddp, "final", buffers=not m.sync_buffers)
             except Exception as e:
                 S.errors.append(f"final checksum: {type(e).__name__}: {e}")
+    for rec in S.optimizers:
+        opt = rec.ref()
+        if opt is not None and not rec.models and rec.steps and (not rec.param_sums or rec.param_sums[-1][0] != rec.steps):
+            try:
+                rec.param_sums.append([rec.steps, _params_sum(torch, opt)])
+            except Exception as e:
+                S.errors.append(f"optimizer checksum: {type(e).__name__}: {e}")
 
 
-def install(write, after_import):
+_P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv")
+
+
+def _p2p(calls):
+    """Whether the rank's kept call records hold a point-to-point call (a pipeline's stages: parameters that
+    differ across ranks by design); None where no records were at hand."""
+    try:
+        recs = calls() if calls is not None else None
+        return None if recs is None else any(c.get("op") in _P2P for c in recs.records())
+    except Exception:
+        return None
+
+
+def install(write, after_import, calls=None):
     """Called once, after ``import torch`` finished in a rank; ``write(name, dict)`` is the rank
-    hook's record writer (rankN.<name>.json, only from the rank's own process)."""
+    hook's record writer (rankN.<name>.json, only from the rank's own process); ``calls()`` the rank
+    hook's records of the torch.distributed calls the script made (whether it sent point to point)."""
     global S
     import torch
     import torch.distributed as dist
@@ -515,6 +550,7 @@ def install(write, after_import):
                             "steps": S.steps, "unwrapped_steps": S.unwrapped_steps,
                             "gradless_steps": S.gradless_steps,
                             "optimizers": [o.to_dict() for o in S.optimizers],
+                            "p2p": _p2p(calls),
                             "models": [m.to_dict() for m in S.models], "loaders": loaders, "errors": S.errors})
         except Exception as e:
             sys.stderr.write(f"[ddplab] --check could not write its records: {type(e).__name__}: {e}\n")

@@ -531,7 +531,7 @@ def _runfiles():
 def _install_check(write):
     try:
         import ddplab_rankcheck
-        ddplab_rankcheck.install(write, _after_import)
+        ddplab_rankcheck.install(write, _after_import, lambda: _STATE.get("calls"))
     except Exception as e:   # the run goes on unchecked; the launcher says no rank left check records
         print(f"[ddplab] --check is off in this rank ({type(e).__name__}: {e})", file=sys.stderr)
 
