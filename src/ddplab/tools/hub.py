@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C stops the hub even where the launcher was started with SIGINT ignored (a shell's background job,
+    # a pytest-xdist worker's child: Python then installs no KeyboardInterrupt handler of its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return run_args(a)
     except DdplabError as e:

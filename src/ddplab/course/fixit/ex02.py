@@ -33,7 +33,10 @@ from ddplab.rank import lab
 
 
 def memory_budget(mib):
-    """This rank's memory (a stand-in for a GPU's): mib MiB more than the rank holds now."""
+    """This rank's memory (a stand-in for a GPU's): mib MiB more than the rank holds now, once torch has set up
+    its matrix kernels (as a GPU's memory leaves out the CUDA context and the cuBLAS workspace)."""
+    with torch.no_grad():
+        torch.zeros(512, 256) @ torch.zeros(256, 256)       # the kernels' own buffers, taken once, up front
     with open("/proc/self/status") as f:
         data = next(int(line.split()[1]) for line in f if line.startswith("VmData:")) * 1024
     resource.setrlimit(resource.RLIMIT_DATA, (data + mib * 2**20, resource.getrlimit(resource.RLIMIT_DATA)[1]))
