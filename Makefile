@@ -117,8 +117,9 @@ sources: $(STAMP)
 
 # The engine's tests and a set of lab variants on another torch, in a venv of its own (never part of
 # make test): make test-torch VERSION=2.14.1. torch comes from pip's configuration (PyPI's build for a
-# version with no local wheel: the CUDA build, about 5.5 GB, runs on a CPU); constraints.txt's other
-# pins stay. README's table of torch versions comes from these runs.
+# version with no local wheel: 2.14.1's CUDA build, a 6.2 GB venv, runs on a CPU); constraints.txt's
+# other pins stay. README's table of torch versions comes from these runs (2.13.0 and 2.14.1); a version
+# whose run passes goes into ddplab.engine.torch_support.MEASURED.
 TORCH_TESTS ?= tests/test_stacks.py tests/test_signatures.py tests/test_causes.py tests/test_ledger.py \
 	tests/test_launch.py tests/test_probe.py tests/test_parity.py tests/test_faults_sample.py
 test-torch: $(STAMP)
