@@ -225,6 +225,10 @@ def _examples():
                                            None),
         "spawn-under-torchrun": ((replace(_rank(0, kind="socket", op="select"), stack=(
             Frame("join", "/venv/site-packages/torch/multiprocessing/spawn.py", 160),)),), None),
+        # rank 0's main thread finished; a non-daemon thread (the hook's record) or a child it joins at exit keeps
+        # it alive; rank 1 exited (issue 41: tests/test_causes.py reads both from real runs)
+        "non-daemon-thread": ((_rank(0, kind="thread", op="heartbeat"), _rank(1, "exited")), None),
+        "child-process-at-exit": ((_rank(0, kind="child"), _rank(1, "exited")), None),
     }
 
 

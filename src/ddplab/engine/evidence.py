@@ -344,6 +344,14 @@ def read_run(run_dir: Path) -> RunEvidence:
             final_ledgers[rank] = ledger_mod.parse(d["ledger"])
         if d.get("calls"):
             calls.setdefault(rank, calls_of(d["calls"]))
+    for _, p in _rank_files(run_dir, runfiles.CALLS):
+        # written at a collective called with an exception in flight: a later record (error, exit) holds them
+        # all; a rank aborted in that collective (gloo's SIGABRT) has no other
+        try:
+            d = json.loads(p.read_text())
+            calls.setdefault(int(d["rank"]), calls_of(d.get("calls")))
+        except (ValueError, KeyError, OSError):
+            continue
     return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
                        final_ledgers, terminated, calls, threads, ended)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddplab.defaults import ALIVE
-from ddplab.facts import PACKAGE_DIR, ChainedError, Frame, is_user_file  # noqa: F401  (ChainedError re-exported)
+from ddplab.facts import PACKAGE_DIR, ChainedError, Frame, Nested, is_user_file, nested_in_text  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankError, RankResult
@@ -61,11 +61,28 @@ def error_chain(e: "RankError") -> tuple:
 @dataclass(frozen=True)
 class FailureFacts:
     """What a catalog entry's premise is checked against (``Cause.premise``, ``Signature.premise``):
-    the first failing rank's frames (innermost first, with their source lines where recorded) and its
-    collective ledger (None: no ledger was recorded, or only a message's text is at hand)."""
+    the first failing rank's frames (innermost first, with their source lines where recorded), its
+    collective ledger (None: no ledger was recorded, or only a message's text is at hand), its call records,
+    and where the exception was raised: in another process whose exception torch re-raised in the rank
+    (``nested``: a DataLoader worker's), or in the rank's own process (None)."""
     frames: tuple[Frame, ...] = ()
     ledger: tuple | None = None
     calls: tuple | None = None    # the rank hook's call records (facts.CallSite; None: none were recorded)
+    nested: Nested | None = None  # raised in another process and re-raised in the rank (RankError.nested)
+    exit_code: str | None = None  # the rank ended itself with sys.exit(code), code not 0, with no exception in hand
+    peers_exited: tuple = ()      # other ranks that also ended themselves with sys.exit(non-zero)
+    in_flight: object = None      # the collective the rank failed in, called with an exception in flight (a
+                                  # facts.CallSite whose ``exc`` is set: the hook's call records), else None
+
+    @property
+    def own_process(self) -> bool:
+        """The exception was raised in the rank's own process (not re-raised from a worker it started)."""
+        return self.nested is None
+
+    @property
+    def in_worker(self) -> bool:
+        """The exception was raised in a DataLoader worker process of the rank and re-raised in it."""
+        return self.nested is not None and self.nested.worker is not None
 
     @property
     def initialised(self) -> bool:
@@ -99,8 +116,8 @@ def facts_from_text(text: str) -> FailureFacts:
         frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), m.group(4).strip())
                   for m in _TB_FRAME.finditer(text, start, end)]
         if any(is_user_file(f.file) for f in frames):
-            return FailureFacts(tuple(frames[::-1]))
-    return FailureFacts()
+            return FailureFacts(tuple(frames[::-1]), nested=nested_in_text(text))
+    return FailureFacts(nested=nested_in_text(text))
 
 
 def line_calls(*names: str):
