@@ -257,3 +257,22 @@ def test_an_exception_in_flight_at_the_collective_a_rank_failed_in():
     # in flight at an earlier call, not the one it failed in
     ev, v = judged("except_collective", lambda ev: ev.calls.update({1: ev.calls[1][:-1]}))
     assert v.signature != "exception-in-collective"
+
+
+def test_the_child_a_rank_waits_for_at_exit_is_the_running_non_daemon_one_it_started():
+    """The hook's record of each child the rank started (name, pid, daemon, the line that started it), read live:
+    the rank's Where names the one still running that is not a daemon, at the line that started it."""
+    import json
+    from ddplab.engine import classify, evidence
+    from ddplab.facts import ChildProcess, Frame
+    d = Path(__file__).parent / "data" / "run_h41_child_process"
+    r0 = next(r for r in json.loads((d / "result.json").read_text())["ranks"] if r["rank"] == 0)
+    stack = [Frame.from_dict(f) for f in r0["stack"]]
+    at = Frame("main", "/x/train.py", 99)
+    worker = ChildProcess("pt_data_worker", 11, True, Frame("train", "/x/train.py", 60), alive=True)
+    def where(*children):
+        return classify.locate(evidence.LiveRank(0, r0["pid"], frames=stack, children=children))
+    w = where(worker, ChildProcess("uploader", 12, False, at, alive=True))
+    assert (w.kind, w.op, w.frame) == ("child", "uploader", at)
+    # a daemon child, or one that has ended, is not what the exit waits for
+    assert (where(worker, ChildProcess("uploader", 12, False, at, alive=False)).op, where(worker).frame) == (None, None)

@@ -447,6 +447,27 @@ class ThreadStack:
 
 
 @dataclass(frozen=True)
+class ChildProcess:
+    """A child process a rank started with multiprocessing (the hook's wrapper of ``BaseProcess.start``), as
+    the live rank answered: its name, pid, daemon flag, the user's line that started it, and whether it was
+    still running when the rank was read (the engine's look at the pid)."""
+    name: str
+    pid: int | None
+    daemon: bool
+    started: Frame | None
+    alive: bool = False
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "daemon": self.daemon,
+                "started": self.started.to_dict() if self.started else None, "alive": self.alive}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChildProcess":
+        return cls(str(d.get("name", "?")), d.get("pid"), bool(d.get("daemon")), _frame(d.get("started")),
+                   bool(d.get("alive")))
+
+
+@dataclass(frozen=True)
 class Ended:
     """How a rank ended when it left no traceback: ``how`` "os._exit" (the hook's record), with its code
     and the frames that called it (innermost first)."""

@@ -79,8 +79,10 @@ def locate(live: LiveRank, threads: tuple = ()) -> stacks.Where:
         return stacks.Where("thread", t.name, None, user, t.frames[0] if t.frames else None)
     join = joining_child_at_exit(live.frames)
     if join is not None:
-        # its main thread finished and waits in multiprocessing's exit handler for a child that is not a daemon
-        return stacks.Where("child", None, None, None, join)
+        # its main thread finished and waits in multiprocessing's exit handler for a child that is not a daemon:
+        # the one still running, and the user's line that started it (the hook's record), where known
+        child = next((c for c in live.children if c.alive and not c.daemon), None)
+        return stacks.Where("child", child.name if child else None, None, child.started if child else None, join)
     p = ledger_mod.pending(live.ledger)
     if p is not None and w.kind in ("collective", "lock", "other"):
         # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a

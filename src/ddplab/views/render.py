@@ -109,8 +109,9 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
             return (f"finished its main thread, kept alive by thread '{w.op}' (not a daemon: Python waits for "
                     f"it at exit){at}")
         if w.kind == "child":
-            return (f"finished its main thread, waiting at exit for a child process it started (not a daemon: "
-                    f"multiprocessing joins it at exit){at}")
+            which = f"child process '{w.op}'" if w.op else "a child process"
+            return (f"finished its main thread, waiting at exit for {which} (not a daemon: multiprocessing joins "
+                    f"it at exit)" + (f", started{at}" if w.frame is not None else at))
         if w.kind in KIND_PHRASE:
             op = f" ({w.op})" if w.op and w.kind not in ("sleep",) else ""
             return f"{KIND_PHRASE[w.kind]}{op}, not in any collective{at}"

@@ -185,6 +185,10 @@ def _install():
     except Exception:
         pass
     _watch_thread_starts(threading)
+    if "multiprocessing.process" in sys.modules:
+        _watch_process_starts()
+    else:
+        _after_import("multiprocessing.process", _watch_process_starts)
 
     def record_exit():
         """At a normal interpreter exit: when, and the flight recorder's whole ledger (a rank that
@@ -382,6 +386,36 @@ def _threads():
     return out
 
 
+_CHILDREN_KEPT = 64    # the last child processes started (a DataLoader starts its workers again each epoch)
+
+
+def _watch_process_starts():
+    """Wrap multiprocessing's ``BaseProcess.start`` so that each child process the rank starts is kept (its
+    name, pid, daemon flag and the user's line that started it) for the live handler: a rank whose exit waits
+    for a child shows only multiprocessing's join, never which child or where it came from."""
+    import collections
+    mp = sys.modules.get("multiprocessing.process")
+    real = getattr(getattr(mp, "BaseProcess", None), "start", None)
+    if real is None or getattr(real, "__ddplab_watched__", None):
+        return
+    kept = _STATE.setdefault("children", collections.deque(maxlen=_CHILDREN_KEPT))
+
+    def start(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        try:
+            frame = sys._getframe(1)
+            while frame is not None and _kind(frame.f_code.co_filename) != "user":
+                frame = frame.f_back
+            kept.append({"name": self.name, "pid": self.pid, "daemon": bool(self.daemon),
+                         "started": [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
+                         if frame is not None else None})
+        except Exception:   # evidence-keeping never changes the start
+            pass
+        return out
+    start.__ddplab_watched__ = real
+    mp.BaseProcess.start = start
+
+
 def _watch_thread_starts(threading):
     """Wrap ``Thread.start`` so that each thread keeps the innermost user frame that started it (a thread's own
     stack shows what it runs, never who started it). The thread starts unchanged."""
@@ -407,7 +441,8 @@ def _rank_handler(req, resp):
     """The worker server's ``ddplab_rank``: this rank's call records and every thread's stack, now."""
     import json
     calls = _STATE.get("calls")
-    found = {"calls": calls.records() if calls is not None else [], "threads": _threads()}
+    found = {"calls": calls.records() if calls is not None else [], "threads": _threads(),
+             "children": list(_STATE.get("children") or ())}
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
 
