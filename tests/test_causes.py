@@ -276,3 +276,32 @@ def test_the_child_a_rank_waits_for_at_exit_is_the_running_non_daemon_one_it_sta
     assert (w.kind, w.op, w.frame) == ("child", "uploader", at)
     # a daemon child, or one that has ended, is not what the exit waits for
     assert (where(worker, ChildProcess("uploader", 12, False, at, alive=False)).op, where(worker).frame) == (None, None)
+
+
+def test_a_library_s_refusal_is_its_cause_only_where_that_library_function_raised_it():
+    """weights-only-load and makedirs-race (captured: tests/data/real_weights_only_load.txt, real_makedirs_exists.txt)
+    need the exception raised inside torch.load / os.makedirs (the innermost frame): the words alone, or raised
+    elsewhere, name neither."""
+    data = Path(__file__).parent / "data"
+    for name, cause, words in (("real_weights_only_load.txt", "weights-only-load", "UnpicklingError: Weights only load failed."),
+                               ("real_collective_non_tensor.txt", "collective-non-tensor-arg",
+                                "TypeError: Invalid function argument. Expected parameter `tensor` of type torch.Tensor"),
+                               ("real_makedirs_exists.txt", "makedirs-race", "FileExistsError: [Errno 17] File exists: '/tmp/x'")):
+        from ddplab.engine.reasons import FailureFacts
+        from ddplab.facts import Frame
+        text = (data / name).read_text()
+        assert signatures.match_text(text)[0].id == cause
+        for facts in (None, FailureFacts(frames=(Frame("main", "/x/train.py", 95),))):
+            # the words alone; the same message raised on the user's own line, not in the library
+            for t in (words, text):
+                m = signatures.match_text(t, facts) if facts is not None or t is words else None
+                assert m is None or m[0].id != cause, (name, t[:40])
+
+
+def test_an_in_place_change_of_a_leaf_raised_in_a_worker_is_not_the_rank_s():
+    from ddplab.engine.reasons import FailureFacts
+    from ddplab.facts import Nested
+    text = (Path(__file__).parent / "data" / "real_inplace_on_leaf.txt").read_text()
+    assert signatures.match_text(text)[0].id == "inplace-on-leaf"
+    worker = FailureFacts(nested=Nested("RuntimeError", "in DataLoader worker process 0", "", ()))
+    assert signatures.match_text(text, worker)[0].id != "inplace-on-leaf"

@@ -54,6 +54,10 @@ EXPECTED = {
     "real_sampler_shuffle.txt": "sampler-shuffle-exclusive",
     "real_dataloader_worker_killed.txt": "dataloader-worker-killed",   # worker-killed-bad-record
     "real_dataloader_timeout.txt": "dataloader-timeout",               # worker-timeout
+    "real_weights_only_load.txt": "weights-only-load",                 # weights-only-load
+    "real_makedirs_exists.txt": "makedirs-race",                       # mkdir-every-rank
+    "real_collective_non_tensor.txt": "collective-non-tensor-arg",     # all-reduce-python-float
+    "real_inplace_on_leaf.txt": "inplace-on-leaf",                     # param-average-inplace
     # reported, not captured (no GPU here): the NCCL message a learner posted
     "reported_nccl_duplicate_gpu.txt": "nccl-duplicate-gpu",
 }

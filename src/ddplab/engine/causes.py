@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.reasons import line_calls
+from ddplab.engine.reasons import line_calls, raised_in
 
 # An exception line as Python, torchrun ("[rank0]: ...") and ddplab's records print it.
 _TYPE_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?(?P<type>\w*(?:Error|Exception)|SystemExit): ", re.M)
@@ -166,6 +166,48 @@ CAUSES: tuple[Cause, ...] = (
         # the rank's own error about its worker: the rank itself was not killed
         premise=lambda f: f.own_process,
         sources=("https://github.com/pytorch/pytorch/issues/8976", "https://github.com/CompVis/latent-diffusion/issues/76")),
+    Cause(
+        "weights-only-load", "torch.load refused a checkpoint that holds more than tensors (weights_only=True)",
+        ("UnpicklingError",),
+        (r"Weights only load failed",),
+        "Since torch 2.6 torch.load(path) loads with weights_only=True: tensors, state dicts and plain types only; "
+        "this checkpoint holds another object (an argparse.Namespace, a class of the script), named in the message.\n"
+        "Save only state dicts and plain values (vars(args), not args); for a file you trust, torch.load(path, "
+        "weights_only=False), or allow the class with torch.serialization.add_safe_globals([TheClass]).",
+        premise=raised_in("load", "torch/serialization.py"),
+        sources=("https://github.com/facebookresearch/seamless_communication/issues/159",
+                 "https://github.com/mlcommons/mlperf-automations/issues/465")),
+    Cause(
+        "makedirs-race", "os.makedirs of a folder that already exists (every rank makes it, or an earlier run did)",
+        ("FileExistsError",),
+        (r"File exists",),
+        "os.makedirs(path) raises when the folder exists: every rank makes the same folder and only the first "
+        "succeeds (the others find it made), or an earlier run left it.\n"
+        "Use os.makedirs(path, exist_ok=True) on every rank, or make it on one rank and dist.barrier() before "
+        "the others use it.",
+        premise=raised_in("makedirs", "os.py", "<frozen os>"),
+        sources=("https://github.com/huawei-bayerlab/marigold-v2/pull/7", "https://github.com/allenai/allennlp/issues/3841")),
+    Cause(
+        "collective-non-tensor-arg", "A collective given a Python value, not a tensor",
+        ("TypeError", "RuntimeError"),
+        (r"Invalid function argument\. Expected parameter `\w+` of type torch\.Tensor",),
+        "torch.distributed's collectives work in place on tensors, and this one was given something else (a Python "
+        "float from .item(), a list, a NumPy value), named in the message.\n"
+        "Pass a tensor and read it back: t = torch.tensor([value]); dist.all_reduce(t); value = t.item(); for "
+        "Python objects use all_gather_object or broadcast_object_list.",
+        # torch.distributed's own argument check refused it (not a tensor of the wrong kind elsewhere)
+        premise=raised_in("_check_single_tensor", "torch/distributed/distributed_c10d.py"),
+        sources=("https://github.com/SCHENLIU/longformer-chinese/issues/15",)),
+    Cause(
+        "inplace-on-leaf", "A parameter changed in place where autograd records it",
+        ("RuntimeError",),
+        (r"a leaf Variable that requires grad is being used in an in-place operation",),
+        "A parameter (a leaf tensor with requires_grad=True) was changed in place (p /= n, p.add_(...), an "
+        "all_reduce into it) outside torch.no_grad(), and autograd refuses an in-place change of a leaf it tracks.\n"
+        "Change parameters under torch.no_grad() (with torch.no_grad(): dist.all_reduce(p); p /= world_size), as "
+        "optimizers do; to keep replicas equal, let DDP average the gradients instead of the weights.",
+        premise=lambda f: f.own_process,
+        sources=("https://github.com/JuliaWolleb/diffusion-anomaly/issues/9", "https://github.com/pytorch/examples/pull/779")),
     Cause(
         "process-group-initialized-twice", "init_process_group called twice",
         ("ValueError", "RuntimeError"),

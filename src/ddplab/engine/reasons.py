@@ -104,7 +104,9 @@ class FailureFacts:
         return sum(1 for c in self.ledger or () if c.op == "all_reduce" and c.completed and c.numel > 1)
 
 
-_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)\n(?:\[rank\d+\]: )?[ \t]+(\S.*)$', re.M)
+# a frame of a printed traceback, with its source line when it has one (a frozen module's, "<frozen os>", has none)
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+?)$'
+                       r'(?:\n(?:\[rank\d+\]: )?[ \t]+(?!File ")(\S.*)$)?', re.M)
 
 
 def facts_from_text(text: str) -> FailureFacts:
@@ -113,11 +115,22 @@ def facts_from_text(text: str) -> FailureFacts:
     marks = [m.start() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
     for i, start in enumerate(marks):
         end = marks[i + 1] if i + 1 < len(marks) else len(text)
-        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), m.group(4).strip())
+        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), (m.group(4) or "").strip() or None)
                   for m in _TB_FRAME.finditer(text, start, end)]
         if any(is_user_file(f.file) for f in frames):
             return FailureFacts(tuple(frames[::-1]), nested=nested_in_text(text))
     return FailureFacts(nested=nested_in_text(text))
+
+
+def raised_in(func: str, *files: str):
+    """A premise: the exception was raised in the rank's own process, inside ``func`` of one of ``files`` (path
+    endings: "torch/serialization.py", "os.py"; "<frozen os>" as a frozen module names itself), its innermost
+    recorded frame."""
+    def holds(f) -> bool:
+        inner = f.frames[0] if f.frames else None
+        return (f.own_process and inner is not None and inner.func.rsplit(".", 1)[-1] == func
+                and inner.file.replace("\\", "/").endswith(files))
+    return holds
 
 
 def line_calls(*names: str):
