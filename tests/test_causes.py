@@ -305,3 +305,19 @@ def test_an_in_place_change_of_a_leaf_raised_in_a_worker_is_not_the_rank_s():
     assert signatures.match_text(text)[0].id == "inplace-on-leaf"
     worker = FailureFacts(nested=Nested("RuntimeError", "in DataLoader worker process 0", "", ()))
     assert signatures.match_text(text, worker)[0].id != "inplace-on-leaf"
+
+
+def test_new_group_on_some_ranks_from_the_ranks_call_records():
+    """new-group-on-rank0: rank 0 makes a logger group under `if master_process:` and then the next group on every
+    rank; their call records part at call #2 (rank 0's new_group at one line, rank 1's at the next), rank 0 waits in
+    new_group, rank 1 in DDP's construction."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    _, v = hung_judged("new_group")
+    assert (v.status, v.signature) == ("hung", "new-group-on-some-ranks")
+    # the same places on every rank (no parting at a new_group): the reading does not hold
+    same = tuple(replace(r, calls=v.ranks[1].calls) for r in v.ranks)
+    assert not classify.group_parted(same) and classify.hang_signature(same, None) != "new-group-on-some-ranks"
+    # no rank waits in new_group
+    moved = (replace(v.ranks[0], where=v.ranks[1].where), v.ranks[1])
+    assert not classify.group_parted(moved)

@@ -302,6 +302,9 @@ class HangFacts:
     gone_joined: bool = False              # every exited rank had issued the collectives the others wait in
     in_flight: tuple = ()                  # (rank, CallSite) of live ranks blocked in a collective they called
                                            # while an exception was in flight in that thread (the hook's records)
+    group_parted: bool = False             # the ranks' call records first part at a new_group (some ranks' k-th
+                                           # new_group is another call than the others'), and a live rank waits in
+                                           # new_group: the groups are numbered in call order on every rank
     kept_alive: tuple[RankResult, ...] = ()  # live ranks whose main thread finished and that Python keeps alive at
                                              # exit: for a non-daemon thread (where.kind "thread": the hook's
                                              # thread records) or a child process it joins ("child": its stack)
@@ -320,7 +323,18 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
         in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
-        kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")))
+        kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
+        group_parted=group_parted(ranks))
+
+
+def group_parted(ranks: tuple[RankResult, ...]) -> bool:
+    """The first call at which the ranks' own call records part is a new_group on some rank (the others called
+    from elsewhere, or made no call), and a live rank stands in new_group."""
+    if not any(r.state in ALIVE and r.where is not None and "new_group" in (r.where.op, r.where.via)
+               for r in ranks):
+        return False
+    d = callsites.divergence({r.rank: r.calls for r in ranks}, {}, {})
+    return d is not None and any(c is not None and c.op == "new_group" for c in d.first.values())
 
 
 
@@ -956,7 +970,8 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
                           if t.name == r.where.op and t.started is not None), None)
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
-        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes"):
+        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes",
+                     "new-group-on-some-ranks"):
             # the ranks that stand under a condition on the rank while the others do not: a collective
             # (or the work before one) that only some ranks reach
             alive = [r for r in ranks if r.state in ALIVE]

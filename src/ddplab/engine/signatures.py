@@ -232,6 +232,20 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "",
         hang_rule=lambda f: bool(f.in_flight) and bool(f.in_coll), precedence=35),
     Signature(
+        "new-group-on-some-ranks", "new_group called on some ranks only (or in another order)",
+        (),
+        "dist.new_group is itself collective over the whole job: every rank must call it, in the same order, "
+        "even for a group it is not in. Here the ranks' calls part at a new_group (some ranks called it where the "
+        "others did not), so each rank's next group is another one, and the ranks wait in group creation (or in "
+        "the next collective) for each other.\n"
+        "Call new_group on every rank, outside any condition on the rank (g = dist.new_group(ranks=[0]) on all "
+        "ranks), and use the group only where the rank is in it.",
+        "",
+        # the ranks' own call records first part at a new_group and a live rank waits in new_group; not when an
+        # exception was in flight at a collective a rank waits in
+        hang_rule=lambda f: f.group_parted, precedence=28,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
         "non-daemon-thread", "A non-daemon thread keeps a rank alive after its script ended",
         (),
         "The rank's main thread finished the script, and Python waits at exit for every thread that is not a daemon: "
