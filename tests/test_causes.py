@@ -276,6 +276,12 @@ def test_the_child_a_rank_waits_for_at_exit_is_the_running_non_daemon_one_it_sta
     assert (w.kind, w.op, w.frame) == ("child", "uploader", at)
     # a daemon child, or one that has ended, is not what the exit waits for
     assert (where(worker, ChildProcess("uploader", 12, False, at, alive=False)).op, where(worker).frame) == (None, None)
+    # the hook's own record of the run's child (rankN.children.json, written when it was started): its name, and
+    # the line that started it
+    rec = json.loads((d / "ranks" / "rank0.children.json").read_text())["children"]
+    child = ChildProcess.from_dict(rec[-1])
+    assert (child.name, child.daemon, child.started.func) == ("uploader", False, "main")
+    assert child.started.file.endswith("child-process-at-exit.py")
 
 
 def test_a_library_s_refusal_is_its_cause_only_where_that_library_function_raised_it():

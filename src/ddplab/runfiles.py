@@ -53,7 +53,9 @@ ENDED = "ended.json"      # how a rank ended without a traceback (os._exit and i
 THREADS = "threads.json"  # the threads still running at interpreter shutdown (they keep the rank alive)
 CALLS = "calls.json"      # the rank's call records, written when it calls a collective with an exception in flight
                           # (gloo may then abort it: SIGABRT leaves no error record)
-KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK, ENDED, THREADS, CALLS)
+CHILDREN = "children.json"  # the non-daemon child processes the rank started (a rank at exit joins them; its
+                            # worker server no longer answers then)
+KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK, ENDED, THREADS, CALLS, CHILDREN)
 
 
 def rank_name(rank, kind):

@@ -124,6 +124,13 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
                 live.calls = calls_of(channels.get("calls"))
                 live.threads = tuple(ThreadStack.from_dict(t) for t in channels.get("threads") or ())
                 live.children = tuple(_child(c) for c in channels.get("children") or ())
+        if not live.children:
+            # a rank at exit no longer answers live: the non-daemon children its hook wrote when it started them
+            try:
+                d = json.loads(Path(runfiles.rank_path(run_dir, rank, runfiles.CHILDREN)).read_text())
+                live.children = tuple(_child(c) for c in d.get("children") or ())
+            except (OSError, ValueError, AttributeError):
+                pass
         live.connections = tcp_connections(proc)
         out[rank] = live
     return out

@@ -185,10 +185,17 @@ def _install():
     except Exception:
         pass
     _watch_thread_starts(threading)
+    def record_children(children):
+        """The non-daemon children started so far (a rank whose exit joins one no longer answers live)."""
+        try:
+            write(names.CHILDREN, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "children": children})
+        except Exception:
+            pass
+
     if "multiprocessing.process" in sys.modules:
-        _watch_process_starts()
+        _watch_process_starts(record_children)
     else:
-        _after_import("multiprocessing.process", _watch_process_starts)
+        _after_import("multiprocessing.process", lambda: _watch_process_starts(record_children))
 
     def record_exit():
         """At a normal interpreter exit: when, and the flight recorder's whole ledger (a rank that
@@ -389,10 +396,11 @@ def _threads():
 _CHILDREN_KEPT = 64    # the last child processes started (a DataLoader starts its workers again each epoch)
 
 
-def _watch_process_starts():
+def _watch_process_starts(on_non_daemon=None):
     """Wrap multiprocessing's ``BaseProcess.start`` so that each child process the rank starts is kept (its
-    name, pid, daemon flag and the user's line that started it) for the live handler: a rank whose exit waits
-    for a child shows only multiprocessing's join, never which child or where it came from."""
+    name, pid, daemon flag and the user's line that started it) for the live handler, and the non-daemon ones
+    are handed to ``on_non_daemon`` (written at once: a rank whose exit waits for a child shows only
+    multiprocessing's join, never which child or where it came from, and no longer answers live)."""
     import collections
     mp = sys.modules.get("multiprocessing.process")
     real = getattr(getattr(mp, "BaseProcess", None), "start", None)
@@ -409,6 +417,8 @@ def _watch_process_starts():
             kept.append({"name": self.name, "pid": self.pid, "daemon": bool(self.daemon),
                          "started": [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
                          if frame is not None else None})
+            if not self.daemon and on_non_daemon is not None:
+                on_non_daemon([c for c in kept if not c["daemon"]])
         except Exception:   # evidence-keeping never changes the start
             pass
         return out
