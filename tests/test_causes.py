@@ -321,6 +321,13 @@ def test_new_group_on_some_ranks_from_the_ranks_call_records():
     from ddplab.engine import classify
     _, v = hung_judged("new_group")
     assert (v.status, v.signature) == ("hung", "new-group-on-some-ranks")
+    # rank 0 is the culprit, at the new_group it alone made (the call to move out of `if master_process:`); the
+    # script as the run had it is kept beside the records, read under the path the records name
+    script = Path(__file__).parent / "data" / "run_h41_new_group" / "new-group-on-rank0.py"
+    recorded = v.ranks[0].calls[1].frame.file
+    r = classify.refine(v, {recorded: script.read_text()})
+    assert r.culprits == (0,) and r.calls_diverged.branch.text == "if master_process:"
+    assert r.fix_at.line == 72 and "dist.new_group(ranks=[0])" in r.fix_at.text
     # the same places on every rank (no parting at a new_group): the reading does not hold
     same = tuple(replace(r, calls=v.ranks[1].calls) for r in v.ranks)
     assert not classify.group_parted(same) and classify.hang_signature(same, None) != "new-group-on-some-ranks"

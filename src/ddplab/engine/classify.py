@@ -978,6 +978,10 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
             if parted is not None and parted.odd and parted.branch is not None:
                 # the ranks whose call stands under a condition the others' calls do not: from the call sites
                 culprits, guard = parted.odd, parted.branch
+                odd_call = parted.first.get(parted.odd[0])
+                if sig == "new-group-on-some-ranks" and odd_call is not None and odd_call.frame is not None:
+                    # the new_group only those ranks made: the call to move out of the condition
+                    guard = replace(odd_call.frame, text=odd_call.frame.text or source_line(odd_call.frame, sources) or None)
             elif not any(r.calls for r in alive):
                 # no call records (a job ddplab did not start, an older run folder): the rank condition over
                 # the script's text, the reading before issue 41
