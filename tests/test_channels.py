@@ -74,11 +74,14 @@ def test_an_exception_in_flight_at_a_collective_is_the_reading_not_control_flow(
 @pytest.mark.timeout(150)
 def test_a_non_daemon_thread_keeping_a_finished_rank_alive_is_named_with_its_line(run_lab):
     r = run_lab(SCRIPT, args=["--how", "thread"])
-    assert r.status == "hung", r.explain()
+    assert (r.status, r.signature) == ("hung", "non-daemon-thread"), r.explain()
     w = r.rank(1).where
     assert (w.kind, w.op) == ("thread", "metrics-uploader"), r.explain()
     assert (w.frame.func, w.frame.line) == ("forever", line_of("threading.Event().wait()"))
     assert any(t.name == "metrics-uploader" and not t.daemon for t in r.rank(1).threads)
+    # the line that started it (the hook's record of Thread.start): what the thread's own stack never shows
+    started = line_of('threading.Thread(target=forever, name="metrics-uploader").start()')
+    assert r.culprits == (1,) and r.fix_at is not None and r.fix_at.line == started, r.fix_at
     assert "kept alive by thread 'metrics-uploader'" in r.explain()
 
 
@@ -122,8 +125,10 @@ def test_init_recorded_in_the_process_rules_out_call_init_first():
 
 def test_an_exception_in_flight_rules_out_each_control_flow_reading():
     from ddplab.engine.classify import HangFacts
-    ruled = {s.id for s in signatures.HANG_RULES if s.rules_out is not None}
-    assert {"hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes", "hang-rank-exited"} <= ruled
+    # the control-flow readings (the rules for a rank kept alive at exit have premises of their own)
+    control = {"hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes", "hang-rank-exited"}
+    assert control <= {s.id for s in signatures.HANG_RULES if s.rules_out is not None}
+    ruled = control
     call = CallSite(5, "barrier", (), None, InFlight("ValueError", "x", None))
     facts = HangFacts(alive=(), gone=(), in_coll=(), ops=frozenset(), at_rendezvous=False, any_ledger=True,
                       blocked=(), divergence_kind="different-op", in_flight=((1, call),))

@@ -225,6 +225,16 @@ def _examples():
                                            None),
         "spawn-under-torchrun": ((replace(_rank(0, kind="socket", op="select"), stack=(
             Frame("join", "/venv/site-packages/torch/multiprocessing/spawn.py", 160),)),), None),
+        # rank 0's main thread finished; a non-daemon thread (the hook's record) or a child it joins at exit keeps
+        # it alive; rank 1 exited (issue 41: tests/test_causes.py reads both from real runs)
+        "non-daemon-thread": ((_rank(0, kind="thread", op="heartbeat"), _rank(1, "exited")), None),
+        "child-process-at-exit": ((_rank(0, kind="child"), _rank(1, "exited")), None),
+        # rank 0's second call is a new_group from another line than rank 1's: the call records part there
+        "new-group-on-some-ranks": tuple([tuple(replace(
+            _rank(n, kind="rendezvous", op="new_group") if n == 0 else _rank(n, **coll),
+            calls=(CallSite(1, "init_process_group", (Frame("<module>", "/x/t.py", 5),), None),
+                   CallSite(2, "new_group", (Frame("<module>", "/x/t.py", 8 + n),), None)))
+            for n in (0, 1)), None]),
     }
 
 

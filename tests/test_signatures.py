@@ -52,6 +52,12 @@ EXPECTED = {
     # from the fault suite's runs (benchmarks/faults), rank 1's stderr
     "real_gather_list_non_dst.txt": "gather-list-non-dst",
     "real_sampler_shuffle.txt": "sampler-shuffle-exclusive",
+    "real_dataloader_worker_killed.txt": "dataloader-worker-killed",   # worker-killed-bad-record
+    "real_dataloader_timeout.txt": "dataloader-timeout",               # worker-timeout
+    "real_weights_only_load.txt": "weights-only-load",                 # weights-only-load
+    "real_makedirs_exists.txt": "makedirs-race",                       # mkdir-every-rank
+    "real_collective_non_tensor.txt": "collective-non-tensor-arg",     # all-reduce-python-float
+    "real_inplace_on_leaf.txt": "inplace-on-leaf",                     # param-average-inplace
     # reported, not captured (no GPU here): the NCCL message a learner posted
     "reported_nccl_duplicate_gpu.txt": "nccl-duplicate-gpu",
 }
@@ -95,7 +101,7 @@ def test_every_signature_classify_gives_is_in_the_catalog():
     from ddplab.engine import classify
 
     ids = {s.id for s in signatures.STACK_CATALOG}
-    given = set(re.findall(r'"((?:hang|stalled|no|deadline|rank|timeout|read)-[a-z-]+)"', inspect.getsource(classify)))
+    given = set(re.findall(r'"((?:hang|stalled|no|deadline|rank|timeout|read|exception)-[a-z-]+)"', inspect.getsource(classify)))
     assert given <= ids
     # and the catalog holds none that nothing gives: each is named by classify or carries its own rule
     assert {s.id for s in signatures.STACK_CATALOG if s.hang_rule is None} <= given

@@ -152,7 +152,8 @@ class Where:
 
 
 WHERE_KINDS = ("collective", "p2p", "rendezvous", "store", "sleep", "socket", "dataloader", "lock", "compute", "other",
-               "thread")   # thread: the main thread finished; ``op`` names the non-daemon thread keeping the rank alive
+               "thread",   # thread: the main thread finished; ``op`` names the non-daemon thread keeping the rank alive
+               "child")    # child: the main thread finished and, at exit, joins a child process that is not a daemon
 
 
 # --- the collective ledger (engine.ledger) ---------------------------------------------------
@@ -450,14 +451,38 @@ class ThreadStack:
     daemon: bool
     main: bool
     frames: tuple[Frame, ...]
+    started: Frame | None = None  # the user's line that started it (the hook's wrapper of Thread.start)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "daemon": self.daemon, "main": self.main,
-                "frames": [f.to_dict() for f in self.frames]}
+                "frames": [f.to_dict() for f in self.frames],
+                **({"started": self.started.to_dict()} if self.started else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ThreadStack":
-        return cls(str(d.get("name", "?")), bool(d.get("daemon")), bool(d.get("main")), _frames(d.get("frames")))
+        return cls(str(d.get("name", "?")), bool(d.get("daemon")), bool(d.get("main")), _frames(d.get("frames")),
+                   _frame(d.get("started")))
+
+
+@dataclass(frozen=True)
+class ChildProcess:
+    """A child process a rank started with multiprocessing (the hook's wrapper of ``BaseProcess.start``), as
+    the live rank answered: its name, pid, daemon flag, the user's line that started it, and whether it was
+    still running when the rank was read (the engine's look at the pid)."""
+    name: str
+    pid: int | None
+    daemon: bool
+    started: Frame | None
+    alive: bool = False
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "daemon": self.daemon,
+                "started": self.started.to_dict() if self.started else None, "alive": self.alive}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ChildProcess":
+        return cls(str(d.get("name", "?")), d.get("pid"), bool(d.get("daemon")), _frame(d.get("started")),
+                   bool(d.get("alive")))
 
 
 @dataclass(frozen=True)
@@ -492,12 +517,30 @@ class Nested:
         return {"type": self.type, "where": self.where, "message": self.message,
                 "frames": [f.to_dict() for f in self.frames]}
 
+    @property
+    def worker(self) -> int | None:
+        """The DataLoader worker the exception was raised in (its number in torch's words), None for
+        another kind of process."""
+        m = re.fullmatch(r"in DataLoader worker process (\d+)", self.where.strip())
+        return int(m.group(1)) if m else None
+
     @classmethod
     def from_dict(cls, d: dict | None) -> "Nested | None":
         if not d:
             return None
         return cls(str(d.get("type", "?")), str(d.get("where", "")), str(d.get("message", "")),
                    _frames(d.get("frames")))
+
+
+# torch's words where it re-raises another process's exception (ExceptionWrapper.reraise): "Caught KeyError in
+# DataLoader worker process 0." (a message alone, with no hook record, says this much)
+_CAUGHT = re.compile(r"Caught (\w+) (in DataLoader worker process \d+)\.")
+
+
+def nested_in_text(text: str) -> Nested | None:
+    """The other process an exception was re-raised from, as a message's own words say it (no frames)."""
+    m = _CAUGHT.search(text or "")
+    return Nested(m.group(1), m.group(2), "", ()) if m else None
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,11 @@ LOG = "log"
 CHECK = "check.json"      # ddplab run --check: what the rank saw of its replicas, gradients and data
 ENDED = "ended.json"      # how a rank ended without a traceback (os._exit and its line)
 THREADS = "threads.json"  # the threads still running at interpreter shutdown (they keep the rank alive)
-KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK, ENDED, THREADS)
+CALLS = "calls.json"      # the rank's call records, written when it calls a collective with an exception in flight
+                          # (gloo may then abort it: SIGABRT leaves no error record)
+CHILDREN = "children.json"  # the non-daemon child processes the rank started (a rank at exit joins them; its
+                            # worker server no longer answers then)
+KINDS = (INFO, ERROR, EXIT, STACK, TERM, RECORDS, LIVE, LOG, CHECK, ENDED, THREADS, CALLS, CHILDREN)
 
 
 def rank_name(rank, kind):

@@ -118,3 +118,14 @@ def pending_call(r) -> CallSite | None:
     if c.op in SETUP_CALLS or c.op not in (r.where.op, r.where.via):
         return None
     return c
+
+
+def failed_in_flight(frames, calls):
+    """The rank's last recorded call, when it was called with an exception in flight and the rank failed inside
+    it (its failing stack passes through that torch.distributed function); None otherwise."""
+    c = calls[-1] if calls else None
+    if c is None or c.exc is None:
+        return None
+    inside = any(f.func.rsplit(".", 1)[-1] == c.op and "torch/distributed/" in f.file.replace("\\", "/")
+                 for f in frames or ())
+    return c if inside else None

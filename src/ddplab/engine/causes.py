@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.reasons import line_calls
+from ddplab.engine.reasons import line_calls, raised_in
 
 # An exception line as Python, torchrun ("[rank0]: ...") and ddplab's records print it.
 _TYPE_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[\w.]+\.)?(?P<type>\w*(?:Error|Exception)|SystemExit): ", re.M)
@@ -138,11 +138,76 @@ CAUSES: tuple[Cause, ...] = (
         "Something called torch.distributed (get_rank, a collective, DistributedSampler, SyncBatchNorm, DDP) before "
         "init_process_group, or after destroy_process_group, or in a run started without torchrun.\n"
         "Call dist.init_process_group(...) first, in every rank, and start the script with torchrun.",
-        # not where the rank's own records show init_process_group called in it and not destroyed since: the
-        # call then came from somewhere init never ran (a worker process, a subprocess), which this reading misses
-        premise=lambda f: not f.initialised,
+        # raised in the rank's own process (not re-raised from a DataLoader worker: process-group-in-worker), and
+        # not where the rank's own records show init_process_group called in it and not destroyed since
+        premise=lambda f: f.own_process and not f.initialised,
         sources=("https://github.com/megvii-model/YOLOF/issues/11", "https://github.com/open-mmlab/mmsegmentation/issues/901",
                  "https://github.com/lufficc/SSD/issues/196")),
+    Cause(
+        "dataloader-timeout", "A DataLoader timeout shorter than a worker takes for one batch",
+        ("RuntimeError",),
+        (r"DataLoader timed out after \d+ seconds",),
+        "The DataLoader was given timeout=N (seconds) and its worker took longer than that to make one batch "
+        "(slow storage, heavy decoding, a worker that stalls), so the rank stopped waiting and raised.\n"
+        "Leave timeout out (0: wait as long as the batch takes) or set it above the slowest batch; make batches "
+        "faster with more num_workers or cheaper loading.",
+        # the rank's own wait for its workers (not an exception re-raised from one)
+        premise=lambda f: f.own_process,
+        sources=("https://github.com/MPI-Dortmund/tomotwin-cryoet/pull/57",)),
+    Cause(
+        "dataloader-worker-killed", "A DataLoader worker process was killed (the OOM killer, a signal)",
+        ("RuntimeError",),
+        (r"DataLoader worker \(pid.*?\) (?:is killed by signal|exited unexpectedly)",),
+        "A worker process the rank's DataLoader started ended on a signal (SIGKILL: most often the kernel's OOM "
+        "killer when memory ran out while it loaded a record), and the rank, still alive, raised when it found it gone.\n"
+        "Look in the kernel log (dmesg: 'Killed process <pid>'); lower what each worker holds (fewer num_workers, a "
+        "smaller prefetch_factor, no large object copied into every worker, the record that needs the memory), or "
+        "raise the limit.",
+        # the rank's own error about its worker: the rank itself was not killed
+        premise=lambda f: f.own_process,
+        sources=("https://github.com/pytorch/pytorch/issues/8976", "https://github.com/CompVis/latent-diffusion/issues/76")),
+    Cause(
+        "weights-only-load", "torch.load refused a checkpoint that holds more than tensors (weights_only=True)",
+        ("UnpicklingError",),
+        (r"Weights only load failed",),
+        "Since torch 2.6 torch.load(path) loads with weights_only=True: tensors, state dicts and plain types only; "
+        "this checkpoint holds another object (an argparse.Namespace, a class of the script), named in the message.\n"
+        "Save only state dicts and plain values (vars(args), not args); for a file you trust, torch.load(path, "
+        "weights_only=False), or allow the class with torch.serialization.add_safe_globals([TheClass]).",
+        premise=raised_in("load", "torch/serialization.py"),
+        sources=("https://github.com/facebookresearch/seamless_communication/issues/159",
+                 "https://github.com/mlcommons/mlperf-automations/issues/465")),
+    Cause(
+        "makedirs-race", "os.makedirs of a folder that already exists (every rank makes it, or an earlier run did)",
+        ("FileExistsError",),
+        (r"File exists",),
+        "os.makedirs(path) raises when the folder exists: every rank makes the same folder and only the first "
+        "succeeds (the others find it made), or an earlier run left it.\n"
+        "Use os.makedirs(path, exist_ok=True) on every rank, or make it on one rank and dist.barrier() before "
+        "the others use it.",
+        premise=raised_in("makedirs", "os.py", "<frozen os>"),
+        sources=("https://github.com/huawei-bayerlab/marigold-v2/pull/7", "https://github.com/allenai/allennlp/issues/3841")),
+    Cause(
+        "collective-non-tensor-arg", "A collective given a Python value, not a tensor",
+        ("TypeError", "RuntimeError"),
+        (r"Invalid function argument\. Expected parameter `\w+` of type torch\.Tensor",),
+        "torch.distributed's collectives work in place on tensors, and this one was given something else (a Python "
+        "float from .item(), a list, a NumPy value), named in the message.\n"
+        "Pass a tensor and read it back: t = torch.tensor([value]); dist.all_reduce(t); value = t.item(); for "
+        "Python objects use all_gather_object or broadcast_object_list.",
+        # torch.distributed's own argument check refused it (not a tensor of the wrong kind elsewhere)
+        premise=raised_in("_check_single_tensor", "torch/distributed/distributed_c10d.py"),
+        sources=("https://github.com/SCHENLIU/longformer-chinese/issues/15",)),
+    Cause(
+        "inplace-on-leaf", "A parameter changed in place where autograd records it",
+        ("RuntimeError",),
+        (r"a leaf Variable that requires grad is being used in an in-place operation",),
+        "A parameter (a leaf tensor with requires_grad=True) was changed in place (p /= n, p.add_(...), an "
+        "all_reduce into it) outside torch.no_grad(), and autograd refuses an in-place change of a leaf it tracks.\n"
+        "Change parameters under torch.no_grad() (with torch.no_grad(): dist.all_reduce(p); p /= world_size), as "
+        "optimizers do; to keep replicas equal, let DDP average the gradients instead of the weights.",
+        premise=lambda f: f.own_process,
+        sources=("https://github.com/JuliaWolleb/diffusion-anomaly/issues/9", "https://github.com/pytorch/examples/pull/779")),
     Cause(
         "process-group-initialized-twice", "init_process_group called twice",
         ("ValueError", "RuntimeError"),
@@ -274,6 +339,51 @@ CAUSES: tuple[Cause, ...] = (
         "Put the start under `if __name__ == '__main__':` (or start the ranks with torchrun instead of mp.spawn).",
         sources=("https://github.com/pytorch/rl/issues/1805", "https://github.com/facebookresearch/mmf/issues/1182")),
 )
+
+
+# Readings whose premise only the rank hook's records hold (the process an exception was raised in, the calls
+# the rank made, how it ended): a message's text alone never names them (``reasons.facts_from_text`` has no
+# call records), so each is tested on a real run's records, not on a captured message (tests/test_causes.py).
+FROM_RECORDS: tuple[Cause, ...] = (
+    Cause(
+        "process-group-in-worker", "torch.distributed called inside a DataLoader worker process",
+        ("ValueError", "RuntimeError", "AssertionError"),
+        (r"Default process group has not been initialized",),
+        "init_process_group ran in the rank, but the call that needs it (dist.get_rank() in a Dataset's __getitem__, "
+        "a collate function or a sampler) ran in a DataLoader worker process: a worker started with spawn or "
+        "forkserver is a new process, with no process group.\n"
+        "Read what the worker needs in the main process and keep it on the Dataset (self.rank = dist.get_rank() in "
+        "its __init__, or int(os.environ['RANK'])); call no torch.distributed function from a worker.",
+        # raised in a DataLoader worker of a rank whose own records show init_process_group called (not undone)
+        premise=lambda f: f.in_worker and f.initialised,
+        sources=("https://github.com/Lightning-AI/pytorch-lightning/issues/15734",)),
+    Cause(
+        "sys-exit-one-rank", "One rank ended itself with sys.exit while the others went on",
+        ("SystemExit",),
+        (r".",),
+        "This rank called sys.exit with a non-zero code (its line is shown) on a condition the other ranks did not "
+        "meet: it left without a traceback, and they failed or waited at their next collective without it.\n"
+        "Decide the condition on every rank (or on one rank and share it: broadcast_object_list) so that all ranks "
+        "leave together; raise an exception that says why instead of sys.exit, so the reason is in the log.",
+        # the rank's own sys.exit(non-zero), not a framework's exit after an exception, and no other rank's
+        premise=lambda f: f.exit_code is not None and not f.peers_exited,
+        sources=("https://github.com/YalaLab/pillar-pretrain/pull/9",)),
+)
+
+# A rank's error re-raised from one of its DataLoader workers, when nothing more specific names it: tried after
+# every other text entry (signatures.CATALOG), before the catch-all for an arbitrary exception.
+WORKER_EXCEPTION = Cause(
+    "dataloader-worker-exception", "An exception raised in a DataLoader worker process, re-raised in the rank",
+    (),
+    (r"Caught \w+ in DataLoader worker process \d+",),
+    "The error was raised in a DataLoader worker process the rank started (the Dataset's __getitem__, a transform, "
+    "the collate function), not in the rank's own code: the rank re-raised it when it asked for the batch, and the "
+    "other ranks then lost it. The worker's own line is shown.\n"
+    "Fix what raised at the worker's line (the record, the transform); to step through it, num_workers=0 runs the "
+    "same code in the rank itself.",
+    # raised in a worker (the hook's record of the other process, or torch's own words for it)
+    premise=lambda f: f.in_worker,
+    sources=("https://github.com/microsoft/infinibatch/issues/17",))
 
 
 def _library_causes() -> tuple[Cause, ...]:

@@ -56,6 +56,17 @@ def keeping_alive(threads) -> tuple:
     return tuple(t for t in threads or () if not t.main and not t.daemon)
 
 
+def joining_child_at_exit(frames) -> stacks.Frame | None:
+    """The frame in which a rank's main thread, at interpreter exit, joins a child process it started
+    (multiprocessing's exit handler ``_exit_function`` calling ``join`` on each child that is not a daemon);
+    None when its stack shows no such wait. Read from the stack's frames (function and library file)."""
+    def lib(f, name, path):
+        return f.func.rsplit(".", 1)[-1] == name and f.file.replace("\\", "/").endswith(path)
+    if not any(lib(f, "_exit_function", "multiprocessing/util.py") for f in frames):
+        return None
+    return next((f for f in frames if lib(f, "join", "multiprocessing/process.py")), None)
+
+
 def locate(live: LiveRank, threads: tuple = ()) -> stacks.Where:
     """Where a live rank stands: its stack and wait channel, numbered from its ledger."""
     w = stacks.where(live.frames, live.wchan)
@@ -66,6 +77,12 @@ def locate(live: LiveRank, threads: tuple = ()) -> stacks.Where:
         t = keep[0]
         user = next((f for f in t.frames if stacks.is_user_file(f.file)), None)
         return stacks.Where("thread", t.name, None, user, t.frames[0] if t.frames else None)
+    join = joining_child_at_exit(live.frames)
+    if join is not None:
+        # its main thread finished and waits in multiprocessing's exit handler for a child that is not a daemon:
+        # the one still running, and the user's line that started it (the hook's record), where known
+        child = next((c for c in live.children if c.alive and not c.daemon), None)
+        return stacks.Where("child", child.name if child else None, None, child.started if child else None, join)
     p = ledger_mod.pending(live.ledger)
     if p is not None and w.kind in ("collective", "lock", "other"):
         # The ledger knows the exact collective and its number; a stack in C++ (work.wait(), a
@@ -205,7 +222,10 @@ def _ended_for_another(ev: RunEvidence, rank: int) -> bool:
 
 def _is_consequence(ev: RunEvidence, rank: int) -> bool:
     e = ev.errors.get(rank)
-    text = f"{e.type}: {e.message}" if e else ev.logs.get(rank, "")
+    return _consequence_text(f"{e.type}: {e.message}" if e else ev.logs.get(rank, ""))
+
+
+def _consequence_text(text: str) -> bool:
     m = signatures.match_text(text)
     return m is not None and m[0].id in CONSEQUENCES
 
@@ -217,11 +237,27 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
         return None
     led = ev.final_ledgers.get(first) or tuple(ledger) or None
     e = ev.errors.get(first)
+    calls = ev.calls.get(first) or None
+    if calls and calls[-1].exc is not None and _consequence_text(f"{calls[-1].exc.type}: {calls[-1].exc.message}"):
+        # the exception in flight at its last call was itself a lost peer's consequence: not where it started
+        calls = calls[:-1] + (replace(calls[-1], exc=None),)
     if e is not None:
-        return FailureFacts(e.frames, led, ev.calls.get(first) or None)
+        return FailureFacts(e.frames, led, calls, nested=e.nested, in_flight=callsites.failed_in_flight(e.frames, calls),
+                            exit_code=_own_exit(e), peers_exited=tuple(
+                                r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)))
     if first in ev.fatal or stack:
-        return FailureFacts(tuple(ev.fatal.get(first) or stack), led)
+        frames = tuple(ev.fatal.get(first) or stack)
+        return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))
     return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
+
+
+def _own_exit(e) -> str | None:
+    """The code a rank passed to sys.exit (exit, quit) when it ended itself with a non-zero code and no exception
+    in hand: the rank hook records it as a SystemExit whose message is the code (a framework's exit while
+    handling the script's exception is recorded as that exception, with ``exited``)."""
+    if e is None or e.type != "SystemExit" or e.exited is not None or e.message in ("", "0", "None"):
+        return None
+    return e.message
 
 
 def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
@@ -231,6 +267,11 @@ def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
     facts = failure_facts(ev, first, ledger, stack)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
+    flight = signatures.get("exception-in-collective")
+    if facts is not None and signatures.holds(flight, facts) and (m is None or m[0].id in flight.replaces):
+        # the rank failed in a collective it called while an exception was propagating: the collective's own
+        # error (gloo's size mismatch, a lost peer) is what that call met, not what started it
+        return flight.id, f"{facts.in_flight.exc.type}: {facts.in_flight.exc.message}"[:400]
     if m is None and first in ev.ended and first not in ev.errors:
         # it ended itself (os._exit) and said nothing known: the others' words are only that it went away
         return None, None
@@ -261,6 +302,12 @@ class HangFacts:
     gone_joined: bool = False              # every exited rank had issued the collectives the others wait in
     in_flight: tuple = ()                  # (rank, CallSite) of live ranks blocked in a collective they called
                                            # while an exception was in flight in that thread (the hook's records)
+    group_parted: bool = False             # the ranks' call records first part at a new_group (some ranks' k-th
+                                           # new_group is another call than the others'), and a live rank waits in
+                                           # new_group: the groups are numbered in call order on every rank
+    kept_alive: tuple[RankResult, ...] = ()  # live ranks whose main thread finished and that Python keeps alive at
+                                             # exit: for a non-daemon thread (where.kind "thread": the hook's
+                                             # thread records) or a child process it joins ("child": its stack)
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
@@ -275,7 +322,19 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         divergence_kind=divergence.kind if divergence is not None else None,
         in_p2p=in_p2p, p2p_deadlock=p2p_deadlock(alive), spawned=tuple(r for r in alive if spawns(r)),
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
-        in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None))
+        in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
+        kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
+        group_parted=group_parted(ranks))
+
+
+def group_parted(ranks: tuple[RankResult, ...]) -> bool:
+    """The first call at which the ranks' own call records part is a new_group on some rank (the others called
+    from elsewhere, or made no call), and a live rank stands in new_group."""
+    if not any(r.state in ALIVE and r.where is not None and "new_group" in (r.where.op, r.where.via)
+               for r in ranks):
+        return False
+    d = callsites.divergence({r.rank: r.calls for r in ranks}, {}, {})
+    return d is not None and any(c is not None and c.op == "new_group" for c in d.first.values())
 
 
 
@@ -903,13 +962,26 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         if sig == "rendezvous-ranks-conflict" and a is not None and a.duplicates:
             # the processes that asked for a rank other than the one torchrun gave them
             culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
-        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes"):
+        elif sig == "non-daemon-thread":
+            # the ranks a thread keeps alive, and the user's line that started that thread (the hook's record)
+            kept = [r for r in ranks if r.state in ALIVE and r.where is not None and r.where.kind == "thread"]
+            culprits = tuple(r.rank for r in kept)
+            guard = next((t.started for r in kept for t in r.threads
+                          if t.name == r.where.op and t.started is not None), None)
+            if guard is not None and not guard.text:
+                guard = replace(guard, text=source_line(guard, sources) or None)
+        elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes",
+                     "new-group-on-some-ranks"):
             # the ranks that stand under a condition on the rank while the others do not: a collective
             # (or the work before one) that only some ranks reach
             alive = [r for r in ranks if r.state in ALIVE]
             if parted is not None and parted.odd and parted.branch is not None:
                 # the ranks whose call stands under a condition the others' calls do not: from the call sites
                 culprits, guard = parted.odd, parted.branch
+                odd_call = parted.first.get(parted.odd[0])
+                if sig == "new-group-on-some-ranks" and odd_call is not None and odd_call.frame is not None:
+                    # the new_group only those ranks made: the call to move out of the condition
+                    guard = replace(odd_call.frame, text=odd_call.frame.text or source_line(odd_call.frame, sources) or None)
             elif not any(r.calls for r in alive):
                 # no call records (a job ddplab did not start, an older run folder): the rank condition over
                 # the script's text, the reading before issue 41
@@ -937,6 +1009,13 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         fix_at = batch_site(where.error, frame.file, sources)
     if fix_at is None and guard is not None:
         fix_at = guard
+    if (fix_at is None and v.status == Status.FAILED and where is not None and where.error is not None
+            and where.error.nested is not None):
+        # raised in another process (a DataLoader worker) and re-raised in the rank: the line to fix is the
+        # other process's own (its traceback, the hook's record), not the rank's loop over the loader
+        fix_at = next((f for f in where.error.nested.frames if stacks.is_user_file(f.file)), None)
+        if fix_at is not None and not fix_at.text:
+            fix_at = replace(fix_at, text=source_line(fix_at, sources) or None)
     if fix_at is None and frame is not None and sig == "unused-parameters":
         fix_at = unused_submodule_site(frame.file, sources)
     elif fix_at is None and frame is not None and sig in ("cpu-oom", "cuda-oom") and where.error is not None:

@@ -32,7 +32,7 @@ from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import probe, stacks
 from ddplab import runfiles
 from ddplab.defaults import Ending
-from ddplab.facts import CallSite, Ended, ThreadStack
+from ddplab.facts import CallSite, ChildProcess, Ended, ThreadStack
 from ddplab.result import RankError
 
 
@@ -83,6 +83,7 @@ class LiveRank:
     note: str | None = None
     calls: tuple = ()             # the hook's call records (facts.CallSite), live
     threads: tuple = ()           # every thread's stack (facts.ThreadStack), live
+    children: tuple = ()          # the child processes it started (facts.ChildProcess), live
 
 
 def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int, tuple]) -> dict[int, LiveRank]:
@@ -122,9 +123,28 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
             if channels:
                 live.calls = calls_of(channels.get("calls"))
                 live.threads = tuple(ThreadStack.from_dict(t) for t in channels.get("threads") or ())
+                live.children = tuple(_child(c) for c in channels.get("children") or ())
+        if not live.children:
+            # a rank at exit no longer answers live: the non-daemon children its hook wrote when it started them
+            try:
+                d = json.loads(Path(runfiles.rank_path(run_dir, rank, runfiles.CHILDREN)).read_text())
+                live.children = tuple(_child(c) for c in d.get("children") or ())
+            except (OSError, ValueError, AttributeError):
+                pass
         live.connections = tcp_connections(proc)
         out[rank] = live
     return out
+
+
+def _child(d: dict) -> ChildProcess:
+    """A child process the hook recorded, with whether its pid still runs now."""
+    c = ChildProcess.from_dict(d)
+    try:
+        alive = c.pid is not None and psutil.pid_exists(int(c.pid)) and \
+            psutil.Process(int(c.pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):
+        alive = False
+    return ChildProcess(c.name, c.pid, c.daemon, c.started, alive)
 
 
 _TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
@@ -344,6 +364,14 @@ def read_run(run_dir: Path) -> RunEvidence:
             final_ledgers[rank] = ledger_mod.parse(d["ledger"])
         if d.get("calls"):
             calls.setdefault(rank, calls_of(d["calls"]))
+    for _, p in _rank_files(run_dir, runfiles.CALLS):
+        # written at a collective called with an exception in flight: a later record (error, exit) holds them
+        # all; a rank aborted in that collective (gloo's SIGABRT) has no other
+        try:
+            d = json.loads(p.read_text())
+            calls.setdefault(int(d["rank"]), calls_of(d.get("calls")))
+        except (ValueError, KeyError, OSError):
+            continue
     return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
                        final_ledgers, terminated, calls, threads, ended)
 

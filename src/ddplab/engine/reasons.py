@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ddplab.defaults import ALIVE
-from ddplab.facts import PACKAGE_DIR, ChainedError, Frame, is_user_file  # noqa: F401  (ChainedError re-exported)
+from ddplab.facts import PACKAGE_DIR, ChainedError, Frame, Nested, is_user_file, nested_in_text  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankError, RankResult
@@ -61,11 +61,28 @@ def error_chain(e: "RankError") -> tuple:
 @dataclass(frozen=True)
 class FailureFacts:
     """What a catalog entry's premise is checked against (``Cause.premise``, ``Signature.premise``):
-    the first failing rank's frames (innermost first, with their source lines where recorded) and its
-    collective ledger (None: no ledger was recorded, or only a message's text is at hand)."""
+    the first failing rank's frames (innermost first, with their source lines where recorded), its
+    collective ledger (None: no ledger was recorded, or only a message's text is at hand), its call records,
+    and where the exception was raised: in another process whose exception torch re-raised in the rank
+    (``nested``: a DataLoader worker's), or in the rank's own process (None)."""
     frames: tuple[Frame, ...] = ()
     ledger: tuple | None = None
     calls: tuple | None = None    # the rank hook's call records (facts.CallSite; None: none were recorded)
+    nested: Nested | None = None  # raised in another process and re-raised in the rank (RankError.nested)
+    exit_code: str | None = None  # the rank ended itself with sys.exit(code), code not 0, with no exception in hand
+    peers_exited: tuple = ()      # other ranks that also ended themselves with sys.exit(non-zero)
+    in_flight: object = None      # the collective the rank failed in, called with an exception in flight (a
+                                  # facts.CallSite whose ``exc`` is set: the hook's call records), else None
+
+    @property
+    def own_process(self) -> bool:
+        """The exception was raised in the rank's own process (not re-raised from a worker it started)."""
+        return self.nested is None
+
+    @property
+    def in_worker(self) -> bool:
+        """The exception was raised in a DataLoader worker process of the rank and re-raised in it."""
+        return self.nested is not None and self.nested.worker is not None
 
     @property
     def initialised(self) -> bool:
@@ -87,7 +104,9 @@ class FailureFacts:
         return sum(1 for c in self.ledger or () if c.op == "all_reduce" and c.completed and c.numel > 1)
 
 
-_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+)\n(?:\[rank\d+\]: )?[ \t]+(\S.*)$', re.M)
+# a frame of a printed traceback, with its source line when it has one (a frozen module's, "<frozen os>", has none)
+_TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+?)$'
+                       r'(?:\n(?:\[rank\d+\]: )?[ \t]+(?!File ")(\S.*)$)?', re.M)
 
 
 def facts_from_text(text: str) -> FailureFacts:
@@ -96,11 +115,22 @@ def facts_from_text(text: str) -> FailureFacts:
     marks = [m.start() for m in re.finditer(r"Traceback \(most recent call last\):", text)]
     for i, start in enumerate(marks):
         end = marks[i + 1] if i + 1 < len(marks) else len(text)
-        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), m.group(4).strip())
+        frames = [Frame(m.group(3).strip(), m.group(1), int(m.group(2)), (m.group(4) or "").strip() or None)
                   for m in _TB_FRAME.finditer(text, start, end)]
         if any(is_user_file(f.file) for f in frames):
-            return FailureFacts(tuple(frames[::-1]))
-    return FailureFacts()
+            return FailureFacts(tuple(frames[::-1]), nested=nested_in_text(text))
+    return FailureFacts(nested=nested_in_text(text))
+
+
+def raised_in(func: str, *files: str):
+    """A premise: the exception was raised in the rank's own process, inside ``func`` of one of ``files`` (path
+    endings: "torch/serialization.py", "os.py"; "<frozen os>" as a frozen module names itself), its innermost
+    recorded frame."""
+    def holds(f) -> bool:
+        inner = f.frames[0] if f.frames else None
+        return (f.own_process and inner is not None and inner.func.rsplit(".", 1)[-1] == func
+                and inner.file.replace("\\", "/").endswith(files))
+    return holds
 
 
 def line_calls(*names: str):

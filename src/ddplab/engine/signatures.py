@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.causes import CAUSES, UNUSED_PATTERNS
+from ddplab.engine.causes import CAUSES, FROM_RECORDS, UNUSED_PATTERNS, WORKER_EXCEPTION
 from ddplab.engine.reasons import facts_from_text
 
 
@@ -28,6 +28,7 @@ class Signature:
     precedence: int = 0                 # hang rules are tried lowest first
     premise: Callable | None = None     # text signatures: what the evidence must hold (reasons.FailureFacts)
     rules_out: Callable | None = None   # hang rules: facts (classify.HangFacts) under which the reading is wrong
+    replaces: frozenset = frozenset()   # readings of the message this one is named over where its premise holds
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -43,7 +44,7 @@ class Signature:
 
 # Most specific first: the first entry whose pattern matches names the failure. The known user
 # mistakes (ddplab.engine.causes, matched on exception type and key phrases) come before PyTorch's own.
-CATALOG: tuple = CAUSES + (
+CATALOG: tuple = CAUSES + FROM_RECORDS + (
     Signature(
         "port-in-use", "Rendezvous port already in use",
         (r"EADDRINUSE", r"[Aa]ddress already in use"),
@@ -165,6 +166,7 @@ CATALOG: tuple = CAUSES + (
         "This rank lost its connection to another rank: that rank ended first (the ranks' exits below say how).\n"
         "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
         ""),
+    WORKER_EXCEPTION,
     Signature(
         "python-exception", "A rank raised a Python exception",
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
@@ -229,6 +231,58 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "handler, or have every rank agree first that one failed (all-reduce a flag) and leave together.",
         "",
         hang_rule=lambda f: bool(f.in_flight) and bool(f.in_coll), precedence=35),
+    Signature(
+        "new-group-on-some-ranks", "new_group called on some ranks only (or in another order)",
+        (),
+        "dist.new_group is itself collective over the whole job: every rank must call it, in the same order, "
+        "even for a group it is not in. Here the ranks' calls part at a new_group (some ranks called it where the "
+        "others did not), so each rank's next group is another one, and the ranks wait in group creation (or in "
+        "the next collective) for each other.\n"
+        "Call new_group on every rank, outside any condition on the rank (g = dist.new_group(ranks=[0]) on all "
+        "ranks), and use the group only where the rank is in it.",
+        "",
+        # the ranks' own call records first part at a new_group and a live rank waits in new_group; not when an
+        # exception was in flight at a collective a rank waits in
+        hang_rule=lambda f: f.group_parted, precedence=28,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
+        "non-daemon-thread", "A non-daemon thread keeps a rank alive after its script ended",
+        (),
+        "The rank's main thread finished the script, and Python waits at exit for every thread that is not a daemon: "
+        "one of them (named below, with its line) never ends, so the rank never exits and torchrun waits for it.\n"
+        "Make the thread end (a stop Event set before exit, then join it), or start it with daemon=True when it may "
+        "be cut off at exit.",
+        "",
+        # a rank kept alive by its own thread; not when a live rank waits in torch.distributed (then the ranks'
+        # calls differ, or one waits for a peer: the thread is not what keeps the job from ending)
+        hang_rule=lambda f: any(r.where.kind == "thread" for r in f.kept_alive), precedence=45,
+        rules_out=lambda f: bool(f.in_coll or f.in_p2p or f.at_rendezvous)),
+    Signature(
+        "child-process-at-exit", "A child process keeps a rank from exiting",
+        (),
+        "The rank's main thread finished the script, and multiprocessing's exit handler joins every child process "
+        "that is not a daemon: the one the rank started never ends, so the rank never exits and torchrun waits for it.\n"
+        "End the child before the script ends (a stop Event or sentinel it watches, then join it), or start it with "
+        "daemon=True when it may be terminated at exit.",
+        "",
+        # a rank whose stack at exit shows multiprocessing joining its child; not when a live rank waits in
+        # torch.distributed (as for non-daemon-thread)
+        hang_rule=lambda f: any(r.where.kind == "child" for r in f.kept_alive), precedence=46,
+        rules_out=lambda f: bool(f.in_coll or f.in_p2p or f.at_rendezvous)),
+    Signature(
+        "exception-in-collective", "A rank failed in a collective it called while an exception propagated",
+        (),
+        "A rank met an exception and, while handling it (an except or finally block, a with block's exit), called a "
+        "collective the other ranks were not in: that call failed (gloo aborted it when the others' different call "
+        "arrived, or lost its peer), and the first error was never printed. The exception, shown below, is where it started.\n"
+        "Fix what raised it; and let an exception end the rank (torchrun then ends the others) rather than sync in its "
+        "handler, or have every rank agree first that one failed (all-reduce a flag) and leave together.",
+        "",
+        # the first failing rank's last call record holds an exception in flight, and it failed inside that call
+        premise=lambda f: f is not None and f.in_flight is not None,
+        # what that collective met, as its own error says it: named over these, never over a cause of its own
+        replaces=frozenset({"gloo-size-mismatch", "collective-mismatch", "tensor-size-mismatch", "collective-timeout",
+                            "peer-lost", "python-exception", "p2p-size-mismatch"})),
     Signature(
         "hang-different-collectives", "Ranks wait in different collectives",
         (),

@@ -108,6 +108,10 @@ def state_phrase(r: "RankResult", paths: "Paths | None" = None) -> str:
         if w.kind == "thread":
             return (f"finished its main thread, kept alive by thread '{w.op}' (not a daemon: Python waits for "
                     f"it at exit){at}")
+        if w.kind == "child":
+            which = f"child process '{w.op}'" if w.op else "a child process"
+            return (f"finished its main thread, waiting at exit for {which} (not a daemon: multiprocessing joins "
+                    f"it at exit)" + (f", started{at}" if w.frame is not None else at))
         if w.kind in KIND_PHRASE:
             op = f" ({w.op})" if w.op and w.kind not in ("sleep",) else ""
             return f"{KIND_PHRASE[w.kind]}{op}, not in any collective{at}"
@@ -380,6 +384,11 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
         tail = _first_line("\n".join(reversed([l for l in r.log_tail.splitlines() if l.strip()][-1:])))
         what = f"exit code {r.exit_code}" + (f": {tail}" if tail else "")
     out = [f"Rank {first} failed first: {what}{paths.at(r)}."]
+    from ddplab.engine.callsites import failed_in_flight
+    c = failed_in_flight(r.stack, r.calls)
+    if c is not None:
+        out.append(f"It failed in {c.op} at {_at(c.frame)}, called while handling {c.exc.type}: "
+                   f"{_first_line(c.exc.message, 160)} (raised at {_at(c.exc.at)}).")
     out.append(wait_sentence(result, paths))
     out.append(asks_sentence(result))
     d = result.divergence
@@ -561,7 +570,8 @@ def culprit_sentence(result: "RunResult") -> str:
         # its base name: the diagnosis above names the script's path in full already (where any rank stood)
         shown = any(r.frame is not None and r.frame.file == fa.file for r in result.ranks)
         at = f"{Path(fa.file).name}:{fa.line}" if shown else fa.short().rsplit(" in ", 1)[0]
-        parts.append(f"The line that set it up: {at} `{_code(fa.text or '')}`.")
+        code = _code(fa.text or "")
+        parts.append(f"The line that set it up: {at}" + (f" `{code}`." if code else "."))
     return " ".join(parts)
 
 

@@ -184,6 +184,18 @@ def _install():
         threading._register_atexit(record_threads)
     except Exception:
         pass
+    _watch_thread_starts(threading)
+    def record_children(children):
+        """The non-daemon children started so far (a rank whose exit joins one no longer answers live)."""
+        try:
+            write(names.CHILDREN, {"rank": int(rank), "pid": os.getpid(), "time": time.time(), "children": children})
+        except Exception:
+            pass
+
+    if "multiprocessing.process" in sys.modules:
+        _watch_process_starts(record_children)
+    else:
+        _after_import("multiprocessing.process", lambda: _watch_process_starts(record_children))
 
     def record_exit():
         """At a normal interpreter exit: when, and the flight recorder's whole ledger (a rank that
@@ -203,9 +215,18 @@ def _install():
     import atexit
     atexit.register(record_exit)
 
+    def record_calls():
+        """The call records now: a collective called with an exception in flight (rare; gloo may abort the
+        rank inside it, and a fatal signal leaves no other record of the exception)."""
+        try:
+            write(names.CALLS, {"rank": int(rank), "pid": os.getpid(), "time": time.time(),
+                                "calls": calls.records()})
+        except Exception:
+            pass
+
     def after_distributed():
         # one post-import hook per module name: the first finder to answer ends the search
-        _watch_calls(calls)
+        _watch_calls(calls, record_calls)
         if sock:
             _start_worker_server(sock, names.probe_lock(sock))
 
@@ -308,11 +329,12 @@ def _site(op, frame, n):
     return rec
 
 
-def _watch_calls(calls):
+def _watch_calls(calls, on_in_flight=None):
     """Wrap torch.distributed's collective functions (in distributed_c10d, and the same objects in the
     torch.distributed namespace) so that each call the script makes is numbered and recorded in
     ``calls`` before it runs. Arguments and results pass through untouched; a call made inside another
-    watched call (all_gather inside all_gather_object) is not counted."""
+    watched call (all_gather inside all_gather_object) is not counted. A call made with an exception in
+    flight is written at once (``on_in_flight``)."""
     import functools
     import threading
     import torch.distributed as dist
@@ -331,7 +353,10 @@ def _watch_calls(calls):
             try:
                 try:
                     count[0] += 1
-                    calls.append(_site(name, sys._getframe(1), count[0]))
+                    rec = _site(name, sys._getframe(1), count[0])
+                    calls.append(rec)
+                    if "exc" in rec and on_in_flight is not None:
+                        on_in_flight()
                 except Exception:   # evidence-keeping never changes the call
                     pass
                 return fn(*args, **kwargs)
@@ -351,7 +376,8 @@ def _watch_calls(calls):
 
 
 def _threads():
-    """Every Python thread of this process: name, daemon, main, and its stack (innermost first)."""
+    """Every Python thread of this process: name, daemon, main, its stack (innermost first) and, for a thread
+    started after this hook, the user's line that started it."""
     import threading
     frames = sys._current_frames()
     main = threading.main_thread()
@@ -359,15 +385,74 @@ def _threads():
     for t in threading.enumerate():
         f = frames.get(t.ident)
         if f is not None:
-            out.append({"name": t.name, "daemon": bool(t.daemon), "main": t is main, "frames": _stack(f, 24)})
+            rec = {"name": t.name, "daemon": bool(t.daemon), "main": t is main, "frames": _stack(f, 24)}
+            started = getattr(t, "_ddplab_started", None)
+            if started:
+                rec["started"] = started
+            out.append(rec)
     return out
+
+
+_CHILDREN_KEPT = 64    # the last child processes started (a DataLoader starts its workers again each epoch)
+
+
+def _watch_process_starts(on_non_daemon=None):
+    """Wrap multiprocessing's ``BaseProcess.start`` so that each child process the rank starts is kept (its
+    name, pid, daemon flag and the user's line that started it) for the live handler, and the non-daemon ones
+    are handed to ``on_non_daemon`` (written at once: a rank whose exit waits for a child shows only
+    multiprocessing's join, never which child or where it came from, and no longer answers live)."""
+    import collections
+    mp = sys.modules.get("multiprocessing.process")
+    real = getattr(getattr(mp, "BaseProcess", None), "start", None)
+    if real is None or getattr(real, "__ddplab_watched__", None):
+        return
+    kept = _STATE.setdefault("children", collections.deque(maxlen=_CHILDREN_KEPT))
+
+    def start(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        try:
+            frame = sys._getframe(1)
+            while frame is not None and _kind(frame.f_code.co_filename) != "user":
+                frame = frame.f_back
+            kept.append({"name": self.name, "pid": self.pid, "daemon": bool(self.daemon),
+                         "started": [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
+                         if frame is not None else None})
+            if not self.daemon and on_non_daemon is not None:
+                on_non_daemon([c for c in kept if not c["daemon"]])
+        except Exception:   # evidence-keeping never changes the start
+            pass
+        return out
+    start.__ddplab_watched__ = real
+    mp.BaseProcess.start = start
+
+
+def _watch_thread_starts(threading):
+    """Wrap ``Thread.start`` so that each thread keeps the innermost user frame that started it (a thread's own
+    stack shows what it runs, never who started it). The thread starts unchanged."""
+    real = threading.Thread.start
+    if getattr(real, "__ddplab_watched__", None):
+        return
+
+    def start(self, *args, **kwargs):
+        try:
+            frame = sys._getframe(1)
+            while frame is not None and _kind(frame.f_code.co_filename) != "user":
+                frame = frame.f_back
+            if frame is not None:
+                self._ddplab_started = [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
+        except Exception:   # evidence-keeping never changes the start
+            pass
+        return real(self, *args, **kwargs)
+    start.__ddplab_watched__ = real
+    threading.Thread.start = start
 
 
 def _rank_handler(req, resp):
     """The worker server's ``ddplab_rank``: this rank's call records and every thread's stack, now."""
     import json
     calls = _STATE.get("calls")
-    found = {"calls": calls.records() if calls is not None else [], "threads": _threads()}
+    found = {"calls": calls.records() if calls is not None else [], "threads": _threads(),
+             "children": list(_STATE.get("children") or ())}
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
 
