@@ -169,6 +169,9 @@ def dial(master_addr: str, port: int, timeout_s: float = 3.0, info=None, t0: flo
     return PortCheck(master_addr, port, state, round(time.monotonic() - t0, 3), detail)
 
 
+LOCAL_WAIT_S = 30.0     # how long each local rank waits for its peers' records at most
+
+
 def preflight(master_addr: str = "127.0.0.1", port: int = TORCHRUN_PORT, nproc: int = 2, timeout_s: float = 3.0,
               run_ranks: bool = True, run_root: str | Path | None = None, deadline_s: float = 90.0) -> Preflight:
     """Everything a learner should know before a multi-node run, as a frozen Preflight (``to_dict()``).
@@ -188,7 +191,10 @@ def preflight(master_addr: str = "127.0.0.1", port: int = TORCHRUN_PORT, nproc: 
     found: tuple[Disagreement, ...] = ()
     status = run_dir = None
     if run_ranks:
-        r = run_rank_side(max(timeout_s, 5.0), nproc=nproc, deadline_s=deadline_s, run_root=run_root)
+        # the ranks of one machine all arrive, and the wait ends when they have: its bound is for ranks that
+        # never come (they disagree on WORLD_SIZE), and must outlast a peer's start-up on a loaded machine
+        # (5 s did not in a CI run: one rank gave up before the other had imported torch)
+        r = run_rank_side(max(timeout_s, LOCAL_WAIT_S), nproc=nproc, deadline_s=deadline_s, run_root=run_root)
         status, run_dir = r.status, r.run_dir
         if r.status != "ok":
             problems.append(f"the rank-side check did not finish: {r.status}"
