@@ -403,13 +403,16 @@ def late_rank_sweep(rank: int, world: int, timeouts, delays) -> None:
                                         rank=rank,
                                         world_size=world,
                                         timeout=datetime.timedelta(seconds=timeout_s))
-                dist.destroy_process_group()
             except RuntimeError as e:
                 outcome, err = "failed", str(e).splitlines()[0][:200]
                 store.set(f"sweep/{k}/gave_up", "1")
         lab.record("trial", timeout_s=timeout_s, delay_s=delay, outcome=outcome,
                    seconds=round(time.monotonic() - t0, 3), error=err)
         store_barrier(store, f"sweep/{k}/end", world)
+        # Tear the group down only once every rank has left init_process_group: a rank that closes
+        # its sockets while its peer is still finishing the handshake makes the peer's init fail.
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def late(rank: int, late_s: float) -> None:

@@ -77,11 +77,12 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
     if fsdp:
         not_checked.append(NotChecked("replicas", "fsdp", tuple(r for r in ranks if recs[r].get("fsdp")),
                                       ", ".join(fsdp)))
+    matched = _matched_optimizers(recs, ranks)
     counts = {r: len(recs[r].get("models", ())) for r in ranks}
     n_models = min(counts.values())
     compared = 0
     if n_models == 0 and not fsdp:
-        own, apart, compared = _compare_unwrapped(recs, ranks)
+        own, apart, compared = _compare_unwrapped(recs, ranks, matched)
         findings += own
         not_checked += apart
         if not compared:
@@ -100,7 +101,7 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         findings.append(Finding("steps-without-gradients", ranks, "optimizer.step()", step=0,
                                 count=max(steps.values()), of=max(steps.values())))
     findings += _compare_fsdp_wraps(recs, ranks)
-    optim = _compare_optimizers(recs, ranks)
+    optim = _compare_optimizers(ranks, matched)
     if optim:
         # replicas that were equal until the optimizers' settings or state parted: that finding seen from the
         # parameters, and its fix (steps outside the wrapper, weights loaded after it) is not this one's
@@ -274,7 +275,8 @@ def _matched_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[d
             if len(v) == len(ranks)]
 
 
-def _compare_unwrapped(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[list[Finding], list[NotChecked], int]:
+def _compare_unwrapped(recs: dict[int, dict], ranks: tuple[int, ...],
+                       matched: list[dict[int, dict]]) -> tuple[list[Finding], list[NotChecked], int]:
     """No DDP or FSDP model on any rank: the parameters of each optimizer every rank has, over parameters no
     wrapper holds (the same shapes on every rank), compared at its first step and at the end. Equal at the first
     and different at the end, with no rank sending point to point (a pipeline's stages differ by design):
@@ -283,7 +285,7 @@ def _compare_unwrapped(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[l
     if len(ranks) < 2 or any(recs[r].get("p2p") is not False for r in ranks):
         return [], [], 0
     out, apart, compared = [], [], 0
-    for i, opts in enumerate(_matched_optimizers(recs, ranks)):
+    for i, opts in enumerate(matched):
         if any(o.get("models") for o in opts.values()):
             continue
         sums = {r: o.get("param_sums") or [] for r, o in opts.items()}
@@ -307,7 +309,7 @@ def _compare_unwrapped(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[l
     return out, apart, compared
 
 
-def _compare_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+def _compare_optimizers(ranks: tuple[int, ...], matched: list[dict[int, dict]]) -> list[Finding]:
     """Each optimizer every rank has (``_matched_optimizers``) compared across ranks: its hyperparameters at
     every step where some rank's changed, up to the steps every rank took; where none differ, its state's
     checksum at steps every rank summed it, when only some ranks loaded a state. DDP averages gradients;
@@ -315,7 +317,7 @@ def _compare_optimizers(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[F
     if len(ranks) < 2:
         return []
     out = []
-    for i, opts in enumerate(_matched_optimizers(recs, ranks)):
+    for i, opts in enumerate(matched):
         kind_name = f"{opts[ranks[0]]['type']} (optimizer #{i})"
         loads = {r: tuple(o.get("loads", ())) for r, o in opts.items()}
         asymmetric = len(set(loads.values())) > 1

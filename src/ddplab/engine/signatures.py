@@ -182,6 +182,13 @@ UNIDENTIFIED = {"python-exception", "stalled-outside-collectives", "hang-same-co
 
 # Decided from where each rank stood (stacks, ledgers, exit records) when the job stopped making
 # progress (ddplab.engine.classify.hang_signature).
+def _waits_in_torch_distributed(f) -> bool:
+    """A live rank waits in torch.distributed (a collective, a send or receive, the rendezvous): then the ranks'
+    calls differ or one waits for a peer, and what keeps a rank alive at exit is not what keeps the job from
+    ending."""
+    return bool(f.in_coll or f.in_p2p or f.at_rendezvous)
+
+
 STACK_CATALOG: tuple[Signature, ...] = (
     Signature(
         "hang-rank-exited", "A rank left while the others wait",
@@ -256,7 +263,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         # a rank kept alive by its own thread; not when a live rank waits in torch.distributed (then the ranks'
         # calls differ, or one waits for a peer: the thread is not what keeps the job from ending)
         hang_rule=lambda f: any(r.where.kind == "thread" for r in f.kept_alive), precedence=45,
-        rules_out=lambda f: bool(f.in_coll or f.in_p2p or f.at_rendezvous)),
+        rules_out=_waits_in_torch_distributed),
     Signature(
         "child-process-at-exit", "A child process keeps a rank from exiting",
         (),
@@ -268,7 +275,7 @@ STACK_CATALOG: tuple[Signature, ...] = (
         # a rank whose stack at exit shows multiprocessing joining its child; not when a live rank waits in
         # torch.distributed (as for non-daemon-thread)
         hang_rule=lambda f: any(r.where.kind == "child" for r in f.kept_alive), precedence=46,
-        rules_out=lambda f: bool(f.in_coll or f.in_p2p or f.at_rendezvous)),
+        rules_out=_waits_in_torch_distributed),
     Signature(
         "exception-in-collective", "A rank failed in a collective it called while an exception propagated",
         (),

@@ -37,12 +37,12 @@ def finding_sentence(f: "Finding") -> str:
         return (f"buffers differ: {who} had buffers different from rank 0's at step {f.step} "
                 f"({f.count} of {f.of}; first: {f.object})")
     split = ("; each rank's Subset holds other indices: the split was made on each rank"
-             if getattr(f, "cause", None) == "split-differs" else "")
+             if f.cause == "split-differs" else "")
     if k == "samples-overlap":
         return (f"samples seen twice: in epoch {f.epoch}, {f.count} of {f.of} samples went to more than one rank "
                 f"({who}; {f.object}){split}")
     if k == "samples-dropped":
-        held = f" besides the {f.held_out} the split holds out" if getattr(f, "held_out", None) else ""
+        held = f" besides the {f.held_out} the split holds out" if f.held_out else ""
         return f"samples never seen: in epoch {f.epoch}, {f.count} of {f.of} samples went to no rank{held} ({f.object}){split}"
     if k == "same-order":
         return (f"the same order every epoch: {f.count} of {f.of} epochs repeated epoch 0's sample order exactly "
@@ -77,7 +77,7 @@ def finding_sentence(f: "Finding") -> str:
     if k in ("hyperparameter-differs", "optimizer-state-differs"):
         vals = "; ".join(f"rank {r}: {_value(v)}" for r, v in (f.values or ()))
         loaded = (f"{_ranks(f.loaded)} alone loaded the optimizer's state (load_state_dict), and "
-                  if getattr(f, "loaded", None) else "")
+                  if f.loaded else "")
         if f.values:
             return (f"the optimizers differ: {loaded}from step {f.step} {f.object} was not the same on every rank "
                     f"({vals}); DDP averaged the gradients, but each rank stepped with its own settings, so the "
