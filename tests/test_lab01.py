@@ -1,5 +1,7 @@
 """Lab 01 for real: every variant on 2 gloo ranks, judged by the stall rule (no deadline), and
 PyTorch's own timeout error."""
+import re
+
 import pytest
 
 from ddplab.origins import catalog
@@ -198,3 +200,23 @@ def test_claims_are_judged_from_the_runs(broken):
                                           "time-to-answer": lab01.TimeToAnswer(1800.0, 5.0, broken, broken)}), others={})
     assert t.verdicts()["indefinite-sync"] == "partly"    # hung past even a 5 s timeout; 'primary reason' unmeasured
     assert t.row("custom-loop-deadlock").parts["higher_level_apis_finish"].state == "fails"
+
+
+@pytest.mark.timeout(180)
+def test_keypoints_quote_this_run_and_hold_on_it(tta, broken):
+    """Issue 42: the key points are this run's, idle and beside a CPU burner (make test-load): every time in
+    the third point is a time the run measured or quoted, soonest first, and the sentence that the timeout
+    counts from the collective is shown only where this run's error came after the timeout plus most of the
+    start-up (it is then true of this run, not of the article's machine)."""
+    kp = lab01.keypoints({"broken": broken, "time-to-answer": tta})
+    third = kp.points[2]
+    timed = sorted(tta.rows(), key=lambda row: row[1])
+    said = [float(x) for x in re.findall(r"(\d+\.\d) s\b", third.split(" With ")[0])]
+    assert said == [round(s, 1) for _, s, _ in timed], (third, timed)
+    counts_from = "counts from the collective" in third
+    assert counts_from == (tta.with_timeout.wall_s > tta.pg_timeout_s), third
+    if counts_from:
+        # the checker's own floor for "from the collective": the timeout plus half the start-up
+        assert tta.with_timeout.wall_s >= tta.pg_timeout_s + 0.5 * lab01.hang_begins_s(tta), \
+            (third, lab01.hang_begins_s(tta))
+    assert f"`{broken.status}`" in kp.points[0]

@@ -237,3 +237,18 @@ def test_oversubscription_is_labelled():
 
 def test_exercise_checkers_say_not_yet_without_answer():
     assert not L.check_best_fix(None, []).passed
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_keypoints_hold_on_the_sweep(fraction_grid, runs):
+    """Issue 42: the key points' typed sentence (the share of the step spent waiting falls as the batch grows)
+    holds on a sweep of this machine, idle and beside a CPU burner (make test-load), and the measured sentence
+    names the sweep's own largest share."""
+    rows = L.summarize(fraction_grid)
+    frac = {r["batch"]: r["comm_frac"] for r in rows}
+    assert frac[min(frac)] > frac[max(frac)], frac
+    kp = L.keypoints({"grid": rows, "scaling": {}, "fix-rows": L.fix_rows(L.summarize(runs["fixed"]))})
+    top = max(rows, key=lambda r: r["comm_frac"])
+    assert f"the largest share was {top['config']}'s ({100 * top['comm_frac']:.0f}%)" in kp.points[1], kp.points[1]
+    assert "falls as the per-rank batch grows" in kp.points[0]
