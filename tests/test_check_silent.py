@@ -14,6 +14,7 @@ from ddplab.facts import Finding
 from ddplab.views.render_check import finding_sentence
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "check" / "silent_eval.py"
+STREAM = Path(__file__).resolve().parent / "scripts" / "check" / "iterable_workers.py"
 
 
 @pytest.mark.multiprocess
@@ -156,3 +157,41 @@ def test_no_one_shard_finding_where_its_premise_fails():
     other = _loader(0, range(1, 48, 2), size=48, grad=True)
     assert compare_records({0: _rank(loaders=[_loader(0, range(0, 48, 2), size=48)]),
                             1: _rank(loaders=[other])}).clean
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode,found", [("by-rank", {"worker-duplicates"}), ("by-worker", set())])
+def test_check_names_iterable_workers_that_each_yield_everything(mode, found, tmp_path):
+    r = ddplab.run(STREAM, args=["--mode", mode], check=True, run_root=tmp_path, progress=None)
+    assert r.status == "ok" and r.check.kinds() == found, r.explain()
+    assert_nothing_left(str(tmp_path))
+    # the streamed data has no indices to compare: said, not judged
+    assert [n.why for n in r.check.not_checked] == ["iterable-loader"]
+    if found:
+        f = r.check.findings[0]
+        # 64 rows, 32 per rank, batches of 4: 8 batches per worker, each given by both workers
+        assert (f.ranks, f.epoch, f.count, f.of) == ((0, 1), 0, 8, 16) and "get_worker_info" in f.fix
+        assert "num_workers=2" in f.object and Finding.from_dict(f.to_dict()) == f
+
+
+def _stream(sums, workers=2, complete=True, iterable=True):
+    return {"index": 0, "dataset": "Stream", "size": None, "length": None, "subset": False, "subset_digest": None,
+            "sampler": "_InfiniteConstantSampler", "distributed": False, "shuffle": False, "drop_last": False,
+            "num_replicas": None, "batch_size": 4, "loader_drop_last": False, "iterable": iterable,
+            "num_workers": workers, "epochs": [{"sampler_epoch": None, "indices": [], "complete": complete,
+                                                "truncated": True, "forwards_start": 0, "forwards_end": len(sums),
+                                                "grad": True, "batch_sums": list(sums)}]}
+
+
+def test_workers_that_each_gave_every_batch_are_named_and_nothing_else_is():
+    twice = [1, 1, 2, 2, 3, 3]
+    f = compare_records({0: _rank(loaders=[_stream(twice)]), 1: _rank(loaders=[_stream(twice)])}).findings
+    assert [(x.kind, x.ranks, x.count, x.of) for x in f] == [("worker-duplicates", (0, 1), 3, 6)]
+    for ok in (_stream([1, 2, 3, 4]),                 # sharded by worker: every batch once
+               _stream([5, 5, 5, 5]),                 # one constant batch: no data flowing to tell from
+               _stream([1, 1, 2, 3]),                 # some repeats, not every batch once per worker
+               _stream(twice, workers=1),             # one worker cannot repeat another
+               _stream(twice, complete=False),        # an epoch cut short
+               _stream(twice, iterable=False)):       # a map-style dataset: the sampler shares the indices out
+        assert not compare_records({0: _rank(loaders=[ok]), 1: _rank(loaders=[ok])}).of_kind("worker-duplicates")

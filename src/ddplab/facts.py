@@ -281,6 +281,9 @@ CHECK_FIXES = {
                             "no padding and reduce sums and counts",
     "eval-one-shard": "evaluate on every rank (each scores its DistributedSampler share, then all_reduce the sums and "
                       "counts), or on one rank with a loader over the whole split (no DistributedSampler)",
+    "worker-duplicates": "shard an IterableDataset by DataLoader worker as well as by rank: in __iter__, "
+                         "info = torch.utils.data.get_worker_info() and keep every (world * info.num_workers)-th "
+                         "item from rank * info.num_workers + info.id (or use num_workers=1)",
 }
 CHECK_KINDS = tuple(CHECK_FIXES)
 # A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
@@ -336,7 +339,7 @@ class Finding:
 @dataclass(frozen=True)
 class NotChecked:
     what: str                     # "replicas", "data"
-    why: str                      # "no-ddp-model", "fsdp", "no-training-loader"
+    why: str                      # "no-ddp-model", "fsdp", "no-training-loader", "iterable-loader"
     ranks: tuple[int, ...] = ()
     detail: str = ""              # the kind of model or loader
 

@@ -27,6 +27,7 @@ from ddplab.facts import CheckReport, Finding, NotChecked
 # one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
 EVERY = 10
 ENV = "DDPLAB_CHECK"
+MAX_BATCH_SUMS = 100_000    # the hook's cap on an epoch's batch checksums (MAX_STEPS there): a full list is cut
 
 def read(run_dir: str | Path, world: int) -> dict[int, dict]:
     out = {}
@@ -117,8 +118,14 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         findings = [f for f in findings if f.kind != "same-inputs"]
     findings += data
     findings += _compare_eval_loaders(recs, ranks)
+    findings += _worker_duplicates(recs, ranks)
     if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
-        if any(recs[r].get("loaders") for r in ranks):
+        streamed = tuple(r for r in ranks for rec in recs[r].get("loaders", ()) if rec.get("iterable") and any(
+            ep["forwards_end"] > ep["forwards_start"] for ep in rec["epochs"]))
+        if streamed:
+            # an IterableDataset hands out no indices: which samples each rank saw is not known
+            not_checked.append(NotChecked("data", "iterable-loader", tuple(sorted(set(streamed)))))
+        elif any(recs[r].get("loaders") for r in ranks):
             not_checked.append(NotChecked("data", "no-training-loader", ranks,
                                           "no DataLoader epoch fed a DDP or FSDP forward with gradients"))
     return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs, compared)
@@ -571,4 +578,35 @@ def _compare_eval_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> list
                 shared = tuple(r for r in ranks if any(seen[i] > 1 for i in pair[r][1]["indices"]))
                 out.append(Finding("eval-padding-repeats", shared, what, epoch=j, count=twice, of=size))
                 break
+    return out
+
+
+def _worker_duplicates(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """An IterableDataset read by W > 1 DataLoader workers whose complete epoch gave every batch exactly W
+    times (bit-identical checksums), with at least two different batches (data flowing, not a constant): each
+    worker iterated the whole dataset, none its own share (torch.utils.data.get_worker_info). One worker, a
+    map-style dataset (the sampler shares the indices out), or batches that differ name nothing."""
+    hits: dict[tuple, dict[int, tuple]] = {}
+    for r in ranks:
+        for rec in recs[r].get("loaders", ()):
+            w = rec.get("num_workers") or 0
+            if not rec.get("iterable") or w < 2:
+                continue
+            for e, ep in enumerate(rec["epochs"]):
+                sums = ep.get("batch_sums") or []
+                if not ep["complete"] or len(sums) >= MAX_BATCH_SUMS:
+                    continue
+                counts: dict[int, int] = {}
+                for v in sums:
+                    counts[v] = counts.get(v, 0) + 1
+                if len(counts) >= 2 and all(c == w for c in counts.values()):
+                    hits.setdefault((rec["dataset"], rec["index"]), {})[r] = (e, len(sums) - len(counts),
+                                                                             len(sums), w)
+                    break
+    out = []
+    for (dataset, _), per in sorted(hits.items(), key=str):
+        e, dup, total, w = per[min(per)]
+        out.append(Finding("worker-duplicates", tuple(sorted(per)),
+                           f"DataLoader over {dataset} (an IterableDataset), num_workers={w}", epoch=e, count=dup,
+                           of=total))
     return out

@@ -18,7 +18,9 @@ WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas
                            "differed across ranks from its first step: each rank built its own (tensor-parallel "
                            "shards do so by design; a model nothing averages does so by mistake: wrap it in DDP "
                            "with the same seed on every rank)",
-       "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared"}
+       "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared",
+       "iterable-loader": "the training data came from an IterableDataset, which hands out no sample indices, so "
+                          "which samples each rank saw was not compared (only whether its workers repeated batches)"}
 
 
 def _ranks(rs) -> str:
@@ -107,6 +109,10 @@ def finding_sentence(f: "Finding") -> str:
         return (f"an evaluation of one shard: {who} alone iterated {f.object} with gradients off and got "
                 f"{f.count} of its {f.of} samples (its DistributedSampler share); no other rank iterated it, so "
                 f"the other shares were never scored")
+    if k == "worker-duplicates":
+        return (f"every batch came once per worker: in epoch {f.epoch} on {who}, {f.count} of the {f.of} batches of "
+                f"{f.object} were bit-identical repeats of another, each batch as many times as there are workers: "
+                f"every worker iterated the whole dataset, so each sample was trained on that many times")
     return f"{k}: {who}"
 
 

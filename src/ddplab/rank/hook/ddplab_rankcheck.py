@@ -489,6 +489,7 @@ def install(write, after_import, calls=None):
     # --- data loaders -----------------------------------------------------------------------------
     it_init, it_reset, it_next = dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, \
         dl._BaseDataLoaderIter._next_index
+    it_batch = dl._BaseDataLoaderIter.__next__
 
     def loader_record(loader):
         rec = S.loaders.get(id(loader))
@@ -516,7 +517,8 @@ def install(write, after_import, calls=None):
                "shuffle": bool(getattr(sampler, "shuffle", isinstance(sampler, torch.utils.data.RandomSampler))),
                "drop_last": bool(getattr(sampler, "drop_last", False)),
                "num_replicas": getattr(sampler, "num_replicas", None),
-               "batch_size": loader.batch_size, "loader_drop_last": bool(loader.drop_last), "epochs": [], "_maps": maps}
+               "batch_size": loader.batch_size, "loader_drop_last": bool(loader.drop_last), "epochs": [], "_maps": maps,
+               "iterable": isinstance(ds, torch.utils.data.IterableDataset), "num_workers": loader.num_workers}
         S.loaders[id(loader)] = rec
         S.loader_refs.append(loader)     # an id must not be reused by a later loader
         return rec
@@ -529,6 +531,11 @@ def install(write, after_import, calls=None):
                   "grad": False}
             rec["epochs"].append(ep)
             self.__dict__["_ddplab_epoch"] = (ep, rec["_maps"])
+            if rec["iterable"] and rec["num_workers"] > 1:
+                # an IterableDataset read by several workers: no indices to see, so each batch's checksum
+                # (only for these loaders), to see workers that each yielded the same batches
+                ep["batch_sums"] = []
+                self.__dict__["_ddplab_batches"] = ep
         except Exception as e:
             S.errors.append(f"loader: {type(e).__name__}: {e}")
 
@@ -571,8 +578,26 @@ def install(write, after_import, calls=None):
                 ep["truncated"] = True
         return idx
 
+    @functools.wraps(it_batch)
+    def i_batch(self):
+        ep = self.__dict__.get("_ddplab_batches")
+        if ep is None:
+            return it_batch(self)
+        try:
+            data = it_batch(self)
+        except StopIteration:
+            ep["complete"] = True
+            raise
+        try:
+            if len(ep["batch_sums"]) < MAX_STEPS:
+                ep["batch_sums"].append(sum(_sums(torch, _input_tensors(torch, (data,), {}))) % (1 << 64))
+        except Exception as e:
+            S.errors.append(f"batch checksum: {type(e).__name__}: {e}")
+        return data
+
     dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, dl._BaseDataLoaderIter._next_index = \
         i_init, i_reset, i_next
+    dl._BaseDataLoaderIter.__next__ = i_batch
 
     # --- the process group, FSDP ------------------------------------------------------------------
     pg_init, pg_destroy = dist.init_process_group, dist.destroy_process_group
