@@ -3,7 +3,10 @@
 return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
 never, the same order every epoch, the same inputs on every rank, optimizer steps inside ``no_sync()``,
 unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper,
-optimizer steps that found no gradient at all, optimizers whose settings or loaded state differ across ranks.
+optimizer steps that found no gradient at all, optimizers whose settings or loaded state differ across ranks,
+a model trained in eval mode on some ranks, a strict=False load that matched nothing, an evaluation that counts
+a DistributedSampler's padding or scores one rank's shard alone, IterableDataset workers that each yielded
+every batch.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
 DataLoader) and counts; the fix for each kind lives once, in ``FIXES`` (``ddplab.facts.CHECK_FIXES``). Sentences are made in

@@ -20,6 +20,12 @@ results:
   Optimizer.load_state_dict         the optimizer's own step count at each load (a resume)
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
                                     Subset to the underlying dataset, and the sampler's kind and epoch
+  Module.train (a counter: a model's modes are read again at its next forward with grad only when it
+                                    moved) and the DDP forward: the wrapped modules' train/eval state, on change
+  Module.load_state_dict            a strict=False load's missing parameters, unmatched keys, and a key prefix
+                                    that parts them ("module.")
+  DataLoader iterators (__next__)   whether each epoch drew a batch with gradients on (an evaluation does not);
+                                    for an IterableDataset read by several workers, a checksum of each batch
   init_process_group, destroy_process_group (a final checksum before it)
   FullyShardedDataParallel (FSDP1) __init__ and forward   the outermost wrap: a checksum of the module's
                                     parameters before it is sharded, whether sync_module_states was on,
