@@ -270,6 +270,20 @@ CHECK_FIXES = {
     "optimizer-state-differs": "load the optimizer's state on every rank (each rank reads the checkpoint, "
                                "map_location to its own device, then optimizer.load_state_dict), not on rank 0 "
                                "alone: DDP copies rank 0's weights at construction, never the optimizer's state",
+    "mode-differs": "put the model back in train mode (model.train()) after every evaluation or check, on every "
+                    "rank, before the next training step; call eval() and train() alike on every rank",
+    "load-keys-missing": "load with strict=True (the default) so that keys that match nothing raise, and make the "
+                         "names agree: save model.module.state_dict() from a DDP model, or load into the module "
+                         "the state dict was taken from",
+    "eval-padding-repeats": "score each sample once: a DistributedSampler pads the data with repeated samples to a "
+                            "multiple of the world size, so count only len(dataset) samples when gathering the "
+                            "results (drop the padding), or give each rank range(rank, len(dataset), world) with "
+                            "no padding and reduce sums and counts",
+    "eval-one-shard": "evaluate on every rank (each scores its DistributedSampler share, then all_reduce the sums and "
+                      "counts), or on one rank with a loader over the whole split (no DistributedSampler)",
+    "worker-duplicates": "shard an IterableDataset by DataLoader worker as well as by rank: in __iter__, "
+                         "info = torch.utils.data.get_worker_info() and keep every (world * info.num_workers)-th "
+                         "item from rank * info.num_workers + info.id (or use num_workers=1)",
 }
 CHECK_KINDS = tuple(CHECK_FIXES)
 # A finding whose evidence shows why, with the fix for that reason in place of its kind's (the kind's fix
@@ -278,6 +292,11 @@ CHECK_CAUSE_FIXES = {
     "split-differs": "make the split the same on every rank: random_split(dataset, lengths, "
                      "generator=torch.Generator().manual_seed(seed)), or split once and load the indices; the "
                      "DistributedSampler is right, but each rank shared out a split of its own",
+    "key-prefix-in-checkpoint": "take the prefix off the checkpoint's keys before loading "
+                                "(torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.')), "
+                                "or save model.module.state_dict() from the DDP model; then load with strict=True",
+    "key-prefix-in-model": "load into the module the state dict was taken from (model.module.load_state_dict(state) "
+                           "for a DDP model given its module's state), then with strict=True",
 }
 
 
@@ -295,6 +314,10 @@ class Finding:
     held_out: int | None = None   # samples a split leaves out of the loader's data by design (not counted)
     values: tuple | None = None   # (rank, value) for every rank: an optimizer's setting where they differ
     loaded: tuple[int, ...] | None = None  # the ranks that loaded the optimizer's state (load_state_dict)
+    modules: int | None = None    # mode-differs: modules in eval mode on the ranks named
+    modules_of: int | None = None  # ... out of the wrapped model's modules
+    prefix: str | None = None     # load-keys-missing: the key prefix that parted the checkpoint and the model
+    unexpected: int | None = None  # load-keys-missing: the given keys that matched nothing
 
     @property
     def fix(self) -> str:
@@ -316,7 +339,7 @@ class Finding:
 @dataclass(frozen=True)
 class NotChecked:
     what: str                     # "replicas", "data"
-    why: str                      # "no-ddp-model", "fsdp", "no-training-loader"
+    why: str                      # "no-ddp-model", "fsdp", "no-training-loader", "iterable-loader"
     ranks: tuple[int, ...] = ()
     detail: str = ""              # the kind of model or loader
 

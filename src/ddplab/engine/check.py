@@ -3,7 +3,10 @@
 return the findings as data: replicas that drifted apart, buffers that differ, samples seen twice or
 never, the same order every epoch, the same inputs on every rank, optimizer steps inside ``no_sync()``,
 unequal accumulation, a parameter with no gradient on some ranks, updates that bypassed the DDP wrapper,
-optimizer steps that found no gradient at all, optimizers whose settings or loaded state differ across ranks.
+optimizer steps that found no gradient at all, optimizers whose settings or loaded state differ across ranks,
+a model trained in eval mode on some ranks, a strict=False load that matched nothing, an evaluation that counts
+a DistributedSampler's padding or scores one rank's shard alone, IterableDataset workers that each yielded
+every batch.
 
 Each ``Finding`` names its kind, the ranks, the step or epoch, the object (a parameter, a buffer, a
 DataLoader) and counts; the fix for each kind lives once, in ``FIXES`` (``ddplab.facts.CHECK_FIXES``). Sentences are made in
@@ -27,6 +30,7 @@ from ddplab.facts import CheckReport, Finding, NotChecked
 # one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
 EVERY = 10
 ENV = "DDPLAB_CHECK"
+MAX_BATCH_SUMS = 100_000    # the hook's cap on an epoch's batch checksums (MAX_STEPS there): a full list is cut
 
 def read(run_dir: str | Path, world: int) -> dict[int, dict]:
     out = {}
@@ -95,6 +99,8 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         fs, n = _compare_model(models)
         findings += fs
         checksums += n
+        findings += _compare_modes(models)
+    findings += _loads_that_matched_little(recs, ranks)
     steps = {r: recs[r].get("steps", 0) for r in ranks}
     if all(steps.values()) and all(recs[r].get("gradless_steps") == steps[r] for r in ranks):
         # every optimizer step on every rank found no gradient on any of its parameters: nothing trained
@@ -114,8 +120,15 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
         # same on every rank are that finding seen from the model, not a second problem
         findings = [f for f in findings if f.kind != "same-inputs"]
     findings += data
+    findings += _compare_eval_loaders(recs, ranks)
+    findings += _worker_duplicates(recs, ranks)
     if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
-        if any(recs[r].get("loaders") for r in ranks):
+        streamed = tuple(r for r in ranks for rec in recs[r].get("loaders", ()) if rec.get("iterable") and any(
+            ep["forwards_end"] > ep["forwards_start"] for ep in rec["epochs"]))
+        if streamed:
+            # an IterableDataset hands out no indices: which samples each rank saw is not known
+            not_checked.append(NotChecked("data", "iterable-loader", tuple(sorted(set(streamed)))))
+        elif any(recs[r].get("loaders") for r in ranks):
             not_checked.append(NotChecked("data", "no-training-loader", ranks,
                                           "no DataLoader epoch fed a DDP or FSDP forward with gradients"))
     return CheckReport(every, tuple(findings), tuple(not_checked), None, ranks, n_models, checksums, epochs, compared)
@@ -435,3 +448,168 @@ def _repeats(loader: tuple[dict, list]) -> bool:
     rec, eps = loader
     done = [ep for ep in eps if ep["complete"] and not ep["truncated"]]
     return rec["shuffle"] and any(done[e]["indices"] == done[0]["indices"] for e in range(1, len(done)))
+
+
+def _mode_at(modes: list, fwd: int):
+    """The modes in force at the ``fwd``-th forward with grad (the last record at or before it)."""
+    cur = None
+    for at, _, m in modes:
+        if at > fwd:
+            break
+        cur = m
+    return cur
+
+
+def _compare_modes(models: dict[int, dict]) -> list[Finding]:
+    """The wrapped model's train/eval modes at each forward with grad through DDP, compared across ranks up to
+    the forwards every rank ran: a rank that trained with modules in eval mode (BatchNorm's running statistics,
+    no dropout) where another had them in train mode. The same modes on every rank (eval on purpose, frozen
+    BatchNorm) name nothing; forwards without grad (an evaluation) are not recorded."""
+    if len(models) < 2 or any(not m.get("modes") for m in models.values()):
+        return []
+    common = min(m["forwards"] for m in models.values())
+    points = sorted({at for m in models.values() for at, _, _ in m["modes"] if at <= common})
+    found = None
+    differing = 0
+    for j, at in enumerate(points):
+        vals = {r: _mode_at(m["modes"], at) for r, m in models.items()}
+        if any(v is None for v in vals.values()) or len({repr(v) for v in vals.values()}) == 1:
+            continue
+        end = points[j + 1] if j + 1 < len(points) else common + 1
+        differing += end - at
+        if found is None:
+            low = min(v["eval"] for v in vals.values())
+            odd = tuple(r for r in sorted(vals) if vals[r]["eval"] > low)
+            if not odd:      # as many modules in eval mode everywhere, but not the same ones
+                r0 = min(vals)
+                odd = tuple(r for r in sorted(vals) if repr(vals[r]) != repr(vals[r0]))
+            others = {tuple(n) for r in vals if r not in odd for n in vals[r]["names"]}
+            mine = [n for n in vals[odd[0]]["names"] if tuple(n) not in others]
+            first = next((n for n in mine if n[0]), mine[0] if mine else None)   # a submodule before the root
+            step = next(s for a, s, _ in reversed(models[odd[0]]["modes"]) if a <= at)
+            found = (odd, first, step, vals[odd[0]]["eval"], vals[odd[0]]["of"])
+    if found is None:
+        return []
+    odd, first, step, n_eval, of = found
+    what = (f"{first[1]} {first[0]}" if first[0] else f"{first[1]} (the wrapped module)") if first else "modules"
+    return [Finding("mode-differs", odd, what, step=step, count=differing, of=common, modules=n_eval,
+                    modules_of=of)]
+
+
+def _loads_that_matched_little(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """``Module.load_state_dict(..., strict=False)`` calls that left at least half of the module's parameters
+    missing while keys of the given state dict matched nothing: a checkpoint loaded under other names (a
+    "module." prefix), so the model kept the weights it had. A strict load raises instead (not recorded); a
+    partial load whose given keys all matched (an adapter, a new head) names nothing."""
+    hits: dict[tuple, dict[int, dict]] = {}
+    for r in ranks:
+        for ld in recs[r].get("module_loads", ()):
+            if ld["params"] and ld["unexpected"] and ld["params_missing"] * 2 >= ld["params"]:
+                hits.setdefault((ld["type"], ld["params"]), {}).setdefault(r, ld)
+    out = []
+    for (type_, _), per in hits.items():
+        ld = per[min(per)]
+        cause = {"checkpoint": "key-prefix-in-checkpoint", "model": "key-prefix-in-model"}.get(ld.get("prefix_on"))
+        out.append(Finding("load-keys-missing", tuple(sorted(per)), f"{type_}.load_state_dict(..., strict=False)",
+                           step=ld["steps"], count=ld["params_missing"], of=ld["params"], cause=cause,
+                           prefix=ld.get("prefix"), unexpected=ld["unexpected"]))
+    return out
+
+
+def _eval_epochs(rec: dict) -> list[dict]:
+    """A loader's evaluation epochs: every batch drawn with gradients off, no DDP or FSDP forward with
+    gradients while it ran, and indices recorded (an old record without the grad field has none)."""
+    return [ep for ep in rec["epochs"] if ep.get("grad") is False and ep["forwards_end"] == ep["forwards_start"]
+            and ep["indices"]]
+
+
+def _compare_eval_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """Loaders iterated for evaluation (``_eval_epochs``) in a job that trained through DDP or FSDP, matched
+    across ranks by dataset (type, size) and order. A DistributedSampler that pads the data to a multiple of
+    the world size gives the padding samples twice: the ranks' evaluation together saw them twice
+    (``eval-padding-repeats``). A DistributedSampler's share iterated on some ranks while the others
+    evaluated nothing over that dataset: those ranks scored a shard alone (``eval-one-shard``)."""
+    if len(ranks) < 2 or not all(recs[r].get("train_forwards") for r in ranks):
+        return []
+    per_rank: dict[int, dict[tuple, list]] = {}
+    for r in ranks:
+        by: dict[tuple, list] = {}
+        for rec in recs[r].get("loaders", ()):
+            eps = _eval_epochs(rec)
+            if eps:
+                by.setdefault(_loader_key(rec), []).extend((rec, ep) for ep in eps)
+        per_rank[r] = by
+    out: list[Finding] = []
+    keys = sorted({k for b in per_rank.values() for k in b}, key=str)
+    world = len(ranks)
+    for key in keys:
+        have = tuple(r for r in ranks if key in per_rank[r])
+        rec0 = per_rank[have[0]][key][0][0]
+        what = f"DataLoader over {rec0['dataset']}[{rec0['size']}]" + (" (a Subset)" if rec0["subset"] else "") + \
+            f", {rec0['sampler']}"
+        if len(have) < world:
+            # a shard scored on some ranks alone: complete epochs of a DistributedSampler that gave them part
+            # of the data, where the other ranks had no loader over that dataset at all
+            if any(_loader_key(rc) == key for r in ranks if r not in have for rc in recs[r].get("loaders", ())):
+                continue
+            alone = []
+            for r in have:
+                rec, ep = next(((rc, e) for rc, e in per_rank[r][key] if rc["distributed"] and e["complete"]
+                                and not e["truncated"] and (rc.get("num_replicas") or 1) > 1), (None, None))
+                whole = (rec.get("length") or rec.get("size") or 0) if rec else 0
+                if rec is not None and len(set(ep["indices"])) < whole:
+                    alone.append((r, len(set(ep["indices"])), whole))
+            if alone:
+                out.append(Finding("eval-one-shard", tuple(r for r, _, _ in alone), what,
+                                   count=alone[0][1], of=alone[0][2]))
+            continue
+        for j in range(min(len(per_rank[r][key]) for r in ranks)):
+            pair = {r: per_rank[r][key][j] for r in ranks}
+            if not all(rc["distributed"] and not rc["drop_last"] and rc.get("num_replicas") == world
+                       and ep["complete"] and not ep["truncated"] for rc, ep in pair.values()):
+                continue
+            if len({rc.get("subset_digest") for rc, _ in pair.values()}) > 1:
+                continue
+            size = rec0.get("length") or 0
+            pad = (-size) % world
+            seen: dict[int, int] = {}
+            for _, ep in pair.values():
+                for i in set(ep["indices"]):
+                    seen[i] = seen.get(i, 0) + 1
+            twice = sum(c - 1 for c in seen.values() if c > 1)
+            if 0 < twice <= pad and len(seen) == size:
+                shared = tuple(r for r in ranks if any(seen[i] > 1 for i in pair[r][1]["indices"]))
+                out.append(Finding("eval-padding-repeats", shared, what, epoch=j, count=twice, of=size))
+                break
+    return out
+
+
+def _worker_duplicates(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """An IterableDataset read by W > 1 DataLoader workers whose complete epoch gave every batch exactly W
+    times (bit-identical checksums), with at least two different batches (data flowing, not a constant): each
+    worker iterated the whole dataset, none its own share (torch.utils.data.get_worker_info). One worker, a
+    map-style dataset (the sampler shares the indices out), or batches that differ name nothing."""
+    hits: dict[tuple, dict[int, tuple]] = {}
+    for r in ranks:
+        for rec in recs[r].get("loaders", ()):
+            w = rec.get("num_workers") or 0
+            if not rec.get("iterable") or w < 2:
+                continue
+            for e, ep in enumerate(rec["epochs"]):
+                sums = ep.get("batch_sums") or []
+                if not ep["complete"] or len(sums) >= MAX_BATCH_SUMS:
+                    continue
+                counts: dict[int, int] = {}
+                for v in sums:
+                    counts[v] = counts.get(v, 0) + 1
+                if len(counts) >= 2 and all(c == w for c in counts.values()):
+                    hits.setdefault((rec["dataset"], rec["index"]), {})[r] = (e, len(sums) - len(counts),
+                                                                             len(sums), w)
+                    break
+    out = []
+    for (dataset, _), per in sorted(hits.items(), key=str):
+        e, dup, total, w = per[min(per)]
+        out.append(Finding("worker-duplicates", tuple(sorted(per)),
+                           f"DataLoader over {dataset} (an IterableDataset), num_workers={w}", epoch=e, count=dup,
+                           of=total))
+    return out

@@ -18,7 +18,9 @@ WHY = {"no-ddp-model": "no model wrapped in DistributedDataParallel, so replicas
                            "differed across ranks from its first step: each rank built its own (tensor-parallel "
                            "shards do so by design; a model nothing averages does so by mistake: wrap it in DDP "
                            "with the same seed on every rank)",
-       "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared"}
+       "no-training-loader": "no DataLoader epoch fed a DDP or FSDP forward with gradients, so the data was not compared",
+       "iterable-loader": "the training data came from an IterableDataset, which hands out no sample indices, so "
+                          "which samples each rank saw was not compared (only whether its workers repeated batches)"}
 
 
 def _ranks(rs) -> str:
@@ -84,6 +86,33 @@ def finding_sentence(f: "Finding") -> str:
                     f"replicas drift apart")
         return (f"the optimizers differ: {loaded}at step {f.step} the {f.object} differed across ranks; DDP averaged "
                 f"the gradients, but each rank stepped with its own optimizer state, so the replicas drift apart")
+    if k == "mode-differs":
+        return (f"the model trained in another mode on some ranks: from step {f.step}, {who} ran the DDP model's "
+                f"forwards with gradients with {f.modules} of its {f.modules_of} modules in eval mode (first: "
+                f"{f.object}) where the other ranks had them in train mode ({f.count} of {f.of} training forwards); "
+                f"BatchNorm then uses running statistics and dropout is off on those ranks alone")
+    if k == "load-keys-missing":
+        if f.cause == "key-prefix-in-checkpoint":
+            why = f"; the checkpoint's keys carry a \"{f.prefix}\" prefix the model's lack"
+        elif f.cause == "key-prefix-in-model":
+            why = f"; the model's keys carry a \"{f.prefix}\" prefix the checkpoint's lack"
+        else:
+            why = ""
+        return (f"a checkpoint loaded into nothing: on {who}, {f.object} left {f.count} of the module's {f.of} "
+                f"parameters missing while {f.unexpected} of the given keys matched nothing{why}, so the model "
+                f"kept the weights it had")
+    if k == "eval-padding-repeats":
+        return (f"evaluation samples counted twice: in evaluation {f.epoch} (batches drawn with gradients off), "
+                f"{f.count} of the {f.of} samples went to two ranks ({who}; {f.object}): the sampler pads the "
+                f"data to a multiple of the world size with repeats, and a metric summed over ranks counts them")
+    if k == "eval-one-shard":
+        return (f"an evaluation of one shard: {who} alone iterated {f.object} with gradients off and got "
+                f"{f.count} of its {f.of} samples (its DistributedSampler share); no other rank iterated it, so "
+                f"the other shares were never scored")
+    if k == "worker-duplicates":
+        return (f"every batch came once per worker: in epoch {f.epoch} on {who}, {f.count} of the {f.of} batches of "
+                f"{f.object} were bit-identical repeats of another, each batch as many times as there are workers: "
+                f"every worker iterated the whole dataset, so each sample was trained on that many times")
     return f"{k}: {who}"
 
 

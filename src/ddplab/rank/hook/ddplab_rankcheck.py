@@ -20,6 +20,12 @@ results:
   Optimizer.load_state_dict         the optimizer's own step count at each load (a resume)
   DataLoader iterators (_reset, _next_index)  the indices each loader handed out per epoch, mapped through
                                     Subset to the underlying dataset, and the sampler's kind and epoch
+  Module.train (a counter: a model's modes are read again at its next forward with grad only when it
+                                    moved) and the DDP forward: the wrapped modules' train/eval state, on change
+  Module.load_state_dict            a strict=False load's missing parameters, unmatched keys, and a key prefix
+                                    that parts them ("module.")
+  DataLoader iterators (__next__)   whether each epoch drew a batch with gradients on (an evaluation does not);
+                                    for an IterableDataset read by several workers, a checksum of each batch
   init_process_group, destroy_process_group (a final checksum before it)
   FullyShardedDataParallel (FSDP1) __init__ and forward   the outermost wrap: a checksum of the module's
                                     parameters before it is sharded, whether sync_module_states was on,
@@ -56,6 +62,10 @@ class _State:
         self.gradless_steps = 0     # steps at which no parameter of the optimizer had a gradient
         self.train_forwards = 0     # DDP and FSDP forwards with grad, all models
         self.optimizers = []        # _Optimizer, in the order of their first step or load
+        self.mode_changes = 0       # Module.train()/eval() calls, all modules (a model's modes are read again
+                                    # at its next forward only when this moved)
+        self.module_loads = []      # Module.load_state_dict(strict=False) calls: what they matched
+        self.in_module_load = 0
         self.errors = []
 
 
@@ -82,12 +92,82 @@ class _Model:
         self.accum = []             # forwards with grad per step
         self.no_grad = {}           # name -> [first step, steps]
         self.final = None
+        self.mode_seen = -1         # S.mode_changes when the modes were last read
+        self.modes = []             # [forwards with grad, step, modes], appended when they change
 
     def to_dict(self):
         return {"index": self.index, "names": self.names, "buffer_names": self.buffer_names,
                 "sync_buffers": self.sync_buffers, "forwards": self.forwards, "steps": self.steps,
                 "checkpoints": self.checkpoints, "unsynced_steps": self.unsynced_steps,
-                "bypass_steps": self.bypass_steps, "accum": self.accum, "no_grad": self.no_grad, "final": self.final}
+                "bypass_steps": self.bypass_steps, "accum": self.accum, "no_grad": self.no_grad, "final": self.final,
+                "modes": self.modes}
+
+
+MAX_MODE_NAMES = 32         # modules named per mode record (all are counted)
+MAX_LOADS = 1_000
+
+
+def _modes(module):
+    """The wrapped module's train/eval state: how many of its modules (itself included) are in eval mode,
+    out of how many, and the first MAX_MODE_NAMES of them as [name, type] ("" names the module itself)."""
+    n, of, names = 0, 0, []
+    for name, sub in module.named_modules():
+        of += 1
+        if not sub.training:
+            n += 1
+            if len(names) < MAX_MODE_NAMES:
+                names.append([name, type(sub).__name__])
+    return {"eval": n, "of": of, "names": names}
+
+
+def _watch_modes(m, module):
+    """At a forward with grad through the wrapper: the modules' modes, read again only when some module's
+    train() or eval() was called since (or at a checksum forward, for a flag set by hand), recorded only
+    when they changed."""
+    if m.mode_seen == S.mode_changes and not m.arm:
+        return
+    m.mode_seen = S.mode_changes
+    cur = _modes(module)
+    if not m.modes or m.modes[-1][2] != cur:
+        if len(m.modes) < MAX_HP_CHANGES:
+            m.modes.append([m.forwards, m.steps, cur])
+
+
+def _key_prefix(longer, shorter):
+    """A prefix ("module.") that, taken off the keys in ``longer``, turns at least half of them into keys in
+    ``shorter``; or None. Tried at the first key's dots (up to three)."""
+    if not longer or not shorter:
+        return None
+    want = set(shorter)
+    first = longer[0]
+    for i in [j for j, c in enumerate(first) if c == "."][:3]:
+        pre = first[:i + 1]
+        hits = sum(1 for k in longer if k.startswith(pre) and k[len(pre):] in want)
+        if hits * 2 >= len(longer):
+            return pre
+    return None
+
+
+def _record_load(module, state_dict, out):
+    """One Module.load_state_dict(..., strict=False): how many of the module's parameters it left
+    missing, how many of the given keys matched nothing, and a prefix that parts them, if one does."""
+    missing, unexpected = list(out.missing_keys), list(out.unexpected_keys)
+    params = [n for n, _ in module.named_parameters()]
+    gone = set(missing)
+    rec = {"type": type(module).__name__, "keys": len(state_dict), "params": len(params),
+           "params_missing": sum(1 for n in params if n in gone), "missing": len(missing),
+           "unexpected": len(unexpected), "first_missing": missing[0] if missing else None,
+           "first_unexpected": unexpected[0] if unexpected else None, "steps": S.steps,
+           "prefix": None, "prefix_on": None}
+    pre = _key_prefix(unexpected, missing)
+    if pre is not None:
+        rec["prefix"], rec["prefix_on"] = pre, "checkpoint"
+    else:
+        pre = _key_prefix(missing, unexpected)
+        if pre is not None:
+            rec["prefix"], rec["prefix_on"] = pre, "model"
+    if len(S.module_loads) < MAX_LOADS:
+        S.module_loads.append(rec)
 
 
 MAX_HP_CHANGES = 2_000      # per optimizer; beyond it the record is marked truncated
@@ -310,9 +390,37 @@ def install(write, after_import, calls=None):
             # every N-th forward with grad, when DDP would sync buffers before it (not right after a
             # no_sync forward, which skips that sync): checksums after the sync, before the forward
             m.arm = (m.forwards - 1) % S.every == 0 and bool(self.require_forward_param_sync)
+            try:
+                _watch_modes(m, self.module)
+            except Exception as e:
+                S.errors.append(f"modes: {type(e).__name__}: {e}")
         return ddp_forward(self, *a, **k)
 
     DDP.__init__, DDP.forward = init, forward
+
+    # --- modules' train/eval calls, and their state-dict loads -------------------------------------
+    mod_train, mod_load = torch.nn.Module.train, torch.nn.Module.load_state_dict
+
+    @functools.wraps(mod_train)
+    def train(self, *a, **k):
+        S.mode_changes += 1
+        return mod_train(self, *a, **k)
+
+    @functools.wraps(mod_load)
+    def module_load(self, state_dict, *a, **k):
+        S.in_module_load += 1
+        try:
+            out = mod_load(self, state_dict, *a, **k)
+        finally:
+            S.in_module_load -= 1
+        strict = a[0] if a else k.get("strict", True)
+        if S.in_module_load == 0 and not strict:
+            try:
+                _record_load(self, state_dict, out)
+            except Exception as e:
+                S.errors.append(f"module load: {type(e).__name__}: {e}")
+        return out
+    torch.nn.Module.train, torch.nn.Module.load_state_dict = train, module_load
 
     # --- optimizer steps --------------------------------------------------------------------------
     def _closure(args, kwargs):
@@ -387,6 +495,7 @@ def install(write, after_import, calls=None):
     # --- data loaders -----------------------------------------------------------------------------
     it_init, it_reset, it_next = dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, \
         dl._BaseDataLoaderIter._next_index
+    it_batch = dl._BaseDataLoaderIter.__next__
 
     def loader_record(loader):
         rec = S.loaders.get(id(loader))
@@ -414,7 +523,8 @@ def install(write, after_import, calls=None):
                "shuffle": bool(getattr(sampler, "shuffle", isinstance(sampler, torch.utils.data.RandomSampler))),
                "drop_last": bool(getattr(sampler, "drop_last", False)),
                "num_replicas": getattr(sampler, "num_replicas", None),
-               "batch_size": loader.batch_size, "loader_drop_last": bool(loader.drop_last), "epochs": [], "_maps": maps}
+               "batch_size": loader.batch_size, "loader_drop_last": bool(loader.drop_last), "epochs": [], "_maps": maps,
+               "iterable": isinstance(ds, torch.utils.data.IterableDataset), "num_workers": loader.num_workers}
         S.loaders[id(loader)] = rec
         S.loader_refs.append(loader)     # an id must not be reused by a later loader
         return rec
@@ -423,9 +533,15 @@ def install(write, after_import, calls=None):
         try:
             rec = loader_record(loader)
             ep = {"sampler_epoch": getattr(loader.sampler, "epoch", None), "indices": [], "complete": False,
-                  "truncated": False, "forwards_start": S.train_forwards, "forwards_end": S.train_forwards}
+                  "truncated": False, "forwards_start": S.train_forwards, "forwards_end": S.train_forwards,
+                  "grad": False}
             rec["epochs"].append(ep)
             self.__dict__["_ddplab_epoch"] = (ep, rec["_maps"])
+            if rec["iterable"] and rec["num_workers"] > 1:
+                # an IterableDataset read by several workers: no indices to see, so each batch's checksum
+                # (only for these loaders), to see workers that each yielded the same batches
+                ep["batch_sums"] = []
+                self.__dict__["_ddplab_batches"] = ep
         except Exception as e:
             S.errors.append(f"loader: {type(e).__name__}: {e}")
 
@@ -453,6 +569,8 @@ def install(write, after_import, calls=None):
         if got is not None:
             ep, maps = got
             ep["forwards_end"] = S.train_forwards
+            if not ep["grad"] and torch.is_grad_enabled():
+                ep["grad"] = True       # a batch drawn with gradients on: not an evaluation's
             if len(ep["indices"]) < MAX_INDICES:
                 try:
                     for j in (idx if isinstance(idx, (list, tuple)) else [idx]):
@@ -466,8 +584,26 @@ def install(write, after_import, calls=None):
                 ep["truncated"] = True
         return idx
 
+    @functools.wraps(it_batch)
+    def i_batch(self):
+        ep = self.__dict__.get("_ddplab_batches")
+        if ep is None:
+            return it_batch(self)
+        try:
+            data = it_batch(self)
+        except StopIteration:
+            ep["complete"] = True
+            raise
+        try:
+            if len(ep["batch_sums"]) < MAX_STEPS:
+                ep["batch_sums"].append(sum(_sums(torch, _input_tensors(torch, (data,), {}))) % (1 << 64))
+        except Exception as e:
+            S.errors.append(f"batch checksum: {type(e).__name__}: {e}")
+        return data
+
     dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter._reset, dl._BaseDataLoaderIter._next_index = \
         i_init, i_reset, i_next
+    dl._BaseDataLoaderIter.__next__ = i_batch
 
     # --- the process group, FSDP ------------------------------------------------------------------
     pg_init, pg_destroy = dist.init_process_group, dist.destroy_process_group
@@ -548,6 +684,7 @@ def install(write, after_import, calls=None):
             write("check.json", {"every": S.every, "process_group": S.process_group, "fsdp": S.fsdp,
                             "fsdp_wraps": S.fsdp_wraps,
                             "steps": S.steps, "unwrapped_steps": S.unwrapped_steps,
+                            "train_forwards": S.train_forwards, "module_loads": S.module_loads,
                             "gradless_steps": S.gradless_steps,
                             "optimizers": [o.to_dict() for o in S.optimizers],
                             "p2p": _p2p(calls),
