@@ -102,7 +102,7 @@ def finding_sentence(f: "Finding") -> str:
                 f"parameters missing while {f.unexpected} of the given keys matched nothing{why}, so the model "
                 f"kept the weights it had")
     if k == "eval-padding-repeats":
-        return (f"evaluation samples counted twice: in evaluation {f.epoch} (batches drawn with gradients off), "
+        return (f"evaluation samples scored twice: in evaluation {f.epoch} (batches drawn with gradients off), "
                 f"{f.count} of the {f.of} samples went to two ranks ({who}; {f.object}): the sampler pads the "
                 f"data to a multiple of the world size with repeats, and a metric summed over ranks counts them")
     if k == "eval-one-shard":
