@@ -13,6 +13,7 @@ from ddplab.facts import Finding
 from ddplab.views.render_check import finding_sentence
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "check" / "optimizer_settings.py"
+OWN_MODEL = Path(__file__).resolve().parent / "scripts" / "check" / "own_model_in_function.py"
 
 
 @pytest.mark.multiprocess
@@ -147,3 +148,18 @@ def test_parameters_apart_from_the_first_step_are_shown_not_named():
     assert not rep.findings and [n.why for n in rep.not_checked] == ["own-models-apart"]
     from ddplab.views.render_check import not_checked_sentence
     assert "differed across ranks from its first step" in not_checked_sentence(rep.not_checked[0])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode,found", [("own", {"model-not-wrapped"}), ("averaged", set())])
+def test_a_model_freed_before_the_end_is_compared_at_its_last_step(mode, found, tmp_path):
+    """imagenet main.py on a CPU (issue 43's run with --seed 0): the model and its optimizer live in a function
+    that returns before the job ends, and no process group is destroyed; the optimizer's last checksum is
+    taken as it is freed, so each rank's own model is still seen (before: only the first step's was kept)."""
+    r = ddplab.run(OWN_MODEL, args=["--mode", mode], check=True, run_root=tmp_path, progress=None)
+    assert r.status == "ok" and r.check.kinds() == found, r.explain()
+    if found:
+        f = r.check.findings[0]
+        assert f.ranks == (0, 1) and f.step == 4, f
+    assert_nothing_left(str(tmp_path))

@@ -190,7 +190,10 @@ class _Optimizer:
         self.shapes = hashlib.sha1(shapes.encode()).hexdigest()[:16]
         self.ref = weakref.ref(opt)
         # an optimizer over parameters no DDP model holds: their checksum at its first step and at the end,
-        # so ranks that each train a model of their own are seen (no wrapper to compare)
+        # so ranks that each train a model of their own are seen (no wrapper to compare). The end is the job's
+        # end, or the optimizer's own where it is freed before (a model built in a function that returns, as
+        # imagenet main.py's main_worker): the finalizer holds its param groups, which the optimizer held anyway
+        weakref.finalize(opt, _last_params_sum, self, opt.param_groups).atexit = False
         self.param_sums = []        # [step, checksum]
         self.steps = 0
         self.hp = []                # [step, [{name: value} per param group]], appended when they change
@@ -251,8 +254,24 @@ def _watch_optimizer(torch, opt):
 
 
 def _params_sum(torch, opt):
-    ps = [p for g in opt.param_groups for p in g["params"]]
+    return _groups_sum(torch, opt.param_groups)
+
+
+def _groups_sum(torch, groups):
+    ps = [p for g in groups for p in g["params"]]
     return sum(_sums(torch, ps)) % (1 << 64) if ps else None
+
+
+def _last_params_sum(rec, groups):
+    """The checksum of an optimizer's parameters after its last step, once (at the job's end, or as the
+    optimizer is freed): only for one no DDP model holds."""
+    torch = sys.modules.get("torch")
+    if torch is None or rec.models or not rec.steps or (rec.param_sums and rec.param_sums[-1][0] == rec.steps):
+        return
+    try:
+        rec.param_sums.append([rec.steps, _groups_sum(torch, groups)])
+    except Exception as e:
+        S.errors.append(f"optimizer checksum: {type(e).__name__}: {e}")
 
 
 def _sums(torch, tensors):
@@ -321,11 +340,8 @@ def _final(torch):
                 S.errors.append(f"final checksum: {type(e).__name__}: {e}")
     for rec in S.optimizers:
         opt = rec.ref()
-        if opt is not None and not rec.models and rec.steps and (not rec.param_sums or rec.param_sums[-1][0] != rec.steps):
-            try:
-                rec.param_sums.append([rec.steps, _params_sum(torch, opt)])
-            except Exception as e:
-                S.errors.append(f"optimizer checksum: {type(e).__name__}: {e}")
+        if opt is not None:
+            _last_params_sum(rec, opt.param_groups)
 
 
 _P2P = ("send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv")
