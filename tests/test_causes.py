@@ -183,7 +183,9 @@ def hung_judged(case: str):
     live = {r["rank"]: evidence.LiveRank(
         r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
         threads=tuple(ThreadStack.from_dict(t) for t in r.get("threads") or ()),
-        calls=tuple(CallSite.from_dict(c) for c in r.get("calls") or ()))
+        calls=tuple(CallSite.from_dict(c) for c in r.get("calls") or ()),
+        # the hook's live answer as result.json split it (the store dialled, a blocked send/recv's peer and tag)
+        dialling=dict(r.get("dialling") or {}, **({"p2p": r["peer"]} if r.get("peer") else {})) or None)
         for r in json.loads((d / "result.json").read_text())["ranks"] if r["state"] == "hung"}
     w = evidence.Watch(ended_by=Ending.STALL, returncode=None, world=2, stall_s=5.0, wall_s=0.0, idle_s=5.1,
                        since_s=0.0)
@@ -334,3 +336,81 @@ def test_new_group_on_some_ranks_from_the_ranks_call_records():
     # no rank waits in new_group
     moved = (replace(v.ranks[0], where=v.ranks[1].where), v.ranks[1])
     assert not classify.group_parted(moved)
+
+
+def _folder_now(now):
+    """A change for judged(): whether the folders of the files the ranks' exceptions are about exist at the verdict
+    (read_run reads the file system when it is run: the captured paths are gone by now)."""
+    from dataclasses import replace
+
+    def change(ev):
+        ev.errors.update({r: replace(e, paths=tuple(replace(p, folder_now=now) for p in e.paths))
+                          for r, e in ev.errors.items()})
+    return change
+
+
+def test_a_checkpoint_folder_never_made_is_named_from_the_path_the_rank_recorded():
+    """checkpoint-dir-missing: rank 0's torch.save into checkpoints/ ('Parent directory ... does not exist'); the
+    hook recorded torch.save's own path argument and that its folder did not exist; rank 1 had failed too (its
+    peer lost): no rank was still at work."""
+    from ddplab.engine import classify
+    ev, v = judged("checkpoint_dir_missing", _folder_now(False))
+    (p,) = ev.errors[0].paths
+    assert p.path.endswith("/checkpoints/last.pt") and p.folder_then is False
+    assert (v.status, v.signature, v.first_failure) == ("failed", "checkpoint-dir-missing", 0)
+    assert classify.failure_facts(ev, 0, ranks=v.ranks).peers_working == ()
+    # the folder exists now: made after the rank failed, not never made
+    _, v = judged("checkpoint_dir_missing", _folder_now(True))
+    assert v.signature == "dir-created-on-rank0-only"
+
+
+def test_a_folder_that_existed_when_the_rank_failed_or_no_path_recorded_names_neither():
+    from dataclasses import replace
+    for now in (False, True):
+        def existed(ev, now=now):
+            _folder_now(now)(ev)
+            ev.errors.update({r: replace(e, paths=tuple(replace(p, folder_then=True) for p in e.paths))
+                              for r, e in ev.errors.items()})
+        _, v = judged("checkpoint_dir_missing", existed)
+        assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    # a record without paths (an older hook), or the message alone: the text never names either
+    ev, v = judged("checkpoint_dir_missing", lambda ev: ev.errors.update(
+        {r: replace(e, paths=()) for r, e in ev.errors.items()}))
+    assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    m = signatures.match_text(f"RuntimeError: {ev.errors[0].message}")
+    assert m is None or m[0].id not in ("checkpoint-dir-missing", "dir-created-on-rank0-only")
+
+
+def test_a_folder_one_rank_makes_later_is_not_named_missing_while_that_rank_was_at_work():
+    """dir-made-by-rank0-only: rank 1 saved into the run's folder first and failed; rank 0, which makes it after a
+    5 s sleep, was stopped by torchrun in that sleep (its SIGTERM dump): the folder is missing at the verdict, and
+    a peer still at work in its own code rules out 'never made' (it may have been about to make it)."""
+    from ddplab.engine import classify
+    ev, v = judged("dir_rank0_only", _folder_now(False))
+    assert (v.status, v.first_failure) == ("failed", 1)
+    facts = classify.failure_facts(ev, 1, ranks=v.ranks)
+    assert facts.peers_working == (0,) and facts.folder_missing_then
+    assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    # had rank 0 made it before it was stopped, the folder would exist now: the race is named
+    _, v = judged("dir_rank0_only", _folder_now(True))
+    assert v.signature == "dir-created-on-rank0-only"
+
+
+def test_a_send_and_the_receive_waiting_for_it_with_different_tags():
+    """p2p-grad-tag-mismatch: rank 1 (the last stage) sends its gradient back with the activation's tag (3) while
+    rank 0 waits to receive it with tag 103: the hook's live answer of each blocked call (op, peer, tag)."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    _, v = hung_judged("p2p_tags")
+    assert (v.status, v.signature) == ("hung", "p2p-tag-mismatch")
+    assert classify.tag_mismatch(tuple(r for r in v.ranks if r.where.kind == "p2p")) == ((1, 0, 3, 103),)
+    # the same tag on both sides (a peer that is late, not mismatched), a tag not known, or a receive from
+    # another rank: not named
+    for peer in ({"op": "recv", "peer": 1, "tag": 3}, {"op": "recv", "peer": 1, "tag": None},
+                 {"op": "recv", "peer": 5, "tag": 103}):
+        ranks = (replace(v.ranks[0], peer=peer), v.ranks[1])
+        assert classify.hang_signature(ranks, None) != "p2p-tag-mismatch", peer
+    # both ranks sending (an ordering deadlock) is not a tag mismatch
+    ranks = (replace(v.ranks[0], peer={"op": "send", "peer": 1, "tag": 103},
+                     where=replace(v.ranks[0].where, op="send")), v.ranks[1])
+    assert classify.hang_signature(ranks, None) == "hang-p2p-ordering"

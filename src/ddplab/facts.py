@@ -233,6 +233,33 @@ class ChainedError:
                    d.get("relation", "context"), d.get("module", ""))
 
 
+# --- a file an exception is about (the rank hook's record, engine.causes) -------------------
+@dataclass(frozen=True)
+class ErrorPath:
+    """A file a rank's exception is about, from the exception's own fields (an OSError's ``filename``) or the
+    path argument of the library call that raised (torch.save's ``f``), never from its message: the absolute
+    path, whether the folder it is in existed when the rank recorded the error, and whether it exists at the
+    verdict (read by ``engine.evidence.read_run``; None: not looked at)."""
+    path: str
+    folder_then: bool
+    folder_now: bool | None = None
+
+    @property
+    def folder(self) -> str:
+        import os.path
+        return os.path.dirname(self.path)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "folder_then": self.folder_then, "folder_now": self.folder_now}
+
+    @classmethod
+    def from_dict(cls, d) -> "ErrorPath":
+        if isinstance(d, (list, tuple)):    # the rank hook's record: [path, folder existed then]
+            return cls(str(d[0]), bool(d[1]))
+        now = d.get("folder_now")
+        return cls(str(d["path"]), bool(d.get("folder_then")), None if now is None else bool(now))
+
+
 # --- ddplab run --check's report (engine.check) ---------------------------------------------
 CHECK_FIXES = {
     "replicas-differ": "change the model only through steps every rank takes through the DDP wrapper (not "

@@ -37,6 +37,8 @@ class Cause:
     # what the evidence must hold for this reading (a predicate over reasons.FailureFacts, None when
     # only text is at hand); the entry is not named where it does not hold
     premise: Callable | None = None
+    # what, in the same facts, shows the reading wrong even where the premise holds (None: nothing)
+    rules_out: Callable | None = None
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -368,6 +370,32 @@ FROM_RECORDS: tuple[Cause, ...] = (
         # the rank's own sys.exit(non-zero), not a framework's exit after an exception, and no other rank's
         premise=lambda f: f.exit_code is not None and not f.peers_exited,
         sources=("https://github.com/YalaLab/pillar-pretrain/pull/9",)),
+    Cause(
+        "checkpoint-dir-missing", "A file written into a folder that was never made",
+        ("FileNotFoundError", "RuntimeError"),
+        (r"No such file or directory|directory .*does not exist",),
+        "The rank wrote a file (torch.save, open) into a folder that did not exist when it failed and still does not "
+        "(the message names it): nothing made it.\n"
+        "Make the folder before the first save, on every rank that writes there: os.makedirs(os.path.dirname(path), "
+        "exist_ok=True) (or pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)).",
+        # the folder of a file the exception is about was missing when the rank failed and is missing at the verdict
+        premise=lambda f: f.own_process and any(p.folder_now is False for p in f.folder_missing_then),
+        # a peer was still at work in its own code when the job was stopped: it may have been about to make it
+        rules_out=lambda f: bool(f.peers_working),
+        sources=("https://github.com/thunlp/KnowledgeablePromptTuning/issues/24",)),
+    Cause(
+        "dir-created-on-rank0-only", "A folder one rank makes, used by a rank that got there first",
+        ("FileNotFoundError", "RuntimeError"),
+        (r"No such file or directory|directory .*does not exist",),
+        "The folder this rank wrote into did not exist when it failed, and exists now: another process of the job "
+        "(one rank, rank 0 most often) made it later. The ranks race: the folder is made by one rank only, and the "
+        "others do not wait for it.\n"
+        "Make it on every rank with os.makedirs(folder, exist_ok=True) before writing, or make it on rank 0 and "
+        "call dist.barrier() before any rank writes there.",
+        # the folder was missing when the rank failed (the hook's record) and exists at the verdict
+        premise=lambda f: f.own_process and any(p.folder_now for p in f.folder_missing_then),
+        sources=("https://github.com/karpathy/nanochat/issues/315",
+                 "https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93")),
 )
 
 # A rank's error re-raised from one of its DataLoader workers, when nothing more specific names it: tried after

@@ -230,11 +230,14 @@ def _consequence_text(text: str) -> bool:
     return m is not None and m[0].id in CONSEQUENCES
 
 
-def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = ()) -> FailureFacts | None:
+def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = (),
+                  ranks: tuple[RankResult, ...] = ()) -> FailureFacts | None:
     """What the catalog's premises are checked against: the first failing rank's frames (its
-    exception's, else its stack: a fatal signal's dump, else its log's traceback) and its ledger."""
+    exception's, else its stack: a fatal signal's dump, else its log's traceback), its ledger, and
+    (``ranks``) the peers still at work in their own code when the job was stopped."""
     if first is None:
         return None
+    working = tuple(r.rank for r in busy_peers(ranks, first))
     led = ev.final_ledgers.get(first) or tuple(ledger) or None
     e = ev.errors.get(first)
     calls = ev.calls.get(first) or None
@@ -244,7 +247,8 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
     if e is not None:
         return FailureFacts(e.frames, led, calls, nested=e.nested, in_flight=callsites.failed_in_flight(e.frames, calls),
                             exit_code=_own_exit(e), peers_exited=tuple(
-                                r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)))
+                                r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)),
+                            paths=e.paths, peers_working=working)
     if first in ev.fatal or stack:
         frames = tuple(ev.fatal.get(first) or stack)
         return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))
@@ -261,11 +265,11 @@ def _own_exit(e) -> str | None:
 
 
 def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
-                     stack: tuple = ()) -> tuple[str | None, str | None]:
+                     stack: tuple = (), ranks: tuple[RankResult, ...] = ()) -> tuple[str | None, str | None]:
     """The catalog entry for a failed run: the first failing rank's own exception first (the
     record's type and message), then its log, then any rank's log or torchrun's output when the
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
-    facts = failure_facts(ev, first, ledger, stack)
+    facts = failure_facts(ev, first, ledger, stack, ranks)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
     flight = signatures.get("exception-in-collective")
     if facts is not None and signatures.holds(flight, facts) and (m is None or m[0].id in flight.replaces):
@@ -305,6 +309,9 @@ class HangFacts:
     group_parted: bool = False             # the ranks' call records first part at a new_group (some ranks' k-th
                                            # new_group is another call than the others'), and a live rank waits in
                                            # new_group: the groups are numbered in call order on every rank
+    tag_mismatch: tuple = ()               # (sender, receiver, send tag, receive tag): a live rank blocked in a send
+                                           # to a peer blocked in a receive from it with another tag (the hook's
+                                           # live answer: op, peer, tag of each blocked call)
     kept_alive: tuple[RankResult, ...] = ()  # live ranks whose main thread finished and that Python keeps alive at
                                              # exit: for a non-daemon thread (where.kind "thread": the hook's
                                              # thread records) or a child process it joins ("child": its stack)
@@ -324,7 +331,22 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
         in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
         kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
-        group_parted=group_parted(ranks))
+        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p))
+
+
+def tag_mismatch(in_p2p: tuple[RankResult, ...]) -> tuple:
+    """(sender, receiver, send tag, receive tag) for each live rank blocked in a send to a peer that is blocked in
+    a receive from that rank with another tag (both tags known, peers named: the hook's answer). Peers are the
+    calls' own ranks (the default group's, which are the global ranks)."""
+    blocked = {r.rank: r.peer for r in in_p2p if r.peer and r.where.op in ("send", "recv")
+               and r.peer.get("op") == r.where.op and isinstance(r.peer.get("tag"), int)}
+    out = []
+    for a, p in sorted(blocked.items()):
+        q = blocked.get(p.get("peer"))
+        if (p["op"] == "send" and q is not None and q["op"] == "recv" and q.get("peer") == a
+                and q["tag"] != p["tag"]):
+            out.append((a, p["peer"], p["tag"], q["tag"]))
+    return tuple(out)
 
 
 def group_parted(ranks: tuple[RankResult, ...]) -> bool:
@@ -429,7 +451,7 @@ def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ra
     if status == Status.FAILED:
         first = first_failure(ev, ranks)
         own = next((r for r in ranks if r.rank == first), None)
-        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else ())
+        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else (), ranks)
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
             signature = "rank-killed"
         elif signature in CONSEQUENCES and left_early(ranks, div, ev):

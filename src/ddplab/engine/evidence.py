@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -309,13 +309,21 @@ def read(path: Path) -> str:
         return ""
 
 
+def folders_now(e: RankError) -> RankError:
+    """The error with whether the folder of each file it is about exists now (at the verdict): a filesystem
+    fact the rank could not know when it failed (a peer made the folder after it)."""
+    if not e.paths:
+        return e
+    return replace(e, paths=tuple(replace(p, folder_now=os.path.isdir(p.folder)) for p in e.paths))
+
+
 def read_run(run_dir: Path) -> RunEvidence:
     infos = rank_infos(run_dir)
     errors, calls, threads, ended = {}, {}, {}, {}
     for _, p in _rank_files(run_dir, runfiles.ERROR):
         try:
             d = json.loads(p.read_text())
-            errors[int(d["rank"])] = RankError.from_dict(d)
+            errors[int(d["rank"])] = folders_now(RankError.from_dict(d))
             calls[int(d["rank"])] = calls_of(d.get("calls"))
         except (ValueError, KeyError, OSError):
             continue

@@ -73,6 +73,15 @@ class FailureFacts:
     peers_exited: tuple = ()      # other ranks that also ended themselves with sys.exit(non-zero)
     in_flight: object = None      # the collective the rank failed in, called with an exception in flight (a
                                   # facts.CallSite whose ``exc`` is set: the hook's call records), else None
+    paths: tuple = ()             # the files its exception is about (facts.ErrorPath: the exception's own fields
+                                  # or the failing call's path arguments, the folder's existence then and now)
+    peers_working: tuple = ()     # other ranks that were running the script's own code (not waiting in
+                                  # torch.distributed, not failed) when the job was stopped
+
+    @property
+    def folder_missing_then(self) -> tuple:
+        """The files whose folder did not exist when the rank failed (the hook's record)."""
+        return tuple(p for p in self.paths if not p.folder_then)
 
     @property
     def own_process(self) -> bool:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.causes import CAUSES, FROM_RECORDS, UNUSED_PATTERNS, WORKER_EXCEPTION
+from ddplab.engine.causes import CAUSES, FROM_RECORDS, Cause, UNUSED_PATTERNS, WORKER_EXCEPTION
 from ddplab.engine.reasons import facts_from_text
 
 
@@ -323,6 +323,15 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "dist.isend / dist.irecv (or batch_isend_irecv) and wait on both.",
         "", hang_rule=lambda f: f.p2p_deadlock, precedence=35),
     Signature(
+        "p2p-tag-mismatch", "A send and the receive waiting for it carry different tags",
+        (),
+        "A rank is blocked sending to a peer with one tag while that peer is blocked receiving from it with another "
+        "(the ranks' blocked calls and their tags are shown): a send meets only a receive of the same peer and tag, "
+        "so neither completes.\n"
+        "Give each send the tag its receive expects (a tag per message kind: activations m, gradients 100 + m, on "
+        "both sides), and post them in the same order on both ranks.",
+        "", hang_rule=lambda f: bool(f.tag_mismatch), precedence=34),
+    Signature(
         "hang-p2p", "A rank waits in a point-to-point send or receive",
         (),
         "A rank is blocked in dist.send / dist.recv: it waits for one peer to post the matching call (same peer, same tag), "
@@ -413,7 +422,11 @@ def in_p2p_call(frames) -> bool:
 def holds(sig, facts) -> bool:
     """Whether the evidence holds the entry's premise (an entry without one needs only its text)."""
     premise = getattr(sig, "premise", None)
-    return premise is None or bool(premise(facts))
+    if premise is not None and not premise(facts):
+        return False
+    # a cause's own rules_out reads the same facts (a hang rule's reads HangFacts: hang_signature checks those)
+    rules_out = sig.rules_out if isinstance(sig, Cause) else None
+    return rules_out is None or not rules_out(facts)
 
 
 # Named by classify.refine only where a peer's line holds the premise (a peer still working when the

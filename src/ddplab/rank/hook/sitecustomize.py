@@ -23,6 +23,8 @@ by the ``ddplab_rank`` handler of the worker server):
                     user frames and the innermost library frame that led to it, and the exception being
                     handled or propagating in that thread at the call (type, message, where raised)
   threads           every thread's name, daemon flag and stack (live, and at shutdown)
+  paths             the files an exception is about (an OSError's filename, else the path arguments of the
+                    library call that raised), each with whether its folder existed when the rank failed
   nested            an exception torch re-raised from another process (``ExceptionWrapper.reraise``:
                     "Caught X in DataLoader worker process N"): the worker's type, where and traceback
 and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
@@ -108,7 +110,7 @@ def _install():
         try:
             rec = _describe(value, tb)
             cause = getattr(value, "__cause__", None)
-            more = {k: rec[k] for k in ("chain", "values") if rec.get(k)}
+            more = {k: rec[k] for k in ("chain", "values", "paths") if rec.get(k)}
             if exited is not None:
                 more["exited"] = exited
             asked = _asked_in(tb)
@@ -525,7 +527,47 @@ def _describe(value, tb):
         e = nxt
     rec["chain"] = chain
     rec["values"] = _user_values(tb)
+    paths = _paths(value, tb)
+    if paths:
+        rec["paths"] = paths
     return rec
+
+
+_PATHS_KEPT = 4
+
+
+def _paths(value, tb):
+    """The files an exception is about, from its own fields and the call's arguments, never from its
+    message: an OSError's ``filename``/``filename2``; else the path arguments (str or os.PathLike holding a
+    separator) of the library function the user's innermost line called (torch.save(obj, f): ``f``). Each
+    as [absolute path, whether the folder it is in existed when the rank recorded the error]."""
+    found = [v for v in (getattr(value, "filename", None), getattr(value, "filename2", None))
+             if isinstance(value, OSError) and v is not None]
+    if not found:
+        callee, t = None, tb
+        while t is not None:
+            if not _is_library(t.tb_frame.f_code.co_filename):
+                callee = t.tb_next.tb_frame if t.tb_next is not None else None
+            t = t.tb_next
+        if callee is not None:
+            code = callee.f_code
+            n = code.co_argcount + code.co_kwonlyargcount
+            found = [callee.f_locals.get(a) for a in code.co_varnames[:n]]
+    out = []
+    for v in found:
+        try:
+            v = os.fspath(v)
+        except TypeError:
+            continue
+        if isinstance(v, bytes):
+            v = os.fsdecode(v)
+        if not isinstance(v, str) or os.sep not in v:
+            continue
+        path = os.path.abspath(v)
+        out.append([path, os.path.isdir(os.path.dirname(path))])
+        if len(out) >= _PATHS_KEPT:
+            break
+    return out
 
 
 def _is_library(file):
