@@ -102,7 +102,7 @@ def judged(case: str, change=None):
 
 def test_records_readings_are_tried_from_records_only():
     assert {c.id for c in causes.FROM_RECORDS}.isdisjoint(IDS)
-    for c in causes.FROM_RECORDS + (causes.WORKER_EXCEPTION,):
+    for c in causes.FROM_RECORDS + (causes.WORKER_EXCEPTION, causes.THREAD_EXCEPTION):
         assert c.premise is not None and c.sources and len(c.explanation.splitlines()) == 2, c.id
 
 
@@ -414,3 +414,39 @@ def test_a_send_and_the_receive_waiting_for_it_with_different_tags():
     ranks = (replace(v.ranks[0], peer={"op": "send", "peer": 1, "tag": 103},
                      where=replace(v.ranks[0].where, op="send")), v.ranks[1])
     assert classify.hang_signature(ranks, None) == "hang-p2p-ordering"
+
+
+def test_an_exception_raised_in_a_future_s_worker_thread_and_shown_at_result():
+    """async-save-unpicklable: rank 0 saves its checkpoint with ThreadPoolExecutor.submit(torch.save, ...); the
+    pickling error is raised in the worker thread and re-raised at future.result() (the frames of both)."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    ev, v = judged("async_save")
+    assert (v.status, v.signature, v.first_failure) == ("failed", "error-in-background-thread", 0)
+    assert classify.failure_facts(ev, 0).through_future
+    # the same error raised in the rank's own thread (no worker's run in its frames): not named
+    ev, v = judged("async_save", lambda ev: ev.errors.update({0: replace(ev.errors[0], frames=tuple(
+        f for f in ev.errors[0].frames if "concurrent/futures" not in f.file))}))
+    assert v.signature != "error-in-background-thread", v.signature
+
+
+def test_a_full_state_dict_gathered_to_rank_0_only_and_loaded_on_every_rank():
+    """fsdp-rank0-only-state-load: rank 1 loads FSDP's full state dict (rank0_only=True), empty there: the hook's
+    value of `state` on the failing line is OrderedDict(), its last call record an all_gather made by FSDP."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    ev, v = judged("fsdp_rank0_only")
+    assert (v.status, v.signature, v.first_failure) == ("failed", "rank0-only-state-dict", 1)
+    f = classify.failure_facts(ev, 1)
+    assert f.empty_argument and f.last_call_by_fsdp and f.rank == 1
+    # a non-empty state (keys that do not match): another mistake
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.errors.update(
+        {1: replace(ev.errors[1], values={"state": "OrderedDict({'weight': tensor(...)})"})}))
+    assert v.signature != "rank0-only-state-dict"
+    # no record of FSDP's gather before it: nothing shows whose state dict it was
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.calls.clear())
+    assert v.signature != "rank0-only-state-dict"
+    # rank 0 failed the same way (empty everywhere): not gathered to rank 0 only
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.errors.update(
+        {0: replace(ev.errors[1], time=ev.errors[1].time + 1)}))
+    assert v.first_failure == 1 and v.signature != "rank0-only-state-dict", v.signature

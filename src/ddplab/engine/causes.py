@@ -398,6 +398,24 @@ FROM_RECORDS: tuple[Cause, ...] = (
                  "https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93")),
 )
 
+FROM_RECORDS += (
+    Cause(
+        "rank0-only-state-dict", "A full state dict gathered to rank 0 only, loaded on every rank",
+        ("RuntimeError",),
+        (r"Missing key\(s\) in state_dict",),
+        "FSDP's full state dict (FullStateDictConfig(rank0_only=True)) is gathered to rank 0 alone: on every other "
+        "rank model.state_dict() returns an empty dict, and this rank loaded it (the empty value is shown).\n"
+        "Load it on rank 0 only (and broadcast what the others need: dist.broadcast_object_list), or gather it to "
+        "every rank (rank0_only=False), or save it on rank 0 and load the file on every rank after a dist.barrier().",
+        # a rank other than 0 loaded an empty mapping into a module (load_state_dict raised) right after FSDP's own
+        # gather (its last call record)
+        premise=lambda f: (raised_in("load_state_dict", "torch/nn/modules/module.py")(f) and f.empty_argument
+                           and f.rank not in (None, 0) and f.last_call_by_fsdp),
+        # rank 0 failed the same way: the state was empty everywhere, not gathered to rank 0 only
+        rules_out=lambda f: 0 in f.peers_same_error,
+        sources=("https://github.com/pytorch/pytorch/issues/125177",)),
+)
+
 # A rank's error re-raised from one of its DataLoader workers, when nothing more specific names it: tried after
 # every other text entry (signatures.CATALOG), before the catch-all for an arbitrary exception.
 WORKER_EXCEPTION = Cause(
@@ -412,6 +430,24 @@ WORKER_EXCEPTION = Cause(
     # raised in a worker (the hook's record of the other process, or torch's own words for it)
     premise=lambda f: f.in_worker,
     sources=("https://github.com/microsoft/infinibatch/issues/17",))
+
+
+# An exception raised in a concurrent.futures worker thread and re-raised at Future.result(), when nothing more
+# specific names it: tried after the worker-process entry, before the catch-all (its premise is the frames'
+# shape, true of any error raised there; a known cause raised in the thread is named first).
+THREAD_EXCEPTION = Cause(
+    "error-in-background-thread", "An exception raised in a background thread, shown later at Future.result()",
+    (),
+    (r".",),
+    "The error was raised in a worker thread (a ThreadPoolExecutor's, running the function given to submit: an "
+    "asynchronous checkpoint save), not in the line shown: the Future kept it, and the rank saw it only when it "
+    "asked for the result, long after. The thread's own frames are in the traceback, under the result() call.\n"
+    "Fix what raised in the thread (its innermost frames); ask for each result soon "
+    "(future.result() before the next submit, or add_done_callback that logs the exception) so a failure shows "
+    "where and when it happened.",
+    # the exception's frames pass through a concurrent.futures worker's run and the Future's result()
+    premise=lambda f: f.own_process and f.through_future,
+    sources=("https://github.com/google/orbax/issues/605",))
 
 
 def _library_causes() -> tuple[Cause, ...]:

@@ -248,7 +248,9 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
         return FailureFacts(e.frames, led, calls, nested=e.nested, in_flight=callsites.failed_in_flight(e.frames, calls),
                             exit_code=_own_exit(e), peers_exited=tuple(
                                 r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)),
-                            paths=e.paths, peers_working=working)
+                            paths=e.paths, peers_working=working, rank=first, values=e.values,
+                            peers_same_error=tuple(r for r, o in sorted(ev.errors.items()) if r != first
+                                                   and (o.type, o.message) == (e.type, e.message)))
     if first in ev.fatal or stack:
         frames = tuple(ev.fatal.get(first) or stack)
         return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.causes import CAUSES, FROM_RECORDS, Cause, UNUSED_PATTERNS, WORKER_EXCEPTION
+from ddplab.engine.causes import CAUSES, FROM_RECORDS, THREAD_EXCEPTION, Cause, UNUSED_PATTERNS, WORKER_EXCEPTION
 from ddplab.engine.reasons import facts_from_text
 
 
@@ -167,6 +167,7 @@ CATALOG: tuple = CAUSES + FROM_RECORDS + (
         "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
         ""),
     WORKER_EXCEPTION,
+    THREAD_EXCEPTION,
     Signature(
         "python-exception", "A rank raised a Python exception",
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
