@@ -177,13 +177,14 @@ def hung_judged(case: str):
     import json
     from ddplab.defaults import Ending
     from ddplab.engine import classify, evidence
-    from ddplab.facts import CallSite, Frame, ThreadStack
+    from ddplab.facts import CallSite, Frame, Poll, ThreadStack
     d = Path(__file__).parent / "data" / f"run_h41_{case}"
     ev = evidence.read_run(d)
     live = {r["rank"]: evidence.LiveRank(
         r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
         threads=tuple(ThreadStack.from_dict(t) for t in r.get("threads") or ()),
         calls=tuple(CallSite.from_dict(c) for c in r.get("calls") or ()),
+        polls=tuple(Poll.from_dict(p) for p in r.get("polls") or ()),
         # the hook's live answer as result.json split it (the store dialled, a blocked send/recv's peer and tag)
         dialling=dict(r.get("dialling") or {}, **({"p2p": r["peer"]} if r.get("peer") else {})) or None)
         for r in json.loads((d / "result.json").read_text())["ranks"] if r["state"] == "hung"}
@@ -450,3 +451,22 @@ def test_a_full_state_dict_gathered_to_rank_0_only_and_loaded_on_every_rank():
     ev, v = judged("fsdp_rank0_only", lambda ev: ev.errors.update(
         {0: replace(ev.errors[1], time=ev.errors[1].time + 1)}))
     assert v.first_failure == 1 and v.signature != "rank0-only-state-dict", v.signature
+
+
+def test_a_rank_polling_for_a_file_its_peer_writes_after_the_barrier_it_waits_in():
+    """wait-for-file-after-barrier: rank 0 loops on os.path.exists for rank 1's score file (the hook's poll
+    record: path, missed looks, the generator's and main's frames) while rank 1 waits in the barrier rank 0 has
+    not reached."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    _, v = hung_judged("file_poll")
+    assert (v.status, v.signature) == ("hung", "file-handshake-deadlock")
+    ((rank, p),) = classify.polling(tuple(v.ranks), tuple(r for r in v.ranks if r.where.kind == "collective"))
+    assert rank == 0 and p.path.endswith(".score1") and p.misses >= classify.POLL_MISSES
+    assert classify.looked_from(p).func == "main"
+    polls, r0, r1 = v.ranks[0].polls, v.ranks[0], v.ranks[1]
+    # fewer looks than a poll, a look made from another function, or the other rank not in a collective: not named
+    for ranks in ((replace(r0, polls=(replace(polls[0], misses=2),)), r1),
+                  (replace(r0, polls=(replace(polls[0], user=tuple(replace(f, func="helper") for f in polls[0].user)),)), r1),
+                  (r0, replace(r1, where=replace(r0.where)))):
+        assert classify.hang_signature(ranks, None) != "file-handshake-deadlock"

@@ -197,3 +197,16 @@ def test_a_send_and_a_receive_with_different_tags_from_the_blocked_calls(run_lab
     assert (r.rank(0).peer["op"], r.rank(0).peer["tag"], r.rank(1).peer["op"], r.rank(1).peer["tag"]) == (
         "send", 1, "recv", 2)
     assert "rank 0 sends to rank 1 with tag 1" in r.explain()
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_polling_for_a_file_while_the_other_waits_in_a_barrier(run_lab):
+    """file-poll: rank 0 loops on os.path.exists for a file rank 1 writes after a barrier: the hook's record of
+    the missed looks (path, count, line) and rank 0's stack at that line; rank 1 waits in the barrier."""
+    import tempfile
+    r = run_lab(SCRIPT, args=["--how", "file-poll"])
+    assert r.status == "hung" and r.signature == "file-handshake-deadlock", r.explain()
+    (p,) = r.rank(0).polls
+    assert p.path == str(Path(tempfile.gettempdir()) / f"ddplab_channels_{r.port}.done") and p.misses >= 3
+    assert r.culprits == (0,) and r.fix_at is not None and r.fix_at.line == line_of("while not os.path.exists(done)")
+    assert r.rank(1).polls == ()

@@ -492,6 +492,26 @@ class ThreadStack:
 
 
 @dataclass(frozen=True)
+class Poll:
+    """A file the rank's own code looked for (os.path.exists, os.path.isfile) and did not find, as the live rank
+    answered (the hook's wrapper): the absolute path, how many looks missed, the user frames of the last look
+    (innermost first) and how long before the answer it was."""
+    path: str
+    misses: int
+    user: tuple[Frame, ...]
+    age_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "misses": self.misses, "user": [f.to_dict() for f in self.user], "age_s": self.age_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Poll":
+        age = d.get("age_s")
+        return cls(str(d.get("path", "")), int(d.get("misses") or 0), _frames(d.get("user")),
+                   None if age is None else float(age))
+
+
+@dataclass(frozen=True)
 class ChildProcess:
     """A child process a rank started with multiprocessing (the hook's wrapper of ``BaseProcess.start``), as
     the live rank answered: its name, pid, daemon flag, the user's line that started it, and whether it was

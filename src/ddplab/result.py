@@ -17,7 +17,7 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
                           short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
-from ddplab.facts import CallDivergence, CallSite, Ended, ErrorPath, Nested, ThreadStack, parse_traceback
+from ddplab.facts import CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, ThreadStack, parse_traceback
 
 
 def _render():
@@ -121,6 +121,7 @@ class RankResult:
     calls: tuple[CallSite, ...] = ()      # the last collectives its script called, numbered, with their call sites
     threads: tuple[ThreadStack, ...] = ()  # its threads: live at the verdict, or those still running at its shutdown
     ended: Ended | None = None            # how it ended without a traceback (os._exit and its line)
+    polls: tuple[Poll, ...] = ()          # files its own code looked for and did not find (live at the verdict)
 
     # --- views (made from the fields above, for people; never parsed) ---------------------------
     @property
@@ -149,6 +150,7 @@ class RankResult:
         d["calls"] = [c.to_dict() for c in self.calls]
         d["threads"] = [t.to_dict() for t in self.threads]
         d["ended"] = self.ended.to_dict() if self.ended else None
+        d["polls"] = [p.to_dict() for p in self.polls]
         return d
 
     @classmethod
@@ -159,7 +161,8 @@ class RankResult:
                       "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ())),
                       "calls": tuple(CallSite.from_dict(c) for c in d.get("calls") or ()),
                       "threads": tuple(ThreadStack.from_dict(t) for t in d.get("threads") or ()),
-                      "ended": Ended.from_dict(d.get("ended"))})
+                      "ended": Ended.from_dict(d.get("ended")),
+                      "polls": tuple(Poll.from_dict(p) for p in d.get("polls") or ())})
 
 
 @dataclass(frozen=True)

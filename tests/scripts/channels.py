@@ -11,6 +11,7 @@
   folder-race   rank 1 saves into a folder rank 0 makes only after rank 1 failed (a flag file says when)
   folder-missing  rank 1 saves into a folder nobody makes; rank 0 waits at a barrier
   p2p-tags      rank 0 sends with tag 1, rank 1 receives from it with tag 2
+  file-poll     rank 0 polls for the file rank 1 writes only after a barrier rank 0 never reaches
 
     torchrun --nproc-per-node 2 tests/scripts/channels.py --how guarded
 """
@@ -123,6 +124,14 @@ def main(how):
             dist.send(t, dst=1, tag=1)
         else:
             dist.recv(t, src=0, tag=2)
+    elif how == "file-poll":
+        done = os.path.join(tempfile.gettempdir(), f"ddplab_channels_{os.environ['MASTER_PORT']}.done")
+        if rank == 0:
+            while not os.path.exists(done):
+                threading.Event().wait(0.1)
+        dist.barrier()
+        if rank == 1:
+            open(done, "w").close()
     elif how == "worker":
         loader = torch.utils.data.DataLoader(Items(rank), batch_size=2, num_workers=1)
         for batch in loader:

@@ -117,7 +117,8 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
                 state=RankState.HUNG if ended_by in BLOCKED else RankState.RUNNING, exit_code=None, signal="SIGTERM",
                 where=locate(lv, common["threads"]), ledger=lv.ledger or tuple(ledgers.get(rank, ())),
                 stack=tuple(lv.frames),
-                stack_source=lv.source, connections=lv.connections, **_probe_facts(lv.dialling), **common))
+                stack_source=lv.source, connections=lv.connections, polls=tuple(lv.polls),
+                **_probe_facts(lv.dialling), **common))
             continue
         frames, source = (), None
         if rank in ev.fatal:
@@ -311,6 +312,9 @@ class HangFacts:
     group_parted: bool = False             # the ranks' call records first part at a new_group (some ranks' k-th
                                            # new_group is another call than the others'), and a live rank waits in
                                            # new_group: the groups are numbered in call order on every rank
+    polling: tuple = ()                    # (rank, facts.Poll): a live rank not in torch.distributed that stands in the
+                                           # code that looked for a missing file again and again (the hook's
+                                           # records), while every other live rank waits in a collective
     tag_mismatch: tuple = ()               # (sender, receiver, send tag, receive tag): a live rank blocked in a send
                                            # to a peer blocked in a receive from it with another tag (the hook's
                                            # live answer: op, peer, tag of each blocked call)
@@ -333,7 +337,40 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
         in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
         kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
-        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p))
+        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p), polling=polling(alive, in_coll))
+
+
+POLL_MISSES = 3   # looks for a missing file from the code a rank stands in: a poll, not one check
+
+
+def polling(alive: tuple[RankResult, ...], in_coll: tuple[RankResult, ...]) -> tuple:
+    """(rank, poll) for each live rank outside torch.distributed whose stack stands at a user line of its last
+    look for a file that was missing at least POLL_MISSES times (the hook's records), where every other live rank
+    waits in a collective."""
+    out = []
+    for r in alive:
+        if r in in_coll or r.where is None or r.where.kind in ("collective", "p2p", "rendezvous", "store"):
+            continue
+        others = [o for o in alive if o.rank != r.rank]
+        if not others or any(o not in in_coll for o in others):
+            continue
+        here = next((f for f in r.stack if stacks.is_user_file(f.file)), None)
+        p = next((p for p in sorted(r.polls, key=lambda p: -p.misses)
+                  if p.misses >= POLL_MISSES and _same_function(looked_from(p), here)), None)
+        if p is not None:
+            out.append((r.rank, p))
+    return tuple(out)
+
+
+def _same_function(a, b) -> bool:
+    return a is not None and b is not None and (a.file, a.func) == (b.file, b.func)
+
+
+def looked_from(p) -> "stacks.Frame | None":
+    """The function a poll's last look was made in: its innermost user frame that is not a comprehension or a
+    lambda (``all(os.path.exists(f) for f in files)`` looks from the function that holds the generator)."""
+    return next((f for f in p.user if f.func not in ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")),
+                None)
 
 
 def tag_mismatch(in_p2p: tuple[RankResult, ...]) -> tuple:
@@ -986,6 +1023,15 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         if sig == "rendezvous-ranks-conflict" and a is not None and a.duplicates:
             # the processes that asked for a rank other than the one torchrun gave them
             culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
+        elif sig == "file-handshake-deadlock":
+            # the ranks polling for a file (the hook's records), at the line of their last look
+            polls = polling(tuple(r for r in ranks if r.state in ALIVE),
+                            tuple(r for r in ranks if r.state in ALIVE and r.where is not None
+                                  and r.where.kind == "collective"))
+            culprits = tuple(k for k, _ in polls)
+            guard = next((looked_from(p) for _, p in polls), None)
+            if guard is not None and not guard.text:
+                guard = replace(guard, text=source_line(guard, sources) or None)
         elif sig == "non-daemon-thread":
             # the ranks a thread keeps alive, and the user's line that started that thread (the hook's record)
             kept = [r for r in ranks if r.state in ALIVE and r.where is not None and r.where.kind == "thread"]

@@ -32,7 +32,7 @@ from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import probe, stacks
 from ddplab import runfiles
 from ddplab.defaults import Ending
-from ddplab.facts import CallSite, ChildProcess, Ended, ThreadStack
+from ddplab.facts import CallSite, ChildProcess, Ended, Poll, ThreadStack
 from ddplab.result import RankError
 
 
@@ -84,6 +84,7 @@ class LiveRank:
     calls: tuple = ()             # the hook's call records (facts.CallSite), live
     threads: tuple = ()           # every thread's stack (facts.ThreadStack), live
     children: tuple = ()          # the child processes it started (facts.ChildProcess), live
+    polls: tuple = ()             # files its own code looked for and did not find (facts.Poll), live
 
 
 def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int, tuple]) -> dict[int, LiveRank]:
@@ -124,6 +125,7 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
                 live.calls = calls_of(channels.get("calls"))
                 live.threads = tuple(ThreadStack.from_dict(t) for t in channels.get("threads") or ())
                 live.children = tuple(_child(c) for c in channels.get("children") or ())
+                live.polls = tuple(Poll.from_dict(p) for p in channels.get("polls") or ())
         if not live.children:
             # a rank at exit no longer answers live: the non-daemon children its hook wrote when it started them
             try:

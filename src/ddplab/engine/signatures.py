@@ -308,6 +308,17 @@ STACK_CATALOG: tuple[Signature, ...] = (
         hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60,
         rules_out=lambda f: bool(f.in_flight)),
     Signature(
+        "file-handshake-deadlock", "A rank polls for a file while the others wait for it in a collective",
+        (),
+        "A rank loops looking for a file that is not there (its looks and the path are shown) while every other rank "
+        "waits in a collective it has not reached: a handshake through the file system crossed with one through "
+        "torch.distributed. A rank that writes that file after the collective never gets there.\n"
+        "Hand the values over through torch.distributed (dist.all_gather_object, or a dist.barrier() after every "
+        "rank wrote its file, before any rank reads), or write the file before the collective the poller waits "
+        "outside of.",
+        "", hang_rule=lambda f: bool(f.polling), precedence=47,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
         "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
         (),
         "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"

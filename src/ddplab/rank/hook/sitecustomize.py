@@ -23,6 +23,8 @@ by the ``ddplab_rank`` handler of the worker server):
                     user frames and the innermost library frame that led to it, and the exception being
                     handled or propagating in that thread at the call (type, message, where raised)
   threads           every thread's name, daemon flag and stack (live, and at shutdown)
+  polls             the files the script's own code looked for (os.path.exists, os.path.isfile) and did not
+                    find: per path, how many looks, the user frames and time of the last (answered live)
   paths             the files an exception is about (an OSError's filename, else the path arguments of the
                     library call that raised), each with whether its folder existed when the rank failed
   nested            an exception torch re-raised from another process (``ExceptionWrapper.reraise``:
@@ -187,6 +189,8 @@ def _install():
     except Exception:
         pass
     _watch_thread_starts(threading)
+    _watch_file_polls()
+
     def record_children(children):
         """The non-daemon children started so far (a rank whose exit joins one no longer answers live)."""
         try:
@@ -428,6 +432,48 @@ def _watch_process_starts(on_non_daemon=None):
     mp.BaseProcess.start = start
 
 
+_POLLS_KEPT = 32       # paths a rank looked for and did not find, the most recent kept
+
+
+def _watch_file_polls():
+    """Wrap ``os.path.exists`` and ``os.path.isfile`` so that a look from the user's own code for a file that is
+    not there is counted per path, with the user frames of the last look and its time (``_STATE["polls"]``: a
+    rank polling for a file another process writes). A look that finds the file, or one made by a library, is
+    not recorded; the answer is unchanged."""
+    import collections
+    import time
+    polls = collections.OrderedDict()
+    _STATE["polls"] = polls
+    for name in ("exists", "isfile"):
+        real = getattr(os.path, name)
+        if getattr(real, "__ddplab_watched__", None):
+            continue
+
+        def watched(path, _real=real):
+            found = _real(path)
+            if not found:
+                try:
+                    frame = sys._getframe(1)
+                    if _kind(frame.f_code.co_filename) == "user":
+                        user = []
+                        while frame is not None and len(user) < _USER_FRAMES:
+                            if _kind(frame.f_code.co_filename) == "user":
+                                user.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
+                            frame = frame.f_back
+                        key = os.path.abspath(os.fspath(path))
+                        rec = polls.pop(key, None) or {"path": key, "misses": 0, "first": time.time()}
+                        rec.update(misses=rec["misses"] + 1, last=time.time(), user=user)
+                        polls[key] = rec
+                        while len(polls) > _POLLS_KEPT:
+                            polls.popitem(last=False)
+                except Exception:   # evidence-keeping never changes the answer
+                    pass
+            return found
+        watched.__ddplab_watched__ = real
+        watched.__name__, watched.__doc__ = real.__name__, real.__doc__
+        setattr(os.path, name, watched)
+
+
 def _watch_thread_starts(threading):
     """Wrap ``Thread.start`` so that each thread keeps the innermost user frame that started it (a thread's own
     stack shows what it runs, never who started it). The thread starts unchanged."""
@@ -453,8 +499,10 @@ def _rank_handler(req, resp):
     """The worker server's ``ddplab_rank``: this rank's call records and every thread's stack, now."""
     import json
     calls = _STATE.get("calls")
+    import time
     found = {"calls": calls.records() if calls is not None else [], "threads": _threads(),
-             "children": list(_STATE.get("children") or ())}
+             "children": list(_STATE.get("children") or ()),
+             "polls": [dict(p, age_s=time.time() - p["last"]) for p in list((_STATE.get("polls") or {}).values())]}
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
 
