@@ -102,7 +102,7 @@ def judged(case: str, change=None):
 
 def test_records_readings_are_tried_from_records_only():
     assert {c.id for c in causes.FROM_RECORDS}.isdisjoint(IDS)
-    for c in causes.FROM_RECORDS + (causes.WORKER_EXCEPTION,):
+    for c in causes.FROM_RECORDS + (causes.WORKER_EXCEPTION, causes.THREAD_EXCEPTION):
         assert c.premise is not None and c.sources and len(c.explanation.splitlines()) == 2, c.id
 
 
@@ -177,13 +177,16 @@ def hung_judged(case: str):
     import json
     from ddplab.defaults import Ending
     from ddplab.engine import classify, evidence
-    from ddplab.facts import CallSite, Frame, ThreadStack
+    from ddplab.facts import CallSite, Frame, Poll, ThreadStack
     d = Path(__file__).parent / "data" / f"run_h41_{case}"
     ev = evidence.read_run(d)
     live = {r["rank"]: evidence.LiveRank(
         r["rank"], r["pid"], frames=[Frame.from_dict(f) for f in r["stack"]], source=r["stack_source"],
         threads=tuple(ThreadStack.from_dict(t) for t in r.get("threads") or ()),
-        calls=tuple(CallSite.from_dict(c) for c in r.get("calls") or ()))
+        calls=tuple(CallSite.from_dict(c) for c in r.get("calls") or ()),
+        polls=tuple(Poll.from_dict(p) for p in r.get("polls") or ()),
+        # the hook's live answer as result.json split it (the store dialled, a blocked send/recv's peer and tag)
+        dialling=dict(r.get("dialling") or {}, **({"p2p": r["peer"]} if r.get("peer") else {})) or None)
         for r in json.loads((d / "result.json").read_text())["ranks"] if r["state"] == "hung"}
     w = evidence.Watch(ended_by=Ending.STALL, returncode=None, world=2, stall_s=5.0, wall_s=0.0, idle_s=5.1,
                        since_s=0.0)
@@ -334,3 +337,136 @@ def test_new_group_on_some_ranks_from_the_ranks_call_records():
     # no rank waits in new_group
     moved = (replace(v.ranks[0], where=v.ranks[1].where), v.ranks[1])
     assert not classify.group_parted(moved)
+
+
+def _folder_now(now):
+    """A change for judged(): whether the folders of the files the ranks' exceptions are about exist at the verdict
+    (read_run reads the file system when it is run: the captured paths are gone by now)."""
+    from dataclasses import replace
+
+    def change(ev):
+        ev.errors.update({r: replace(e, paths=tuple(replace(p, folder_now=now) for p in e.paths))
+                          for r, e in ev.errors.items()})
+    return change
+
+
+def test_a_checkpoint_folder_never_made_is_named_from_the_path_the_rank_recorded():
+    """checkpoint-dir-missing: rank 0's torch.save into checkpoints/ ('Parent directory ... does not exist'); the
+    hook recorded torch.save's own path argument and that its folder did not exist; rank 1 had failed too (its
+    peer lost): no rank was still at work."""
+    from ddplab.engine import classify
+    ev, v = judged("checkpoint_dir_missing", _folder_now(False))
+    (p,) = ev.errors[0].paths
+    assert p.path.endswith("/checkpoints/last.pt") and p.folder_then is False
+    assert (v.status, v.signature, v.first_failure) == ("failed", "checkpoint-dir-missing", 0)
+    assert classify.failure_facts(ev, 0, ranks=v.ranks).peers_working == ()
+    # the folder exists now: made after the rank failed, not never made
+    _, v = judged("checkpoint_dir_missing", _folder_now(True))
+    assert v.signature == "dir-created-on-rank0-only"
+
+
+def test_a_folder_that_existed_when_the_rank_failed_or_no_path_recorded_names_neither():
+    from dataclasses import replace
+    for now in (False, True):
+        def existed(ev, now=now):
+            _folder_now(now)(ev)
+            ev.errors.update({r: replace(e, paths=tuple(replace(p, folder_then=True) for p in e.paths))
+                              for r, e in ev.errors.items()})
+        _, v = judged("checkpoint_dir_missing", existed)
+        assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    # a record without paths (an older hook), or the message alone: the text never names either
+    ev, v = judged("checkpoint_dir_missing", lambda ev: ev.errors.update(
+        {r: replace(e, paths=()) for r, e in ev.errors.items()}))
+    assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    m = signatures.match_text(f"RuntimeError: {ev.errors[0].message}")
+    assert m is None or m[0].id not in ("checkpoint-dir-missing", "dir-created-on-rank0-only")
+
+
+def test_a_folder_one_rank_makes_later_is_not_named_missing_while_that_rank_was_at_work():
+    """dir-made-by-rank0-only: rank 1 saved into the run's folder first and failed; rank 0, which makes it after a
+    5 s sleep, was stopped by torchrun in that sleep (its SIGTERM dump): the folder is missing at the verdict, and
+    a peer still at work in its own code rules out 'never made' (it may have been about to make it)."""
+    from ddplab.engine import classify
+    ev, v = judged("dir_rank0_only", _folder_now(False))
+    assert (v.status, v.first_failure) == ("failed", 1)
+    facts = classify.failure_facts(ev, 1, ranks=v.ranks)
+    assert facts.peers_working == (0,) and facts.folder_missing_then
+    assert v.signature not in ("checkpoint-dir-missing", "dir-created-on-rank0-only"), v.signature
+    # had rank 0 made it before it was stopped, the folder would exist now: the race is named
+    _, v = judged("dir_rank0_only", _folder_now(True))
+    assert v.signature == "dir-created-on-rank0-only"
+
+
+def test_a_send_and_the_receive_waiting_for_it_with_different_tags():
+    """p2p-grad-tag-mismatch: rank 1 (the last stage) sends its gradient back with the activation's tag (3) while
+    rank 0 waits to receive it with tag 103: the hook's live answer of each blocked call (op, peer, tag)."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    _, v = hung_judged("p2p_tags")
+    assert (v.status, v.signature) == ("hung", "p2p-tag-mismatch")
+    assert classify.tag_mismatch(tuple(r for r in v.ranks if r.where.kind == "p2p")) == ((1, 0, 3, 103),)
+    # the same tag on both sides (a peer that is late, not mismatched), a tag not known, or a receive from
+    # another rank: not named
+    for peer in ({"op": "recv", "peer": 1, "tag": 3}, {"op": "recv", "peer": 1, "tag": None},
+                 {"op": "recv", "peer": 5, "tag": 103}):
+        ranks = (replace(v.ranks[0], peer=peer), v.ranks[1])
+        assert classify.hang_signature(ranks, None) != "p2p-tag-mismatch", peer
+    # both ranks sending (an ordering deadlock) is not a tag mismatch
+    ranks = (replace(v.ranks[0], peer={"op": "send", "peer": 1, "tag": 103},
+                     where=replace(v.ranks[0].where, op="send")), v.ranks[1])
+    assert classify.hang_signature(ranks, None) == "hang-p2p-ordering"
+
+
+def test_an_exception_raised_in_a_future_s_worker_thread_and_shown_at_result():
+    """async-save-unpicklable: rank 0 saves its checkpoint with ThreadPoolExecutor.submit(torch.save, ...); the
+    pickling error is raised in the worker thread and re-raised at future.result() (the frames of both)."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    ev, v = judged("async_save")
+    assert (v.status, v.signature, v.first_failure) == ("failed", "error-in-background-thread", 0)
+    assert classify.failure_facts(ev, 0).through_future
+    # the same error raised in the rank's own thread (no worker's run in its frames): not named
+    ev, v = judged("async_save", lambda ev: ev.errors.update({0: replace(ev.errors[0], frames=tuple(
+        f for f in ev.errors[0].frames if "concurrent/futures" not in f.file))}))
+    assert v.signature != "error-in-background-thread", v.signature
+
+
+def test_a_full_state_dict_gathered_to_rank_0_only_and_loaded_on_every_rank():
+    """fsdp-rank0-only-state-load: rank 1 loads FSDP's full state dict (rank0_only=True), empty there: the hook's
+    value of `state` on the failing line is OrderedDict(), its last call record an all_gather made by FSDP."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    ev, v = judged("fsdp_rank0_only")
+    assert (v.status, v.signature, v.first_failure) == ("failed", "rank0-only-state-dict", 1)
+    f = classify.failure_facts(ev, 1)
+    assert f.empty_argument and f.last_call_by_fsdp and f.rank == 1
+    # a non-empty state (keys that do not match): another mistake
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.errors.update(
+        {1: replace(ev.errors[1], values={"state": "OrderedDict({'weight': tensor(...)})"})}))
+    assert v.signature != "rank0-only-state-dict"
+    # no record of FSDP's gather before it: nothing shows whose state dict it was
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.calls.clear())
+    assert v.signature != "rank0-only-state-dict"
+    # rank 0 failed the same way (empty everywhere): not gathered to rank 0 only
+    ev, v = judged("fsdp_rank0_only", lambda ev: ev.errors.update(
+        {0: replace(ev.errors[1], time=ev.errors[1].time + 1)}))
+    assert v.first_failure == 1 and v.signature != "rank0-only-state-dict", v.signature
+
+
+def test_a_rank_polling_for_a_file_its_peer_writes_after_the_barrier_it_waits_in():
+    """wait-for-file-after-barrier: rank 0 loops on os.path.exists for rank 1's score file (the hook's poll
+    record: path, missed looks, the generator's and main's frames) while rank 1 waits in the barrier rank 0 has
+    not reached."""
+    from dataclasses import replace
+    from ddplab.engine import classify
+    _, v = hung_judged("file_poll")
+    assert (v.status, v.signature) == ("hung", "file-handshake-deadlock")
+    ((rank, p),) = classify.polling(tuple(v.ranks), tuple(r for r in v.ranks if r.where.kind == "collective"))
+    assert rank == 0 and p.path.endswith(".score1") and p.misses >= classify.POLL_MISSES
+    assert classify.looked_from(p).func == "main"
+    polls, r0, r1 = v.ranks[0].polls, v.ranks[0], v.ranks[1]
+    # fewer looks than a poll, a look made from another function, or the other rank not in a collective: not named
+    for ranks in ((replace(r0, polls=(replace(polls[0], misses=2),)), r1),
+                  (replace(r0, polls=(replace(polls[0], user=tuple(replace(f, func="helper") for f in polls[0].user)),)), r1),
+                  (r0, replace(r1, where=replace(r0.where)))):
+        assert classify.hang_signature(ranks, None) != "file-handshake-deadlock"

@@ -153,3 +153,60 @@ def test_a_rank_still_in_its_loop_is_compared_at_every_frame_of_its_stack():
     assert d.odd == () and d.branch is None
     # with only its innermost frame known, the __main__ guard would have looked like a branch
     assert callsites.divergence(calls, {0: stands[0][:1]}, {"/x/t.py": src}).branch is not None
+
+
+@pytest.mark.timeout(150)
+def test_a_folder_missing_when_the_rank_failed_and_made_later_is_a_race_not_a_missing_folder(run_lab):
+    """folder-race: rank 1's torch.save fails ('Parent directory ... does not exist'), rank 0 makes the folder after
+    it. The path is the hook's record of torch.save's own argument, and whether its folder existed then; at the
+    verdict the folder exists: another rank made it later."""
+    import shutil
+    import tempfile
+    r = run_lab(SCRIPT, args=["--how", "folder-race"])
+    folder = Path(tempfile.gettempdir()) / f"ddplab_channels_{r.port}"
+    try:
+        assert r.status == "failed" and r.first_failure == 1, r.explain()
+        (p,) = r.rank(1).error.paths
+        assert (p.path, p.folder_then, p.folder_now) == (str(folder / "rank1.pt"), False, True)
+        assert r.signature == "dir-created-on-rank0-only", r.explain()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        Path(str(folder) + ".failed").unlink(missing_ok=True)
+
+
+@pytest.mark.timeout(150)
+def test_a_folder_nobody_made_is_named_missing(run_lab):
+    import tempfile
+    r = run_lab(SCRIPT, args=["--how", "folder-missing"])
+    folder = Path(tempfile.gettempdir()) / f"ddplab_channels_{r.port}"
+    try:
+        assert r.status == "failed" and r.first_failure == 1, r.explain()
+        (p,) = r.rank(1).error.paths
+        assert (p.path, p.folder_then, p.folder_now) == (str(folder / "rank1.pt"), False, False)
+        assert r.signature == "checkpoint-dir-missing", r.explain()
+    finally:
+        Path(str(folder) + ".failed").unlink(missing_ok=True)
+
+
+@pytest.mark.timeout(150)
+def test_a_send_and_a_receive_with_different_tags_from_the_blocked_calls(run_lab):
+    """p2p-tags: rank 0 blocks in send(dst=1, tag=1), rank 1 in recv(src=0, tag=2): the hook's live answer gives each
+    blocked call's peer and tag."""
+    r = run_lab(SCRIPT, args=["--how", "p2p-tags"])
+    assert r.status == "hung" and r.signature == "p2p-tag-mismatch", r.explain()
+    assert (r.rank(0).peer["op"], r.rank(0).peer["tag"], r.rank(1).peer["op"], r.rank(1).peer["tag"]) == (
+        "send", 1, "recv", 2)
+    assert "rank 0 sends to rank 1 with tag 1" in r.explain()
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_polling_for_a_file_while_the_other_waits_in_a_barrier(run_lab):
+    """file-poll: rank 0 loops on os.path.exists for a file rank 1 writes after a barrier: the hook's record of
+    the missed looks (path, count, line) and rank 0's stack at that line; rank 1 waits in the barrier."""
+    import tempfile
+    r = run_lab(SCRIPT, args=["--how", "file-poll"])
+    assert r.status == "hung" and r.signature == "file-handshake-deadlock", r.explain()
+    (p,) = r.rank(0).polls
+    assert p.path == str(Path(tempfile.gettempdir()) / f"ddplab_channels_{r.port}.done") and p.misses >= 3
+    assert r.culprits == (0,) and r.fix_at is not None and r.fix_at.line == line_of("while not os.path.exists(done)")
+    assert r.rank(1).polls == ()

@@ -233,6 +233,33 @@ class ChainedError:
                    d.get("relation", "context"), d.get("module", ""))
 
 
+# --- a file an exception is about (the rank hook's record, engine.causes) -------------------
+@dataclass(frozen=True)
+class ErrorPath:
+    """A file a rank's exception is about, from the exception's own fields (an OSError's ``filename``) or the
+    path argument of the library call that raised (torch.save's ``f``), never from its message: the absolute
+    path, whether the folder it is in existed when the rank recorded the error, and whether it exists at the
+    verdict (read by ``engine.evidence.read_run``; None: not looked at)."""
+    path: str
+    folder_then: bool
+    folder_now: bool | None = None
+
+    @property
+    def folder(self) -> str:
+        import os.path
+        return os.path.dirname(self.path)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "folder_then": self.folder_then, "folder_now": self.folder_now}
+
+    @classmethod
+    def from_dict(cls, d) -> "ErrorPath":
+        if isinstance(d, (list, tuple)):    # the rank hook's record: [path, folder existed then]
+            return cls(str(d[0]), bool(d[1]))
+        now = d.get("folder_now")
+        return cls(str(d["path"]), bool(d.get("folder_then")), None if now is None else bool(now))
+
+
 # --- ddplab run --check's report (engine.check) ---------------------------------------------
 CHECK_FIXES = {
     "replicas-differ": "change the model only through steps every rank takes through the DDP wrapper (not "
@@ -485,6 +512,26 @@ class ThreadStack:
     def from_dict(cls, d: dict) -> "ThreadStack":
         return cls(str(d.get("name", "?")), bool(d.get("daemon")), bool(d.get("main")), _frames(d.get("frames")),
                    _frame(d.get("started")))
+
+
+@dataclass(frozen=True)
+class Poll:
+    """A file the rank's own code looked for (os.path.exists, os.path.isfile) and did not find, as the live rank
+    answered (the hook's wrapper): the absolute path, how many looks missed, the user frames of the last look
+    (innermost first) and how long before the answer it was."""
+    path: str
+    misses: int
+    user: tuple[Frame, ...]
+    age_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "misses": self.misses, "user": [f.to_dict() for f in self.user], "age_s": self.age_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Poll":
+        age = d.get("age_s")
+        return cls(str(d.get("path", "")), int(d.get("misses") or 0), _frames(d.get("user")),
+                   None if age is None else float(age))
 
 
 @dataclass(frozen=True)

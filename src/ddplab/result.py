@@ -17,7 +17,7 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
                           short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
-from ddplab.facts import CallDivergence, CallSite, Ended, Nested, ThreadStack, parse_traceback
+from ddplab.facts import CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, ThreadStack, parse_traceback
 
 
 def _render():
@@ -42,6 +42,7 @@ class RankError:
     exited: dict | None = None    # {"code", "frames"}: sys.exit called while handling it (hydra, click)
     asked: dict | None = None     # raised inside init_process_group: the rank and world size it asked for, its env
     nested: Nested | None = None  # re-raised from another process (a DataLoader worker): its own exception
+    paths: tuple[ErrorPath, ...] = ()  # the files it is about (its own fields, the failing call's path arguments)
 
     @property
     def frame(self) -> Frame | None:
@@ -52,7 +53,8 @@ class RankError:
         return {"type": self.type, "message": self.message, "frames": [f.to_dict() for f in self.frames],
                 "time": self.time, "module": self.module, "cause": self.cause, "env": self.env,
                 "chain": [c.to_dict() for c in self.chain], "values": self.values, "exited": self.exited,
-                "asked": self.asked, "nested": self.nested.to_dict() if self.nested else None}
+                "asked": self.asked, "nested": self.nested.to_dict() if self.nested else None,
+                "paths": [p.to_dict() for p in self.paths]}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RankError | None":
@@ -63,7 +65,8 @@ class RankError:
                    module=d.get("module", ""), cause=d.get("cause"), env=d.get("env"),
                    chain=tuple(ChainedError.from_dict(c) for c in d.get("chain") or ()),
                    values=d.get("values") or None, exited=d.get("exited"), asked=d.get("asked"),
-                   nested=_nested(d.get("nested")))
+                   nested=_nested(d.get("nested")),
+                   paths=tuple(ErrorPath.from_dict(p) for p in d.get("paths") or ()))
 
 
 def _nested(d) -> Nested | None:
@@ -118,6 +121,7 @@ class RankResult:
     calls: tuple[CallSite, ...] = ()      # the last collectives its script called, numbered, with their call sites
     threads: tuple[ThreadStack, ...] = ()  # its threads: live at the verdict, or those still running at its shutdown
     ended: Ended | None = None            # how it ended without a traceback (os._exit and its line)
+    polls: tuple[Poll, ...] = ()          # files its own code looked for and did not find (live at the verdict)
 
     # --- views (made from the fields above, for people; never parsed) ---------------------------
     @property
@@ -146,6 +150,7 @@ class RankResult:
         d["calls"] = [c.to_dict() for c in self.calls]
         d["threads"] = [t.to_dict() for t in self.threads]
         d["ended"] = self.ended.to_dict() if self.ended else None
+        d["polls"] = [p.to_dict() for p in self.polls]
         return d
 
     @classmethod
@@ -156,7 +161,8 @@ class RankResult:
                       "connections": tuple(d.get("connections", ())), "records": tuple(d.get("records", ())),
                       "calls": tuple(CallSite.from_dict(c) for c in d.get("calls") or ()),
                       "threads": tuple(ThreadStack.from_dict(t) for t in d.get("threads") or ()),
-                      "ended": Ended.from_dict(d.get("ended"))})
+                      "ended": Ended.from_dict(d.get("ended")),
+                      "polls": tuple(Poll.from_dict(p) for p in d.get("polls") or ())})
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,16 @@
   thread        rank 1 leaves a non-daemon thread running: its main thread ends, the process does not
   os-exit       rank 1 calls os._exit(3): no traceback, no exit handler
   worker        rank 1's DataLoader worker process raises in __getitem__
+  folder-race   rank 1 saves into a folder rank 0 makes only after rank 1 failed (a flag file says when)
+  folder-missing  rank 1 saves into a folder nobody makes; rank 0 waits at a barrier
+  p2p-tags      rank 0 sends with tag 1, rank 1 receives from it with tag 2
+  file-poll     rank 0 polls for the file rank 1 writes only after a barrier rank 0 never reaches
 
     torchrun --nproc-per-node 2 tests/scripts/channels.py --how guarded
 """
 import argparse
 import os
+import tempfile
 import threading
 
 import torch
@@ -101,6 +106,32 @@ def main(how):
         if rank == 1:
             os._exit(3)
         dist.all_reduce(t)
+    elif how in ("folder-race", "folder-missing"):
+        folder = os.path.join(tempfile.gettempdir(), f"ddplab_channels_{os.environ['MASTER_PORT']}")
+        if rank == 1:
+            try:
+                torch.save(t, os.path.join(folder, "rank1.pt"))
+            except RuntimeError:
+                open(folder + ".failed", "w").close()
+                raise
+        elif how == "folder-race":
+            while not os.path.exists(folder + ".failed"):
+                threading.Event().wait(0.05)
+            os.makedirs(folder, exist_ok=True)  # rank 0 makes it, after rank 1 needed it
+        dist.barrier()
+    elif how == "p2p-tags":
+        if rank == 0:
+            dist.send(t, dst=1, tag=1)
+        else:
+            dist.recv(t, src=0, tag=2)
+    elif how == "file-poll":
+        done = os.path.join(tempfile.gettempdir(), f"ddplab_channels_{os.environ['MASTER_PORT']}.done")
+        if rank == 0:
+            while not os.path.exists(done):
+                threading.Event().wait(0.1)
+        dist.barrier()
+        if rank == 1:
+            open(done, "w").close()
     elif how == "worker":
         loader = torch.utils.data.DataLoader(Items(rank), batch_size=2, num_workers=1)
         for batch in loader:

@@ -37,6 +37,8 @@ class Cause:
     # what the evidence must hold for this reading (a predicate over reasons.FailureFacts, None when
     # only text is at hand); the entry is not named where it does not hold
     premise: Callable | None = None
+    # what, in the same facts, shows the reading wrong even where the premise holds (None: nothing)
+    rules_out: Callable | None = None
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -368,6 +370,50 @@ FROM_RECORDS: tuple[Cause, ...] = (
         # the rank's own sys.exit(non-zero), not a framework's exit after an exception, and no other rank's
         premise=lambda f: f.exit_code is not None and not f.peers_exited,
         sources=("https://github.com/YalaLab/pillar-pretrain/pull/9",)),
+    Cause(
+        "checkpoint-dir-missing", "A file written into a folder that was never made",
+        ("FileNotFoundError", "RuntimeError"),
+        (r"No such file or directory|directory .*does not exist",),
+        "The rank wrote a file (torch.save, open) into a folder that did not exist when it failed and still does not "
+        "(the message names it): nothing made it.\n"
+        "Make the folder before the first save, on every rank that writes there: os.makedirs(os.path.dirname(path), "
+        "exist_ok=True) (or pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)).",
+        # the folder of a file the exception is about was missing when the rank failed and is missing at the verdict
+        premise=lambda f: f.own_process and any(p.folder_now is False for p in f.folder_missing_then),
+        # a peer was still at work in its own code when the job was stopped: it may have been about to make it
+        rules_out=lambda f: bool(f.peers_working),
+        sources=("https://github.com/thunlp/KnowledgeablePromptTuning/issues/24",)),
+    Cause(
+        "dir-created-on-rank0-only", "A folder one rank makes, used by a rank that got there first",
+        ("FileNotFoundError", "RuntimeError"),
+        (r"No such file or directory|directory .*does not exist",),
+        "The folder this rank wrote into did not exist when it failed, and exists now: another process of the job "
+        "(one rank, rank 0 most often) made it later. The ranks race: the folder is made by one rank only, and the "
+        "others do not wait for it.\n"
+        "Make it on every rank with os.makedirs(folder, exist_ok=True) before writing, or make it on rank 0 and "
+        "call dist.barrier() before any rank writes there.",
+        # the folder was missing when the rank failed (the hook's record) and exists at the verdict
+        premise=lambda f: f.own_process and any(p.folder_now for p in f.folder_missing_then),
+        sources=("https://github.com/karpathy/nanochat/issues/315",
+                 "https://github.com/EvolvingLMMs-Lab/lmms-engine/issues/93")),
+)
+
+FROM_RECORDS += (
+    Cause(
+        "rank0-only-state-dict", "A full state dict gathered to rank 0 only, loaded on every rank",
+        ("RuntimeError",),
+        (r"Missing key\(s\) in state_dict",),
+        "FSDP's full state dict (FullStateDictConfig(rank0_only=True)) is gathered to rank 0 alone: on every other "
+        "rank model.state_dict() returns an empty dict, and this rank loaded it (the empty value is shown).\n"
+        "Load it on rank 0 only (and broadcast what the others need: dist.broadcast_object_list), or gather it to "
+        "every rank (rank0_only=False), or save it on rank 0 and load the file on every rank after a dist.barrier().",
+        # a rank other than 0 loaded an empty mapping into a module (load_state_dict raised) right after FSDP's own
+        # gather (its last call record)
+        premise=lambda f: (raised_in("load_state_dict", "torch/nn/modules/module.py")(f) and f.empty_argument
+                           and f.rank not in (None, 0) and f.last_call_by_fsdp),
+        # rank 0 failed the same way: the state was empty everywhere, not gathered to rank 0 only
+        rules_out=lambda f: 0 in f.peers_same_error,
+        sources=("https://github.com/pytorch/pytorch/issues/125177",)),
 )
 
 # A rank's error re-raised from one of its DataLoader workers, when nothing more specific names it: tried after
@@ -384,6 +430,24 @@ WORKER_EXCEPTION = Cause(
     # raised in a worker (the hook's record of the other process, or torch's own words for it)
     premise=lambda f: f.in_worker,
     sources=("https://github.com/microsoft/infinibatch/issues/17",))
+
+
+# An exception raised in a concurrent.futures worker thread and re-raised at Future.result(), when nothing more
+# specific names it: tried after the worker-process entry, before the catch-all (its premise is the frames'
+# shape, true of any error raised there; a known cause raised in the thread is named first).
+THREAD_EXCEPTION = Cause(
+    "error-in-background-thread", "An exception raised in a background thread, shown later at Future.result()",
+    (),
+    (r".",),
+    "The error was raised in a worker thread (a ThreadPoolExecutor's, running the function given to submit: an "
+    "asynchronous checkpoint save), not in the line shown: the Future kept it, and the rank saw it only when it "
+    "asked for the result, long after. The thread's own frames are in the traceback, under the result() call.\n"
+    "Fix what raised in the thread (its innermost frames); ask for each result soon "
+    "(future.result() before the next submit, or add_done_callback that logs the exception) so a failure shows "
+    "where and when it happened.",
+    # the exception's frames pass through a concurrent.futures worker's run and the Future's result()
+    premise=lambda f: f.own_process and f.through_future,
+    sources=("https://github.com/google/orbax/issues/605",))
 
 
 def _library_causes() -> tuple[Cause, ...]:

@@ -117,7 +117,8 @@ def rank_results(nproc: int, ended_by: Ending, returncode: int | None, ev: RunEv
                 state=RankState.HUNG if ended_by in BLOCKED else RankState.RUNNING, exit_code=None, signal="SIGTERM",
                 where=locate(lv, common["threads"]), ledger=lv.ledger or tuple(ledgers.get(rank, ())),
                 stack=tuple(lv.frames),
-                stack_source=lv.source, connections=lv.connections, **_probe_facts(lv.dialling), **common))
+                stack_source=lv.source, connections=lv.connections, polls=tuple(lv.polls),
+                **_probe_facts(lv.dialling), **common))
             continue
         frames, source = (), None
         if rank in ev.fatal:
@@ -230,11 +231,14 @@ def _consequence_text(text: str) -> bool:
     return m is not None and m[0].id in CONSEQUENCES
 
 
-def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = ()) -> FailureFacts | None:
+def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = (),
+                  ranks: tuple[RankResult, ...] = ()) -> FailureFacts | None:
     """What the catalog's premises are checked against: the first failing rank's frames (its
-    exception's, else its stack: a fatal signal's dump, else its log's traceback) and its ledger."""
+    exception's, else its stack: a fatal signal's dump, else its log's traceback), its ledger, and
+    (``ranks``) the peers still at work in their own code when the job was stopped."""
     if first is None:
         return None
+    working = tuple(r.rank for r in busy_peers(ranks, first))
     led = ev.final_ledgers.get(first) or tuple(ledger) or None
     e = ev.errors.get(first)
     calls = ev.calls.get(first) or None
@@ -244,7 +248,10 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
     if e is not None:
         return FailureFacts(e.frames, led, calls, nested=e.nested, in_flight=callsites.failed_in_flight(e.frames, calls),
                             exit_code=_own_exit(e), peers_exited=tuple(
-                                r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)))
+                                r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)),
+                            paths=e.paths, peers_working=working, rank=first, values=e.values,
+                            peers_same_error=tuple(r for r, o in sorted(ev.errors.items()) if r != first
+                                                   and (o.type, o.message) == (e.type, e.message)))
     if first in ev.fatal or stack:
         frames = tuple(ev.fatal.get(first) or stack)
         return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))
@@ -261,11 +268,11 @@ def _own_exit(e) -> str | None:
 
 
 def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
-                     stack: tuple = ()) -> tuple[str | None, str | None]:
+                     stack: tuple = (), ranks: tuple[RankResult, ...] = ()) -> tuple[str | None, str | None]:
     """The catalog entry for a failed run: the first failing rank's own exception first (the
     record's type and message), then its log, then any rank's log or torchrun's output when the
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
-    facts = failure_facts(ev, first, ledger, stack)
+    facts = failure_facts(ev, first, ledger, stack, ranks)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
     flight = signatures.get("exception-in-collective")
     if facts is not None and signatures.holds(flight, facts) and (m is None or m[0].id in flight.replaces):
@@ -305,6 +312,12 @@ class HangFacts:
     group_parted: bool = False             # the ranks' call records first part at a new_group (some ranks' k-th
                                            # new_group is another call than the others'), and a live rank waits in
                                            # new_group: the groups are numbered in call order on every rank
+    polling: tuple = ()                    # (rank, facts.Poll): a live rank not in torch.distributed that stands in the
+                                           # code that looked for a missing file again and again (the hook's
+                                           # records), while every other live rank waits in a collective
+    tag_mismatch: tuple = ()               # (sender, receiver, send tag, receive tag): a live rank blocked in a send
+                                           # to a peer blocked in a receive from it with another tag (the hook's
+                                           # live answer: op, peer, tag of each blocked call)
     kept_alive: tuple[RankResult, ...] = ()  # live ranks whose main thread finished and that Python keeps alive at
                                              # exit: for a non-daemon thread (where.kind "thread": the hook's
                                              # thread records) or a child process it joins ("child": its stack)
@@ -324,7 +337,55 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
         in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
         kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
-        group_parted=group_parted(ranks))
+        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p), polling=polling(alive, in_coll))
+
+
+POLL_MISSES = 3   # looks for a missing file from the code a rank stands in: a poll, not one check
+
+
+def polling(alive: tuple[RankResult, ...], in_coll: tuple[RankResult, ...]) -> tuple:
+    """(rank, poll) for each live rank outside torch.distributed whose stack stands at a user line of its last
+    look for a file that was missing at least POLL_MISSES times (the hook's records), where every other live rank
+    waits in a collective."""
+    out = []
+    for r in alive:
+        if r in in_coll or r.where is None or r.where.kind in ("collective", "p2p", "rendezvous", "store"):
+            continue
+        others = [o for o in alive if o.rank != r.rank]
+        if not others or any(o not in in_coll for o in others):
+            continue
+        here = next((f for f in r.stack if stacks.is_user_file(f.file)), None)
+        p = next((p for p in sorted(r.polls, key=lambda p: -p.misses)
+                  if p.misses >= POLL_MISSES and _same_function(looked_from(p), here)), None)
+        if p is not None:
+            out.append((r.rank, p))
+    return tuple(out)
+
+
+def _same_function(a, b) -> bool:
+    return a is not None and b is not None and (a.file, a.func) == (b.file, b.func)
+
+
+def looked_from(p) -> "stacks.Frame | None":
+    """The function a poll's last look was made in: its innermost user frame that is not a comprehension or a
+    lambda (``all(os.path.exists(f) for f in files)`` looks from the function that holds the generator)."""
+    return next((f for f in p.user if f.func not in ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>")),
+                None)
+
+
+def tag_mismatch(in_p2p: tuple[RankResult, ...]) -> tuple:
+    """(sender, receiver, send tag, receive tag) for each live rank blocked in a send to a peer that is blocked in
+    a receive from that rank with another tag (both tags known, peers named: the hook's answer). Peers are the
+    calls' own ranks (the default group's, which are the global ranks)."""
+    blocked = {r.rank: r.peer for r in in_p2p if r.peer and r.where.op in ("send", "recv")
+               and r.peer.get("op") == r.where.op and isinstance(r.peer.get("tag"), int)}
+    out = []
+    for a, p in sorted(blocked.items()):
+        q = blocked.get(p.get("peer"))
+        if (p["op"] == "send" and q is not None and q["op"] == "recv" and q.get("peer") == a
+                and q["tag"] != p["tag"]):
+            out.append((a, p["peer"], p["tag"], q["tag"]))
+    return tuple(out)
 
 
 def group_parted(ranks: tuple[RankResult, ...]) -> bool:
@@ -429,7 +490,7 @@ def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ra
     if status == Status.FAILED:
         first = first_failure(ev, ranks)
         own = next((r for r in ranks if r.rank == first), None)
-        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else ())
+        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else (), ranks)
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
             signature = "rank-killed"
         elif signature in CONSEQUENCES and left_early(ranks, div, ev):
@@ -962,6 +1023,15 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         if sig == "rendezvous-ranks-conflict" and a is not None and a.duplicates:
             # the processes that asked for a rank other than the one torchrun gave them
             culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
+        elif sig == "file-handshake-deadlock":
+            # the ranks polling for a file (the hook's records), at the line of their last look
+            polls = polling(tuple(r for r in ranks if r.state in ALIVE),
+                            tuple(r for r in ranks if r.state in ALIVE and r.where is not None
+                                  and r.where.kind == "collective"))
+            culprits = tuple(k for k, _ in polls)
+            guard = next((looked_from(p) for _, p in polls), None)
+            if guard is not None and not guard.text:
+                guard = replace(guard, text=source_line(guard, sources) or None)
         elif sig == "non-daemon-thread":
             # the ranks a thread keeps alive, and the user's line that started that thread (the hook's record)
             kept = [r for r in ranks if r.state in ALIVE and r.where is not None and r.where.kind == "thread"]

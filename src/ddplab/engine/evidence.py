@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -32,7 +32,7 @@ from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import probe, stacks
 from ddplab import runfiles
 from ddplab.defaults import Ending
-from ddplab.facts import CallSite, ChildProcess, Ended, ThreadStack
+from ddplab.facts import CallSite, ChildProcess, Ended, Poll, ThreadStack
 from ddplab.result import RankError
 
 
@@ -84,6 +84,7 @@ class LiveRank:
     calls: tuple = ()             # the hook's call records (facts.CallSite), live
     threads: tuple = ()           # every thread's stack (facts.ThreadStack), live
     children: tuple = ()          # the child processes it started (facts.ChildProcess), live
+    polls: tuple = ()             # files its own code looked for and did not find (facts.Poll), live
 
 
 def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int, tuple]) -> dict[int, LiveRank]:
@@ -124,6 +125,7 @@ def capture_live(run_dir: Path, ranks: Mapping[int, dict], ledgers: Mapping[int,
                 live.calls = calls_of(channels.get("calls"))
                 live.threads = tuple(ThreadStack.from_dict(t) for t in channels.get("threads") or ())
                 live.children = tuple(_child(c) for c in channels.get("children") or ())
+                live.polls = tuple(Poll.from_dict(p) for p in channels.get("polls") or ())
         if not live.children:
             # a rank at exit no longer answers live: the non-daemon children its hook wrote when it started them
             try:
@@ -309,13 +311,21 @@ def read(path: Path) -> str:
         return ""
 
 
+def folders_now(e: RankError) -> RankError:
+    """The error with whether the folder of each file it is about exists now (at the verdict): a filesystem
+    fact the rank could not know when it failed (a peer made the folder after it)."""
+    if not e.paths:
+        return e
+    return replace(e, paths=tuple(replace(p, folder_now=os.path.isdir(p.folder)) for p in e.paths))
+
+
 def read_run(run_dir: Path) -> RunEvidence:
     infos = rank_infos(run_dir)
     errors, calls, threads, ended = {}, {}, {}, {}
     for _, p in _rank_files(run_dir, runfiles.ERROR):
         try:
             d = json.loads(p.read_text())
-            errors[int(d["rank"])] = RankError.from_dict(d)
+            errors[int(d["rank"])] = folders_now(RankError.from_dict(d))
             calls[int(d["rank"])] = calls_of(d.get("calls"))
         except (ValueError, KeyError, OSError):
             continue

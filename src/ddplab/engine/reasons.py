@@ -73,6 +73,38 @@ class FailureFacts:
     peers_exited: tuple = ()      # other ranks that also ended themselves with sys.exit(non-zero)
     in_flight: object = None      # the collective the rank failed in, called with an exception in flight (a
                                   # facts.CallSite whose ``exc`` is set: the hook's call records), else None
+    paths: tuple = ()             # the files its exception is about (facts.ErrorPath: the exception's own fields
+                                  # or the failing call's path arguments, the folder's existence then and now)
+    peers_working: tuple = ()     # other ranks that were running the script's own code (not waiting in
+                                  # torch.distributed, not failed) when the job was stopped
+
+    rank: int | None = None       # the failing rank
+    values: dict | None = None    # {name: short repr} on its failing user line (the hook's record)
+    peers_same_error: tuple = ()  # other ranks whose own error has the same type and message
+
+    @property
+    def empty_argument(self) -> bool:
+        """A name on the failing user line held an empty mapping (the hook's repr of it: {} or OrderedDict())."""
+        return any(v in _EMPTY_MAPPINGS for v in (self.values or {}).values())
+
+    @property
+    def last_call_by_fsdp(self) -> bool:
+        """The rank's last recorded torch.distributed call was made by FSDP's own code (its lib frame)."""
+        last = (self.calls or (None,))[-1]
+        return last is not None and last.lib is not None and "torch/distributed/fsdp/" in last.lib.file.replace("\\", "/")
+
+    @property
+    def through_future(self) -> bool:
+        """The exception was raised in a concurrent.futures worker thread (its frames pass through the work item's
+        run) and re-raised in this thread by Future.result(): the frames of both, as Python chains them."""
+        files = [(f.file.replace("\\", "/"), f.func.rsplit(".", 1)[-1]) for f in self.frames]
+        return (any(fl.endswith("concurrent/futures/thread.py") and fn == "run" for fl, fn in files)
+                and any(fl.endswith("concurrent/futures/_base.py") and fn == "result" for fl, fn in files))
+
+    @property
+    def folder_missing_then(self) -> tuple:
+        """The files whose folder did not exist when the rank failed (the hook's record)."""
+        return tuple(p for p in self.paths if not p.folder_then)
 
     @property
     def own_process(self) -> bool:
@@ -103,6 +135,8 @@ class FailureFacts:
         this rank completed before it failed."""
         return sum(1 for c in self.ledger or () if c.op == "all_reduce" and c.completed and c.numel > 1)
 
+
+_EMPTY_MAPPINGS = ("{}", "OrderedDict()", "dict()")
 
 # a frame of a printed traceback, with its source line when it has one (a frozen module's, "<frozen os>", has none)
 _TB_FRAME = re.compile(r'^(?:\[rank\d+\]: )?\s*File "(.*)", line (\d+), in (.+?)$'

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ddplab.engine.causes import CAUSES, FROM_RECORDS, UNUSED_PATTERNS, WORKER_EXCEPTION
+from ddplab.engine.causes import CAUSES, FROM_RECORDS, THREAD_EXCEPTION, Cause, UNUSED_PATTERNS, WORKER_EXCEPTION
 from ddplab.engine.reasons import facts_from_text
 
 
@@ -167,6 +167,7 @@ CATALOG: tuple = CAUSES + FROM_RECORDS + (
         "Read the first failure in torchrun's summary (Root Cause) and that rank's log.",
         ""),
     WORKER_EXCEPTION,
+    THREAD_EXCEPTION,
     Signature(
         "python-exception", "A rank raised a Python exception",
         (r"^(?:\[rank\d+\]: )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+",),
@@ -307,6 +308,17 @@ STACK_CATALOG: tuple[Signature, ...] = (
         hang_rule=lambda f: bool(f.in_coll) and f.divergence_kind == "different-sizes", precedence=60,
         rules_out=lambda f: bool(f.in_flight)),
     Signature(
+        "file-handshake-deadlock", "A rank polls for a file while the others wait for it in a collective",
+        (),
+        "A rank loops looking for a file that is not there (its looks and the path are shown) while every other rank "
+        "waits in a collective it has not reached: a handshake through the file system crossed with one through "
+        "torch.distributed. A rank that writes that file after the collective never gets there.\n"
+        "Hand the values over through torch.distributed (dist.all_gather_object, or a dist.barrier() after every "
+        "rank wrote its file, before any rank reads), or write the file before the collective the poller waits "
+        "outside of.",
+        "", hang_rule=lambda f: bool(f.polling), precedence=47,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
         "hang-rank-elsewhere", "A rank is not in any collective while the others wait",
         (),
         "Some ranks wait in a collective while another rank is elsewhere: sleeping, on a socket, a lock or its data loader.\n"
@@ -322,6 +334,15 @@ STACK_CATALOG: tuple[Signature, ...] = (
         "Order each pair (even ranks send then receive, odd ranks receive then send), or post both at once with "
         "dist.isend / dist.irecv (or batch_isend_irecv) and wait on both.",
         "", hang_rule=lambda f: f.p2p_deadlock, precedence=35),
+    Signature(
+        "p2p-tag-mismatch", "A send and the receive waiting for it carry different tags",
+        (),
+        "A rank is blocked sending to a peer with one tag while that peer is blocked receiving from it with another "
+        "(the ranks' blocked calls and their tags are shown): a send meets only a receive of the same peer and tag, "
+        "so neither completes.\n"
+        "Give each send the tag its receive expects (a tag per message kind: activations m, gradients 100 + m, on "
+        "both sides), and post them in the same order on both ranks.",
+        "", hang_rule=lambda f: bool(f.tag_mismatch), precedence=34),
     Signature(
         "hang-p2p", "A rank waits in a point-to-point send or receive",
         (),
@@ -413,7 +434,11 @@ def in_p2p_call(frames) -> bool:
 def holds(sig, facts) -> bool:
     """Whether the evidence holds the entry's premise (an entry without one needs only its text)."""
     premise = getattr(sig, "premise", None)
-    return premise is None or bool(premise(facts))
+    if premise is not None and not premise(facts):
+        return False
+    # a cause's own rules_out reads the same facts (a hang rule's reads HangFacts: hang_signature checks those)
+    rules_out = sig.rules_out if isinstance(sig, Cause) else None
+    return rules_out is None or not rules_out(facts)
 
 
 # Named by classify.refine only where a peer's line holds the premise (a peer still working when the

@@ -319,13 +319,16 @@ def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
         else:
             doing = f"which is {state_phrase(p)}"
         verb = "sends to" if r.where.op in ("send", "isend", "send_object_list") else "waits to receive from"
-        parts.append(f"rank {r.rank} {verb} rank {p.rank if p else r.peer['peer']}, {doing}")
+        tag = f" with tag {r.peer['tag']}" if r.peer.get("tag") is not None else ""
+        parts.append(f"rank {r.rank} {verb} rank {p.rank if p else r.peer['peer']}{tag}, {doing}")
     more = f" (and {len(blocked) - limit} more)" if len(blocked) > limit else ""
     text = "Point-to-point: " + "; ".join(parts) + more + "."
     if result.signature == "hang-p2p-ordering":
         ops = {r.where.op for r in blocked}
         first = "sends first" if ops <= {"send", "send_object_list"} else "receives first"
         text += f" Every rank {first}: no send meets a receive."
+    if result.signature == "p2p-tag-mismatch":
+        text += " A send meets only a receive of the same tag."
     return text
 
 

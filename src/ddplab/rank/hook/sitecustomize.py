@@ -23,6 +23,10 @@ by the ``ddplab_rank`` handler of the worker server):
                     user frames and the innermost library frame that led to it, and the exception being
                     handled or propagating in that thread at the call (type, message, where raised)
   threads           every thread's name, daemon flag and stack (live, and at shutdown)
+  polls             the files the script's own code looked for (os.path.exists, os.path.isfile) and did not
+                    find: per path, how many looks, the user frames and time of the last (answered live)
+  paths             the files an exception is about (an OSError's filename, else the path arguments of the
+                    library call that raised), each with whether its folder existed when the rank failed
   nested            an exception torch re-raised from another process (``ExceptionWrapper.reraise``:
                     "Caught X in DataLoader worker process N"): the worker's type, where and traceback
 and, once the script imports ``torch.distributed``, it starts torch's own control-plane worker
@@ -108,7 +112,7 @@ def _install():
         try:
             rec = _describe(value, tb)
             cause = getattr(value, "__cause__", None)
-            more = {k: rec[k] for k in ("chain", "values") if rec.get(k)}
+            more = {k: rec[k] for k in ("chain", "values", "paths") if rec.get(k)}
             if exited is not None:
                 more["exited"] = exited
             asked = _asked_in(tb)
@@ -185,6 +189,8 @@ def _install():
     except Exception:
         pass
     _watch_thread_starts(threading)
+    _watch_file_polls()
+
     def record_children(children):
         """The non-daemon children started so far (a rank whose exit joins one no longer answers live)."""
         try:
@@ -426,6 +432,48 @@ def _watch_process_starts(on_non_daemon=None):
     mp.BaseProcess.start = start
 
 
+_POLLS_KEPT = 32       # paths a rank looked for and did not find, the most recent kept
+
+
+def _watch_file_polls():
+    """Wrap ``os.path.exists`` and ``os.path.isfile`` so that a look from the user's own code for a file that is
+    not there is counted per path, with the user frames of the last look and its time (``_STATE["polls"]``: a
+    rank polling for a file another process writes). A look that finds the file, or one made by a library, is
+    not recorded; the answer is unchanged."""
+    import collections
+    import time
+    polls = collections.OrderedDict()
+    _STATE["polls"] = polls
+    for name in ("exists", "isfile"):
+        real = getattr(os.path, name)
+        if getattr(real, "__ddplab_watched__", None):
+            continue
+
+        def watched(path, _real=real):
+            found = _real(path)
+            if not found:
+                try:
+                    frame = sys._getframe(1)
+                    if _kind(frame.f_code.co_filename) == "user":
+                        user = []
+                        while frame is not None and len(user) < _USER_FRAMES:
+                            if _kind(frame.f_code.co_filename) == "user":
+                                user.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
+                            frame = frame.f_back
+                        key = os.path.abspath(os.fspath(path))
+                        rec = polls.pop(key, None) or {"path": key, "misses": 0, "first": time.time()}
+                        rec.update(misses=rec["misses"] + 1, last=time.time(), user=user)
+                        polls[key] = rec
+                        while len(polls) > _POLLS_KEPT:
+                            polls.popitem(last=False)
+                except Exception:   # evidence-keeping never changes the answer
+                    pass
+            return found
+        watched.__ddplab_watched__ = real
+        watched.__name__, watched.__doc__ = real.__name__, real.__doc__
+        setattr(os.path, name, watched)
+
+
 def _watch_thread_starts(threading):
     """Wrap ``Thread.start`` so that each thread keeps the innermost user frame that started it (a thread's own
     stack shows what it runs, never who started it). The thread starts unchanged."""
@@ -451,8 +499,10 @@ def _rank_handler(req, resp):
     """The worker server's ``ddplab_rank``: this rank's call records and every thread's stack, now."""
     import json
     calls = _STATE.get("calls")
+    import time
     found = {"calls": calls.records() if calls is not None else [], "threads": _threads(),
-             "children": list(_STATE.get("children") or ())}
+             "children": list(_STATE.get("children") or ()),
+             "polls": [dict(p, age_s=time.time() - p["last"]) for p in list((_STATE.get("polls") or {}).values())]}
     resp.set_content(json.dumps(found), "application/json")
     resp.set_status(200)
 
@@ -525,7 +575,47 @@ def _describe(value, tb):
         e = nxt
     rec["chain"] = chain
     rec["values"] = _user_values(tb)
+    paths = _paths(value, tb)
+    if paths:
+        rec["paths"] = paths
     return rec
+
+
+_PATHS_KEPT = 4
+
+
+def _paths(value, tb):
+    """The files an exception is about, from its own fields and the call's arguments, never from its
+    message: an OSError's ``filename``/``filename2``; else the path arguments (str or os.PathLike holding a
+    separator) of the library function the user's innermost line called (torch.save(obj, f): ``f``). Each
+    as [absolute path, whether the folder it is in existed when the rank recorded the error]."""
+    found = [v for v in (getattr(value, "filename", None), getattr(value, "filename2", None))
+             if isinstance(value, OSError) and v is not None]
+    if not found:
+        callee, t = None, tb
+        while t is not None:
+            if not _is_library(t.tb_frame.f_code.co_filename):
+                callee = t.tb_next.tb_frame if t.tb_next is not None else None
+            t = t.tb_next
+        if callee is not None:
+            code = callee.f_code
+            n = code.co_argcount + code.co_kwonlyargcount
+            found = [callee.f_locals.get(a) for a in code.co_varnames[:n]]
+    out = []
+    for v in found:
+        try:
+            v = os.fspath(v)
+        except TypeError:
+            continue
+        if isinstance(v, bytes):
+            v = os.fsdecode(v)
+        if not isinstance(v, str) or os.sep not in v:
+            continue
+        path = os.path.abspath(v)
+        out.append([path, os.path.isdir(os.path.dirname(path))])
+        if len(out) >= _PATHS_KEPT:
+            break
+    return out
 
 
 def _is_library(file):
