@@ -186,7 +186,7 @@ def test_stall_facts_name_the_last_collective_every_rank_finished():
 
 # --- the hang rules are catalog entries -----------------------------------------------------------------
 
-from ddplab.facts import CallSite, InFlight  # noqa: E402
+from ddplab.facts import CallSite, InFlight, Poll  # noqa: E402
 
 
 def _examples():
@@ -235,6 +235,15 @@ def _examples():
             calls=(CallSite(1, "init_process_group", (Frame("<module>", "/x/t.py", 5),), None),
                    CallSite(2, "new_group", (Frame("<module>", "/x/t.py", 8 + n),), None)))
             for n in (0, 1)), None]),
+        # rank 0 blocked sending to rank 1 with tag 1 while rank 1 is blocked receiving from rank 0 with tag 2
+        "p2p-tag-mismatch": ((replace(_rank(0, kind="p2p", op="send"), peer={"op": "send", "peer": 1, "tag": 1}),
+                              replace(_rank(1, kind="p2p", op="recv"), peer={"op": "recv", "peer": 0, "tag": 2})),
+                             None),
+        # rank 0 stands in the function that missed /x/ready 5 times (the hook's record); rank 1 waits in a barrier
+        "file-handshake-deadlock": ((replace(_rank(0, kind="sleep", op="sleep"),
+                                             stack=(Frame("wait_for", "/x/t.py", 12),),
+                                             polls=(Poll("/x/ready", 5, (Frame("wait_for", "/x/t.py", 11),)),)),
+                                     _rank(1, **coll)), None),
     }
 
 
