@@ -66,6 +66,20 @@ def test_a_rank_that_raised_and_is_slow_to_exit_makes_the_job_failed_not_hung(ru
 
 
 @pytest.mark.timeout(120)
+def test_an_error_raised_after_the_ending_began_leaves_the_hang_a_hang(run_lab):
+    # CI (test_wheel, at dbe84ca): torchrun ended rank 0 first; rank 1's all_reduce then raised
+    # "Connection closed by peer", and the hang was reported as a failure (exit 1, not 3)
+    r = run_lab(SCRIPTS / "dies_at_the_ending.py", stall_s=2.0)
+    errors = sorted(Path(r.run_dir, "ranks").glob("rank*.error.json"))
+    assert [p.name for p in errors] == ["rank1.error.json"]          # the late error was recorded
+    assert "Connection closed" in json.loads(errors[0].read_text())["message"]
+    assert r.status == "hung" and r.signature == "hang-different-collectives"
+    assert r.first_failure is None and r.cause is None
+    assert r.rank(1).error is None and r.rank(1).where.op == "all_reduce"
+    assert_nothing_left(str(SCRIPTS / "dies_at_the_ending.py"))
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_probed_while_it_exits_answers_and_ends(run_lab, tmp_path):
     # CI: lab 06 timeout-sweep's ranks wrote their exit records and never ended. The hook shut its
     # worker server down at exit, and shutdown() keeps the GIL while it waits for a request in flight,

@@ -15,7 +15,7 @@ from typing import Mapping
 from ddplab.engine import ledger as ledger_mod
 from ddplab.engine import callsites, signatures, stacks
 from ddplab.defaults import ALIVE, Ending, RankState, Status
-from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence
+from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, raised_before
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
 from ddplab.engine.reasons import init_asks, rendezvous_asks, spawns
 from ddplab.facts import CallDivergence
@@ -449,7 +449,7 @@ def blocked_connections(ranks) -> list[tuple[int, str]]:
 def judge(evidence: Evidence) -> Verdict:
     """The verdict from the evidence, whatever the job's origin (started, attached, merged nodes)."""
     w = evidence.watch
-    ev, live, ended_by = evidence.run, evidence.live, w.ended_by
+    ev, live, ended_by = raised_before(evidence.run, w.stopped_at), evidence.live, w.ended_by
     ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records, w.cpu_busy)
     div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
     status = _status(w.ended_by, w.returncode, ev)
@@ -1025,9 +1025,7 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
             culprits = tuple(sorted(p for p, (rank, _) in a.by_process.items() if rank is not None and rank != p))
         elif sig == "file-handshake-deadlock":
             # the ranks polling for a file (the hook's records), at the line of their last look
-            polls = polling(tuple(r for r in ranks if r.state in ALIVE),
-                            tuple(r for r in ranks if r.state in ALIVE and r.where is not None
-                                  and r.where.kind == "collective"))
+            polls = hang_facts(ranks, v.divergence).polling   # the facts the rule held on
             culprits = tuple(k for k, _ in polls)
             guard = next((looked_from(p) for _, p in polls), None)
             if guard is not None and not guard.text:

@@ -420,6 +420,19 @@ class Watch:
     ranks_here: tuple[int, ...] | None = None     # attach: the ranks on this machine (None: all)
     leftover: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    # time.time() when ddplab began ending the job (None: it ended on its own, or nobody ended it); an
+    # error a rank raised after it is the ending's consequence (a peer killed first), not the job's
+    stopped_at: float | None = None
+
+
+def raised_before(run: RunEvidence, t: float | None) -> RunEvidence:
+    """The evidence without the uncaught exceptions raised at or after ``t`` (when ddplab began ending
+    the job): torchrun ends the ranks one after another, and a rank blocked in a collective raises
+    (gloo: "Connection closed by peer") when the peer it waits on dies first. That error is the
+    ending's, not the job's: it must not turn a hang into a failure."""
+    if t is None or not any(e.time >= t for e in run.errors.values()):
+        return run
+    return replace(run, errors={r: e for r, e in run.errors.items() if e.time < t})
 
 
 @dataclass

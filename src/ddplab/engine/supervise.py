@@ -468,7 +468,9 @@ class Supervisor:
         live = {} if on_its_own else self.capture(capture_dir or self.run_dir)
         notes = [f"rank {lv.rank}: {lv.note}" for lv in live.values() if lv.note and lv.source != "py-spy"]
         leftover: tuple[int, ...] = ()
+        stopped_at = None
         if stop and (not on_its_own or self.alive_processes()):
+            stopped_at = time.time()
             leftover = self.terminate(grace_s)
             if leftover:
                 notes.append(f"processes still alive after cleanup: {list(leftover)}")
@@ -483,7 +485,7 @@ class Supervisor:
             cpu_busy={r: recent_cores(w.cpu) for r, w in self.ranks.items()},
             ledgers={r: w.ledger for r, w in self.ranks.items() if w.ledger},
             pids={r: w.pid for r, w in self.ranks.items()}, stopped=stop,
-            leftover=leftover, notes=tuple(notes))
+            leftover=leftover, notes=tuple(notes), stopped_at=stopped_at)
         return watch, live
 
     def alive_processes(self) -> list[psutil.Process]:

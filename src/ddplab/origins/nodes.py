@@ -222,8 +222,9 @@ def merge(folders: Sequence[Path]) -> Evidence:
     run = RunEvidence(infos={}, errors={}, exits={}, torchrun=None, logs={}, fatal={}, console="")
     live, records, where = {}, {}, {}
     for n in nodes:
+        own = evidence.raised_before(n.run, n.watch.stopped_at)   # each node's ending, on its own clock
         for part in ("infos", "errors", "exits", "logs", "fatal", "clean_exit", "final_ledgers"):
-            getattr(run, part).update(getattr(n.run, part))
+            getattr(run, part).update(getattr(own, part))
         live.update(n.live)
         for r in n.meta.get("ranks") or []:
             records[r] = evidence.records(n.folder, r)
