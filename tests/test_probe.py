@@ -15,7 +15,8 @@ from ddplab.engine import probe
 SERVER = textwrap.dedent("""
     import os, sys, time
     from torch._C import _distributed_c10d as c10d
-    sock, release = sys.argv[1], sys.argv[2]
+    sock, release, lock = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o600))    # as the rank hook does, before its server
     server = c10d._WorkerServer(sock)
     def slow(req, resp):                      # answers once the test allows it
         while not os.path.exists(release):
@@ -44,7 +45,7 @@ def _locked_by_someone(path) -> bool:
 @pytest.fixture
 def server(tmp_path):
     sock, release = tmp_path / "r0.sock", tmp_path / "release"
-    p = subprocess.Popen([sys.executable, "-c", SERVER, str(sock), str(release)], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", SERVER, str(sock), str(release), runfiles.probe_lock(str(sock))], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert p.stdout.readline() == "up\n"
@@ -72,6 +73,19 @@ def test_a_rank_that_is_exiting_is_not_asked(server):
     sock, release = server
     release.touch()
     assert probe.ask(sock, "slow", timeout_s=5.0) == b"answered"
+
+
+def test_no_lock_file_is_ever_made_by_a_prober(server, tmp_path):
+    # CI (at 91cd8f2): a prober re-created a gone rank's lock file while the launcher removed the folder
+    sock, release = server
+    release.touch()
+    lock = runfiles.probe_lock(sock)
+    os.unlink(lock)          # a server with no lock beside it: torch's own worker_main, asked without one
+    assert probe.ask(sock, "slow", timeout_s=5.0) == b"answered"
+    assert not os.path.exists(lock)
+    gone = str(tmp_path / "gone.sock")                              # neither socket nor lock: not asked
+    assert probe.ask(gone, "slow", timeout_s=1.0) is None
+    assert not os.path.exists(runfiles.probe_lock(gone))
     fd = os.open(runfiles.probe_lock(sock), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)                              # what the rank hook does as it exits
@@ -79,3 +93,16 @@ def test_a_rank_that_is_exiting_is_not_asked(server):
     finally:
         os.close(fd)
     assert probe.ask(sock, "slow", timeout_s=5.0) == b"answered"
+
+
+def test_no_lock_file_is_ever_made_by_a_prober(server, tmp_path):
+    # CI (at 91cd8f2): a prober re-created a gone rank's lock file while the launcher removed the folder
+    sock, release = server
+    release.touch()
+    lock = runfiles.probe_lock(sock)
+    os.unlink(lock)          # a server with no lock beside it: torch's own worker_main, asked without one
+    assert probe.ask(sock, "slow", timeout_s=5.0) == b"answered"
+    assert not os.path.exists(lock)
+    gone = str(tmp_path / "gone.sock")                              # neither socket nor lock: not asked
+    assert probe.ask(gone, "slow", timeout_s=1.0) is None
+    assert not os.path.exists(runfiles.probe_lock(gone))

@@ -30,7 +30,7 @@ from ddplab.facts import CheckReport, Finding, NotChecked
 # one checksum is about 4 % of that step, so every 10th forward costs 0.4 %.
 EVERY = 10
 ENV = "DDPLAB_CHECK"
-MAX_BATCH_SUMS = 100_000    # the hook's cap on an epoch's batch checksums (MAX_STEPS there): a full list is cut
+
 
 def read(run_dir: str | Path, world: int) -> dict[int, dict]:
     out = {}
@@ -372,6 +372,12 @@ def _loader_key(rec: dict) -> tuple:
     return (rec["dataset"], rec["size"])
 
 
+def _loader_name(rec: dict) -> str:
+    """The loader a finding is about, as the hook recorded it: its dataset, size, Subset, sampler."""
+    return f"DataLoader over {rec['dataset']}[{rec['size']}]" + (" (a Subset)" if rec["subset"] else "") + \
+        f", {rec['sampler']}"
+
+
 def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[list[Finding], int]:
     """Training epochs (those during which the rank ran a DDP or FSDP forward with grad), per loader,
     loaders matched across ranks by their underlying dataset (type and size) and order."""
@@ -390,8 +396,7 @@ def _compare_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> tuple[lis
         for j in range(min(len(per_rank[r][key]) for r in ranks)):
             loaders = {r: per_rank[r][key][j] for r in ranks}
             rec0 = loaders[ranks[0]][0]
-            what = f"DataLoader over {rec0['dataset']}[{rec0['size']}]" + (" (a Subset)" if rec0["subset"] else "") + \
-                f", {rec0['sampler']}"
+            what = _loader_name(rec0)
             # the same order every epoch, on a sampler that shuffles
             for r in ranks:
                 rec, eps = loaders[r]
@@ -545,8 +550,7 @@ def _compare_eval_loaders(recs: dict[int, dict], ranks: tuple[int, ...]) -> list
     for key in keys:
         have = tuple(r for r in ranks if key in per_rank[r])
         rec0 = per_rank[have[0]][key][0][0]
-        what = f"DataLoader over {rec0['dataset']}[{rec0['size']}]" + (" (a Subset)" if rec0["subset"] else "") + \
-            f", {rec0['sampler']}"
+        what = _loader_name(rec0)
         if len(have) < world:
             # a shard scored on some ranks alone: complete epochs of a DistributedSampler that gave them part
             # of the data, where the other ranks had no loader over that dataset at all
@@ -597,7 +601,7 @@ def _worker_duplicates(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Fi
                 continue
             for e, ep in enumerate(rec["epochs"]):
                 sums = ep.get("batch_sums") or []
-                if not ep["complete"] or len(sums) >= MAX_BATCH_SUMS:
+                if not ep["complete"] or ep.get("sums_truncated"):
                     continue
                 counts: dict[int, int] = {}
                 for v in sums:

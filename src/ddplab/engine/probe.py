@@ -15,7 +15,10 @@ comes. The rank, as it exits, removes its socket and takes that lock exclusively
 server down, because the server's ``shutdown()`` keeps the GIL while it waits for a handler in
 flight, and the handlers need the GIL: shutting down with one in flight hung the rank, and a handler
 left to run during the interpreter's finalization aborts it. A rank that is exiting (the lock
-taken) is not asked: ``ask`` returns None. Nor is one whose last request from this process is
+taken) is not asked: ``ask`` returns None. The rank makes the lock file before its server starts, and
+``ask`` opens it without creating it: a prober never leaves a lock file in a gone rank's folder. A
+socket with no lock file beside it is a server without ddplab's hook (torch's own ``worker_main``):
+asked without one. Nor is one whose last request from this process is
 still unanswered after ``timeout_s``: the new request would wait for the same GIL.
 """
 from __future__ import annotations
@@ -59,14 +62,17 @@ def ask(sock_path: str, handler: str, timeout_s: float = 2.0) -> bytes | None:
     if timeout_s <= 0:
         return None
     try:
-        lock = os.open(runfiles.probe_lock(sock_path), os.O_RDWR | os.O_CREAT, 0o600)
+        lock = os.open(runfiles.probe_lock(sock_path), os.O_RDWR)   # the rank made it (never re-created here)
     except OSError:
-        return None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:          # the rank is exiting: it holds the lock until it is gone
-        os.close(lock)
-        return None
+        if not os.path.exists(sock_path):
+            return None      # no server yet, or the rank and its folder are gone
+        lock = None          # a server without ddplab's hook (torch's own worker_main): no lock to hold
+    if lock is not None:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:      # the rank is exiting: it holds the lock until it is gone
+            os.close(lock)
+            return None
     conn = _UnixConnection(sock_path, timeout_s)
     try:
         conn.request("POST", f"/handler/{handler}")
@@ -92,7 +98,7 @@ def ask(sock_path: str, handler: str, timeout_s: float = 2.0) -> bytes | None:
             os.close(lock)        # and with it the shared lock
 
 
-def _reap(sock_path: str, sock: socket.socket, lock: int, answered: threading.Event) -> None:
+def _reap(sock_path: str, sock: socket.socket, lock: int | None, answered: threading.Event) -> None:
     """Keep a timed-out request's connection and lock until the rank answers (the server writes its
     answer once the handler has returned) or the connection ends (the rank is gone)."""
     try:
@@ -102,7 +108,8 @@ def _reap(sock_path: str, sock: socket.socket, lock: int, answered: threading.Ev
         pass
     finally:
         sock.close()
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
         with _unanswered_guard:
             if _unanswered.get(sock_path) is answered:
                 del _unanswered[sock_path]

@@ -613,6 +613,8 @@ def install(write, after_import, calls=None):
         try:
             if len(ep["batch_sums"]) < MAX_STEPS:
                 ep["batch_sums"].append(sum(_sums(torch, _input_tensors(torch, (data,), {}))) % (1 << 64))
+            else:
+                ep["sums_truncated"] = True     # the epoch's checksums stop here: its counts are not whole
         except Exception as e:
             S.errors.append(f"batch checksum: {type(e).__name__}: {e}")
         return data

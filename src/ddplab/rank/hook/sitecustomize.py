@@ -310,9 +310,9 @@ def _in_flight():
     return {"type": type(value).__name__, "message": str(value)[:300], "at": at}
 
 
-def _site(op, frame, n):
-    """One call record: the op, the innermost library frame below torch.distributed's entry point (a
-    library that called it: Lightning, accelerate, DDP, FSDP) and the innermost user frames."""
+def _user_frames(frame):
+    """From ``frame`` outwards: the innermost user frames (up to _USER_FRAMES) and the innermost library
+    frame below the first of them, each [file, line, func] (lib None where there is none)."""
     lib, user = None, []
     while frame is not None:
         file = frame.f_code.co_filename
@@ -324,6 +324,13 @@ def _site(op, frame, n):
         elif k == "lib" and lib is None and not user:
             lib = [file, frame.f_lineno, frame.f_code.co_name]
         frame = frame.f_back
+    return user, lib
+
+
+def _site(op, frame, n):
+    """One call record: the op, the innermost library frame below torch.distributed's entry point (a
+    library that called it: Lightning, accelerate, DDP, FSDP) and the innermost user frames."""
+    user, lib = _user_frames(frame)
     rec = {"n": n, "op": op, "user": user, "lib": lib}
     exc = _in_flight()
     if exc is not None:
@@ -455,11 +462,7 @@ def _watch_file_polls():
                 try:
                     frame = sys._getframe(1)
                     if _kind(frame.f_code.co_filename) == "user":
-                        user = []
-                        while frame is not None and len(user) < _USER_FRAMES:
-                            if _kind(frame.f_code.co_filename) == "user":
-                                user.append([frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name])
-                            frame = frame.f_back
+                        user, _ = _user_frames(frame)
                         key = os.path.abspath(os.fspath(path))
                         rec = polls.pop(key, None) or {"path": key, "misses": 0, "first": time.time()}
                         rec.update(misses=rec["misses"] + 1, last=time.time(), user=user)
@@ -720,6 +723,9 @@ def _start_worker_server(sock, lock_path):
             os.unlink(sock)
         except OSError:
             pass
+        # the probers' lock exists before the server does: a prober opens it without creating it, so a
+        # rank that is gone (its folder removed) is never given a lock file again
+        os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600))
         # torch logs "Server listening ..." (and "shutting down"/"exited") as C++ warnings on fd 2:
         # evidence-keeping must not add lines to the learner's own log, so fd 2 is muted for them.
         with _quiet_stderr():
@@ -750,7 +756,7 @@ def _start_worker_server(sock, lock_path):
             # handlers finish first. Held until the process ends: no prober asks again.
             try:
                 import fcntl
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(lock_path, os.O_RDWR)
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except (ImportError, OSError):
                 pass
