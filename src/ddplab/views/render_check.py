@@ -113,6 +113,10 @@ def finding_sentence(f: "Finding") -> str:
         return (f"every batch came once per worker: in epoch {f.epoch} on {who}, {f.count} of the {f.of} batches of "
                 f"{f.object} were bit-identical repeats of another, each batch as many times as there are workers: "
                 f"every worker iterated the whole dataset, so each sample was trained on that many times")
+    if k == "reduce-op-differs":
+        vals = "; ".join(f"rank {r}: {_value(v)}" for r, v in (f.values or ()))
+        return (f"one reduction, different reduce ops: the op of {f.object} was {vals}; one call makes one "
+                f"reduction, so {who} did not get the reduction it asked for")
     return f"{k}: {who}"
 
 
