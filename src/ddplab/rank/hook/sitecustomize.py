@@ -345,21 +345,27 @@ def _call_args(fn, args, kwargs):
     """The arguments of one watched call as data, bound by the function's signature (cached per function): of each
     tensor its shape, dtype and device (never its data), of a list its length and its first entry's, the roots
     (src, dst, group_src, group_dst), the reduce op's name, the group's global ranks (None: the default group)
-    and async_op. Defaults the call left out are described as given. {} when nothing could be described; a
-    failure never reaches the call."""
+    and async_op. Defaults the call left out are described as given (once per function). {} when nothing could be
+    described; a failure never reaches the call."""
     try:
         p = _PARAMS.get(fn)
         if p is None:
             import inspect
             sig = inspect.signature(fn).parameters
-            p = (tuple(sig), tuple((k, sig[k].default) for k in _DEFAULTED
-                                   if k in sig and sig[k].default is not inspect.Parameter.empty))
-            _PARAMS[fn] = p
+            names = tuple(sig)
+            defaults = []
+            for k in _DEFAULTED:
+                if k in sig and sig[k].default is not inspect.Parameter.empty:
+                    described = {}
+                    _arg(described, k, sig[k].default)
+                    if described:
+                        defaults.append((k, names.index(k), described))
+            p = _PARAMS[fn] = (names, tuple(defaults))
         names, defaults = p
         out = {}
-        for k, v in defaults:
-            if k not in kwargs and (k not in names or names.index(k) >= len(args)):
-                _arg(out, k, v)
+        for k, pos, described in defaults:
+            if pos >= len(args) and k not in kwargs:
+                out.update(described)
         for i, v in enumerate(args[:len(names)]):
             _arg(out, names[i], v)
         for k, v in kwargs.items():
@@ -369,11 +375,22 @@ def _call_args(fn, args, kwargs):
         return {}
 
 
+_NAMES = {}            # dtype or device -> its name, cached
+
+
 def _tensor(v):
     """[shape, dtype, device] of a tensor, None for anything else (no data read)."""
-    if hasattr(v, "shape") and hasattr(v, "dtype") and hasattr(v, "device"):
-        return [list(v.shape), str(v.dtype).replace("torch.", ""), str(v.device)]
-    return None
+    try:
+        shape, dtype, device = v.shape, v.dtype, v.device
+    except AttributeError:
+        return None
+    d = _NAMES.get(dtype)
+    if d is None:
+        d = _NAMES[dtype] = str(dtype).replace("torch.", "")
+    e = _NAMES.get(device)
+    if e is None:
+        e = _NAMES[device] = str(device)
+    return [list(shape), d, e]
 
 
 def _arg(out, name, v):
