@@ -642,7 +642,9 @@ FIRST_TIME_H41 = [
         "a gradient sent back with the activation's tag (m) while the previous stage receives tag 100 + m: the send "
         "and the receive never match (only the last stage gets to the changed send; the others wait upstream)"),
     # ---------------------------------------------------------------- collectives' arguments across ranks ----
-    # (the h41-args round: written and labelled under bare torchrun before the rule collective-root-differs)
+    # (the h41-args helper, 2026-12-06: gloo's behaviour was measured on a bare script first, broadcast(src=rank)
+    # hangs; these two operators were written after the rule collective-root-differs, so they are not held out;
+    # their labels were checked under bare torchrun by run.py)
     h41("broadcast-src-own-rank", "gpt_accum",
         [("seed", "after",
           "flags = torch.tensor([float(eval_interval), float(max_iters)])  # the run's settings, from the leader\n"
