@@ -319,9 +319,10 @@ def arg_value(kind: str, v) -> str:
     return f"passed {v}"
 
 
-def args_sentence(result: "RunResult") -> str:
+def args_sentence(result: "RunResult", limit: int = 4) -> str:
     """The first call at which the ranks passed the same collective arguments that must agree and do not
-    (``RunResult.args_differ``): which argument, and each rank's value (ranks grouped by value)."""
+    (``RunResult.args_differ``): which argument, and each rank's value (ranks grouped by value, the ``limit`` most
+    common values: 1,024 ranks that each name themselves read as 8 do)."""
     d = getattr(result, "args_differ", None)
     if d is None:
         return ""
@@ -329,7 +330,10 @@ def args_sentence(result: "RunResult") -> str:
     f = next((f for _, f in d.frames if f is not None), None)
     at = f" at {Path(f.file).name}:{f.line}" if f is not None and len(lines) == 1 else ""
     param = f" ({d.param})" if d.param and d.param != d.arg else ""
-    each = "; ".join(f"{label(list(rs))} {arg_value(d.arg, v)}" for v, rs in d.ranks_by_value)
+    by = d.ranks_by_value
+    each = "; ".join(f"{label(list(rs))} {arg_value(d.arg, v)}" for v, rs in by[:limit])
+    if len(by) > limit:
+        each += f"; and {len(by) - limit} other values on {label([r for _, rs in by[limit:] for r in rs])}"
     return (f"At call #{d.n} every rank called {d.op}{at} with different {_ARG_WORDS.get(d.arg, d.arg)}{param}: "
             f"{each}.")
 
