@@ -167,3 +167,17 @@ def test_the_root_reading_needs_every_rank_in_that_call_and_no_exception_in_flig
     assert classify.hang_signature((_rank(0, "broadcast", b(0)), _rank(1, "broadcast", flight)), None) != \
         "collective-root-differs"
     assert signatures.get("collective-root-differs").lab == ""
+
+
+@pytest.mark.timeout(150)
+def test_a_group_that_differs_is_not_read_as_control_flow(run_lab):
+    """group-differs: rank 0 all-reduces in a new_group of both ranks, rank 1 in the default group, at the same line
+    and call number: the ledgers show different collective numbers (each group numbers its own), but the ranks' own
+    records show one call with different groups: collective-group-differs, at that line (the text match over the
+    script's `if rank == 0:` blocks named another line as the control flow's)."""
+    r = run_lab(SCRIPT, args=["--how", "group-differs"])
+    assert r.status == "hung" and r.signature == "collective-group-differs", r.explain()
+    d = r.args_differ
+    assert (d.op, d.arg, d.values) == ("all_reduce", "group", ((0, (0, 1)), (1, None))), d
+    assert r.fix_at is not None and r.fix_at.line == line_of("dist.all_reduce(t, group=group if rank == 0 else None)")
+    assert "rank 0 used a group of ranks [0, 1]; rank 1 used the default group" in r.explain()

@@ -7,6 +7,7 @@ one per --how:
   reduce-op         rank 0 all-reduces with SUM, rank 1 with MAX: gloo completes, rank 1 gets a SUM
   same              every collective with the same arguments on every rank
   gather-shape      all_gather of 4 numbers from rank 0 and 5 from rank 1 (the list holds 4-number tensors)
+  group-differs     rank 0 all-reduces in a group of every rank made with new_group, rank 1 in the default group
 
     torchrun --nproc-per-node 2 tests/scripts/collective_args.py --how bcast-root
 """
@@ -42,6 +43,8 @@ def main(how):
         mine = torch.ones(4 + rank)
         out = [torch.zeros(4) for _ in range(world)]
         dist.all_gather(out, mine)
+    elif how == "group-differs":
+        dist.all_reduce(t, group=group if rank == 0 else None)
     print(f"rank {rank}: {t.tolist()}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -347,12 +347,13 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
 def blocked_args_differ(alive: tuple[RankResult, ...], in_coll: tuple[RankResult, ...],
                         ranks: tuple[RankResult, ...]) -> ArgsDiffer | None:
     """The arguments that differ at the collective every rank is blocked in: every rank is alive and blocked in one
-    collective (one op and sequence number), its own last call record is that collective (the same call number on
-    every rank), and those records' arguments that must agree differ. None otherwise (a rank gone or elsewhere, a
-    collective no call record shows: DDP's from C++)."""
+    collective op, its own last call record is that collective at the same call number on every rank, and those
+    records' arguments that must agree differ. None otherwise (a rank gone or elsewhere, a collective no call record
+    shows: DDP's from C++). The sequence numbers are not compared: each process group numbers its own collectives,
+    so ranks that called one all_reduce in different groups stand at different numbers."""
     if len(alive) < 2 or len(in_coll) != len(alive) or len(alive) != len(ranks):
         return None
-    if len({(r.where.op, r.where.seq) for r in in_coll}) != 1:
+    if len({r.where.op for r in in_coll}) != 1:
         return None
     pending = {r.rank: callsites.pending_call(r) for r in in_coll}
     if any(c is None for c in pending.values()) or len({c.n for c in pending.values()}) != 1:
@@ -1060,7 +1061,7 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
                           if t.name == r.where.op and t.started is not None), None)
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
-        elif sig == "collective-root-differs":
+        elif sig in ("collective-root-differs", "collective-group-differs"):
             culprits, guard = args_culprits(ranks)
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
