@@ -46,7 +46,7 @@ def per_call_us(calls: int, rounds: int) -> tuple[float, float, float]:
     watched = dist.all_reduce
     bare = watched.__ddplab_watched__
     t = torch.ones(1)
-    extra, base, own = [], [], []
+    extra, base, own, args = [], [], [], []
     for i in range(rounds):
         first, second = (bare, watched) if i % 2 == 0 else (watched, bare)   # each goes first in turn
         took = {}
@@ -63,8 +63,15 @@ def per_call_us(calls: int, rounds: int) -> tuple[float, float, float]:
         for n in range(calls):
             record.append(hook._site("all_reduce", frame, n))
         own.append((time.perf_counter() - t0) / calls * 1e6)
+        # the arguments' description alone (the record holds it since the arguments channel; 0 before it)
+        describe = getattr(hook, "_call_args", None)
+        t0 = time.perf_counter()
+        for n in range(calls if describe is not None else 0):
+            describe(bare, (t,), {})
+        args.append((time.perf_counter() - t0) / calls * 1e6)
     dist.destroy_process_group()
-    return statistics.median(extra), statistics.median(base), statistics.median(own)
+    return statistics.median(extra), statistics.median(base), statistics.median(own) + statistics.median(args), \
+        statistics.median(args)
 
 
 def main() -> None:
@@ -81,14 +88,15 @@ def main() -> None:
     recorded = len(ex.get("calls") or ())
     steps = a.steps + 3                   # check_step.py's warm-up steps run too
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    extra_us, base_us, own_us = per_call_us(a.calls, a.rounds)
+    extra_us, base_us, own_us, args_us = per_call_us(a.calls, a.rounds)
     cost_us = max(extra_us, own_us)       # the difference of two timed loops is noisy; the record is not
     per_step = recorded / steps           # an upper bound: set-up calls are counted as if in the steps
     share = per_step * cost_us / (step_ms * 1e3)
     print(f"lab 07's step: {step_ms:.1f} ms; calls the hook recorded in the whole run: {recorded} "
           f"({', '.join(c['op'] for c in ex.get('calls') or ())}) over {steps} steps")
     print(f"the wrapper: {extra_us:.2f} us per call on top of a 1-number all_reduce of {base_us:.2f} us; the record "
-          f"alone {own_us:.2f} us (1-rank gloo, median of {a.rounds} rounds of {a.calls})")
+          f"alone {own_us:.2f} us, of which the arguments' description {args_us:.2f} us (1-rank gloo, median of "
+          f"{a.rounds} rounds of {a.calls})")
     print(f"share of lab 07's step: at most {per_step:.2f} calls/step x {cost_us:.2f} us = {100 * share:.4f} %")
     print(f"a step that also all-reduces one metric (Lightning's sync_dist): +{cost_us:.2f} us per call "
           f"= {100 * cost_us / (step_ms * 1e3):.4f} % of lab 07's step")

@@ -239,6 +239,20 @@ def _examples():
         "p2p-tag-mismatch": ((replace(_rank(0, kind="p2p", op="send"), peer={"op": "send", "peer": 1, "tag": 1}),
                               replace(_rank(1, kind="p2p", op="recv"), peer={"op": "recv", "peer": 0, "tag": 2})),
                              None),
+        # both ranks blocked in broadcast #2, whose own call records (the same call number) name roots 0 and 1
+        "collective-root-differs": tuple([tuple(replace(
+            _rank(n, kind="collective", op="broadcast", seq=2),
+            calls=(CallSite.from_dict({"n": 4, "op": "broadcast", "user": [["/x/t.py", 9, "main"]], "lib": None,
+                                       "args": {"tensor": [[4], "float32", "cpu"], "src": n}}),))
+            for n in (0, 1)), None]),
+        # both ranks blocked in all_reduce at call 4 of their records, rank 0's in a group of ranks [0, 1] made with
+        # new_group (its collective #1), rank 1's in the default group (its #2)
+        "collective-group-differs": tuple([tuple(replace(
+            _rank(n, kind="collective", op="all_reduce", seq=1 + n),
+            calls=(CallSite.from_dict({"n": 4, "op": "all_reduce", "user": [["/x/t.py", 9, "main"]], "lib": None,
+                                       "args": {"tensor": [[4], "float32", "cpu"], "op": "SUM",
+                                                **({"group": [0, 1]} if n == 0 else {})}}),))
+            for n in (0, 1)), None]),
         # rank 0 stands in the function that missed /x/ready 5 times (the hook's record); rank 1 waits in a barrier
         "file-handshake-deadlock": ((replace(_rank(0, kind="sleep", op="sleep"),
                                              stack=(Frame("wait_for", "/x/t.py", 12),),

@@ -641,5 +641,27 @@ FIRST_TIME_H41 = [
         "hung", "last", "p2p-tag-mismatch", "https://github.com/pytorch/gloo/issues/308",
         "a gradient sent back with the activation's tag (m) while the previous stage receives tag 100 + m: the send "
         "and the receive never match (only the last stage gets to the changed send; the others wait upstream)"),
+    # ---------------------------------------------------------------- collectives' arguments across ranks ----
+    # (the h41-args helper, 2026-12-06: gloo's behaviour was measured on a bare script first, broadcast(src=rank)
+    # hangs; these two operators were written after the rule collective-root-differs, so they are not held out;
+    # their labels were checked under bare torchrun by run.py)
+    h41("broadcast-src-own-rank", "gpt_accum",
+        [("seed", "after",
+          "flags = torch.tensor([float(eval_interval), float(max_iters)])  # the run's settings, from the leader\n"
+          "dist.broadcast(flags, src=ddp_rank)")],
+        "hung", "all", "collective-root-differs", "https://github.com/OpenPipe/ART/issues/919",
+        "the broadcast's src is a rank index of this rank's own (as `dist.broadcast(flags, rank, group=tp)` in "
+        "https://github.com/pytorch/xla/commit/13485454e88c52cdaa99acd54df0f3dec6afb0ad, and a group-local index "
+        "passed as the global src in ART #919 and https://github.com/meta-pytorch/torchrec/pull/4601): each rank "
+        "names itself the root, and on gloo both wait in the broadcast for ever", fault=1),
+    h41("all-gather-uneven-batch", "gpt_accum",
+        [("reduce_val", "after",
+          "preds = torch.randn(batch_size - ddp_rank % 2)  # the last batch of an uneven split: one fewer on odd ranks\n"
+          "gathered = [torch.zeros(batch_size) for _ in range(ddp_world_size)]\n"
+          "dist.all_gather(gathered, preds)")],
+        "failed", "nonzero", "collective-size-mismatch", "https://github.com/Lightning-AI/pytorch-lightning/issues/7773",
+        "all_gather of per-rank predictions whose last batch is shorter on some ranks: tensors of different shapes "
+        "(the report: it freezes on NCCL; gloo raises 'invalid tensor size' on the rank whose tensor does not fit)",
+        fault=2),
 ]
 OPERATORS += FIRST_TIME_H41

@@ -308,6 +308,9 @@ CHECK_FIXES = {
                             "no padding and reduce sums and counts",
     "eval-one-shard": "evaluate on every rank (each scores its DistributedSampler share, then all_reduce the sums and "
                       "counts), or on one rank with a loader over the whole split (no DistributedSampler)",
+    "reduce-op-differs": "pass the same op to the reduction on every rank (op=dist.ReduceOp.SUM everywhere, then "
+                         "divide, or MAX everywhere); a rank that wants another reduction of the same values makes "
+                         "a collective of its own that every rank calls",
     "worker-duplicates": "shard an IterableDataset by DataLoader worker as well as by rank: in __iter__, "
                          "info = torch.utils.data.get_worker_info() and keep every (world * info.num_workers)-th "
                          "item from rank * info.num_workers + info.id (or use num_workers=1)",
@@ -464,6 +467,94 @@ class InFlight:
 
 
 @dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of a recorded call, or a list of them: shape, dtype and device (a list's first entry's),
+    and a list's length. No data."""
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+    length: int | None = None      # a list: how many entries (None: a single tensor)
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
+                "device": self.device, "length": self.length}
+
+    @classmethod
+    def from_record(cls, d) -> "TensorArg | None":
+        """The hook's record ([shape, dtype, device], or {"len": n, "first": [...]}) or to_dict's."""
+        if isinstance(d, (list, tuple)) and len(d) == 3:
+            return cls(tuple(int(x) for x in d[0]), str(d[1]), str(d[2]))
+        if not isinstance(d, dict):
+            return None
+        if "len" in d:
+            first = cls.from_record(d.get("first"))
+            return cls(first.shape if first else None, first.dtype if first else None, first.device if first else None,
+                       int(d["len"]))
+        shape = d.get("shape")
+        return cls(tuple(int(x) for x in shape) if shape is not None else None, d.get("dtype"), d.get("device"),
+                   d.get("length"))
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """The arguments of one recorded call, as the rank hook described them (bound by the function's signature)."""
+    tensors: tuple[tuple[str, TensorArg], ...] = ()  # (parameter name, tensor or list), in the call's order
+    src: int | None = None          # global ranks, as given
+    dst: int | None = None
+    group_src: int | None = None    # group-local ranks, as given
+    group_dst: int | None = None
+    reduce_op: str | None = None    # "SUM", "MAX", ... (the ReduceOp's name)
+    group: tuple[int, ...] | None = None  # the global ranks of a group other than the default one (None: the default)
+    async_op: bool | None = None
+
+    @property
+    def root(self) -> int | None:
+        """The call's root (broadcast's source, reduce's destination) as a global rank: src or dst as given, else
+        group_src or group_dst mapped through the group's members."""
+        if self.src is not None or self.dst is not None:
+            return self.src if self.src is not None else self.dst
+        local = self.group_src if self.group_src is not None else self.group_dst
+        if local is None:
+            return None
+        if self.group is None:
+            return local
+        return self.group[local] if 0 <= local < len(self.group) else None
+
+    @property
+    def group_root(self) -> int | None:
+        """The root as a rank of the call's group."""
+        local = self.group_src if self.group_src is not None else self.group_dst
+        if local is not None:
+            return local
+        g = self.src if self.src is not None else self.dst
+        if g is None or self.group is None:
+            return g
+        return self.group.index(g) if g in self.group else None
+
+    def to_dict(self) -> dict:
+        return {"tensors": [[k, t.to_dict()] for k, t in self.tensors], "src": self.src, "dst": self.dst,
+                "group_src": self.group_src, "group_dst": self.group_dst, "reduce_op": self.reduce_op,
+                "group": list(self.group) if self.group is not None else None, "async_op": self.async_op}
+
+    @classmethod
+    def from_dict(cls, d) -> "CallArgs | None":
+        """The hook's record ({param: value}) or to_dict's."""
+        if not isinstance(d, dict) or not d:
+            return None
+        if "tensors" in d and "reduce_op" in d:     # to_dict's
+            return cls(tuple((str(k), TensorArg.from_record(t)) for k, t in d.get("tensors") or ()),
+                       d.get("src"), d.get("dst"), d.get("group_src"), d.get("group_dst"), d.get("reduce_op"),
+                       tuple(d["group"]) if d.get("group") is not None else None, d.get("async_op"))
+        tensors = tuple((k, t) for k, v in d.items() if k not in _SCALAR_ARGS
+                        for t in [TensorArg.from_record(v)] if t is not None)
+        return cls(tensors, d.get("src"), d.get("dst"), d.get("group_src"), d.get("group_dst"), d.get("op"),
+                   tuple(int(r) for r in d["group"]) if d.get("group") is not None else None, d.get("async_op"))
+
+
+_SCALAR_ARGS = frozenset({"src", "dst", "group_src", "group_dst", "op", "group", "async_op"})
+
+
+@dataclass(frozen=True)
 class CallSite:
     """One collective (or set-up call) a rank's script called, numbered in that rank's order of calls."""
     n: int                        # the rank's n-th watched call (ranks align on it)
@@ -472,6 +563,7 @@ class CallSite:
     lib: Frame | None             # the innermost library frame that called torch.distributed (Lightning's, DDP's)
     exc: InFlight | None = None   # the exception in flight in that thread at the call
     thread: str | None = None     # the calling thread's name, when not the main thread
+    args: CallArgs | None = None  # its arguments as data (the hook's description; None: none recorded)
 
     @property
     def frame(self) -> Frame | None:
@@ -486,12 +578,13 @@ class CallSite:
     def to_dict(self) -> dict:
         return {"n": self.n, "op": self.op, "user": [f.to_dict() for f in self.user],
                 "lib": self.lib.to_dict() if self.lib else None,
-                "exc": self.exc.to_dict() if self.exc else None, "thread": self.thread}
+                "exc": self.exc.to_dict() if self.exc else None, "thread": self.thread,
+                **({"args": self.args.to_dict()} if self.args is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CallSite":
         return cls(int(d.get("n", 0)), str(d.get("op", "?")), _frames(d.get("user")), _frame(d.get("lib")),
-                   InFlight.from_dict(d.get("exc")), d.get("thread"))
+                   InFlight.from_dict(d.get("exc")), d.get("thread"), CallArgs.from_dict(d.get("args")))
 
 
 @dataclass(frozen=True)
@@ -636,3 +729,39 @@ class CallDivergence:
         return cls(int(d["n"]), CallSite.from_dict(d["last_same"]) if d.get("last_same") else None,
                    {int(k): CallSite.from_dict(v) if v else None for k, v in (d.get("first") or {}).items()},
                    tuple(d.get("odd") or ()), Frame.from_dict(d["branch"]) if d.get("branch") else None)
+
+
+@dataclass(frozen=True)
+class ArgsDiffer:
+    """The first call number every rank holds at which the ranks called the same op with arguments that must agree
+    across ranks and do not (engine.callsites.args_differ): which argument, and each rank's value."""
+    n: int                                  # the call number (the hook's numbering, the same on every rank)
+    op: str                                 # the op every rank called there
+    arg: str                                # one of ARG_KINDS: "root", "group", "reduce_op", "length", "shape", "dtype"
+    param: str | None                       # the parameter it is read from ("tensor", "tensor_list"; None: the call's)
+    values: tuple[tuple[int, object], ...]  # (rank, value) for every rank: a rank, a list of ranks, a name, a shape
+    frames: tuple[tuple[int, Frame | None], ...] = ()  # (rank, the user's line of its call)
+
+    @property
+    def ranks_by_value(self) -> list[tuple[object, tuple[int, ...]]]:
+        """(value, the ranks that passed it), the most common value first."""
+        by: dict = {}
+        for r, v in self.values:
+            by.setdefault(repr(v), (v, []))[1].append(r)
+        return sorted(((v, tuple(rs)) for v, rs in by.values()), key=lambda x: (-len(x[1]), x[1][0]))
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "op": self.op, "arg": self.arg, "param": self.param,
+                "values": [[r, list(v) if isinstance(v, tuple) else v] for r, v in self.values],
+                "frames": [[r, f.to_dict() if f else None] for r, f in self.frames]}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "ArgsDiffer | None":
+        if not d:
+            return None
+        return cls(int(d["n"]), str(d["op"]), str(d["arg"]), d.get("param"),
+                   tuple((int(r), tuple(v) if isinstance(v, list) else v) for r, v in d.get("values") or ()),
+                   tuple((int(r), Frame.from_dict(f) if f else None) for r, f in d.get("frames") or ()))
+
+
+ARG_KINDS = ("root", "group", "reduce_op", "length", "shape", "dtype")

@@ -17,7 +17,7 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
                           short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
-from ddplab.facts import CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, ThreadStack, parse_traceback
+from ddplab.facts import ArgsDiffer, CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, ThreadStack, parse_traceback
 
 
 def _render():
@@ -196,6 +196,8 @@ class RunResult:
     fix_at: Frame | None = None      # the one line of the culprit's script that set the failure up, where its
                                      # cause points at one (a --local_rank argument, a timeout, MASTER_PORT set)
     calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part (engine.callsites)
+    args_differ: ArgsDiffer | None = None   # the first call at which the ranks passed the same collective arguments
+                                            # that must agree and do not (engine.callsites.args_differ)
     startup_s: float = 0.0           # from the command's start to the job's: the headline counts wall_s after it
 
     # --- conveniences -------------------------------------------------------------------------
@@ -233,6 +235,7 @@ class RunResult:
         d["culprits"] = list(self.culprits)
         d["fix_at"] = self.fix_at.to_dict() if self.fix_at else None
         d["calls_diverged"] = self.calls_diverged.to_dict() if self.calls_diverged else None
+        d["args_differ"] = self.args_differ.to_dict() if self.args_differ else None
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -252,7 +255,8 @@ class RunResult:
                       "divergence": Divergence.from_dict(d["divergence"]) if d.get("divergence") else None,
                       "check": CheckReport.from_dict(d.get("check")), "culprits": tuple(d.get("culprits") or ()),
                       "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None,
-                      "calls_diverged": CallDivergence.from_dict(d.get("calls_diverged"))})
+                      "calls_diverged": CallDivergence.from_dict(d.get("calls_diverged")),
+                      "args_differ": ArgsDiffer.from_dict(d.get("args_differ"))})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

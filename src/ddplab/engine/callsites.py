@@ -14,7 +14,7 @@ import ast
 from typing import Mapping
 
 from ddplab.engine.stacks import Frame
-from ddplab.facts import CallDivergence, CallSite
+from ddplab.facts import ArgsDiffer, CallDivergence, CallSite
 
 
 def divergence(calls: Mapping[int, tuple[CallSite, ...]], stands: Mapping[int, tuple[Frame, ...]] | None = None,
@@ -129,3 +129,82 @@ def failed_in_flight(frames, calls):
     inside = any(f.func.rsplit(".", 1)[-1] == c.op and "torch/distributed/" in f.file.replace("\\", "/")
                  for f in frames or ())
     return c if inside else None
+
+
+# Which recorded arguments must agree across the ranks of one collective call (torch.distributed's contract for
+# each op), compared by ``args_differ``. Point-to-point calls are not here: their peers differ by design (their
+# tags are compared where they block, classify.tag_mismatch). Nor are all_to_all's tensors (each rank's splits may
+# differ), gather's gather_list and scatter's scatter_list (given on the root only: compared only where every rank
+# passed one), nor devices (each rank has its own).
+ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "broadcast_object_list", "gather_object",
+                    "scatter_object_list"})
+REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
+SAME_TENSORS = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+                          "scatter", "reduce_scatter", "reduce_scatter_tensor"})
+SAME_LENGTH = frozenset({"all_gather", "reduce_scatter", "broadcast_object_list", "all_gather_object",
+                         "all_to_all"})
+COLLECTIVES = ROOTED | REDUCING | SAME_TENSORS | SAME_LENGTH | frozenset({"barrier", "all_to_all_single",
+                                                                          "monitored_barrier"})
+
+
+def args_differ(calls: Mapping[int, tuple[CallSite, ...]]) -> ArgsDiffer | None:
+    """The first call number every rank holds (``calls``: rank -> its call records) at which every rank called the
+    same collective with arguments that must agree and do not: the root (as a global rank), the group's members,
+    the reduce op, a list's length, a tensor's shape or dtype (in that order: the first that differs is named).
+    None when fewer than two ranks have records, or every such call agrees. Ranks that called different ops at a
+    number are the call sites' divergence (``divergence``), not this."""
+    have = {r: {c.n: c for c in cs} for r, cs in calls.items() if cs}
+    if len(have) < 2:
+        return None
+    common = set.intersection(*(set(by_n) for by_n in have.values()))
+    for n in sorted(common):
+        here = {r: by_n[n] for r, by_n in sorted(have.items())}
+        ops = {c.op for c in here.values()}
+        if len(ops) != 1 or any(c.args is None for c in here.values()):
+            continue
+        op = ops.pop()
+        if op not in COLLECTIVES:
+            continue
+        found = _first_difference(op, {r: c.args for r, c in here.items()})
+        if found is not None:
+            arg, param, values = found
+            return ArgsDiffer(n, op, arg, param, tuple(values.items()),
+                              tuple((r, c.frame) for r, c in here.items()))
+    return None
+
+
+def _first_difference(op: str, args: Mapping) -> tuple[str, str | None, dict] | None:
+    """(argument kind, parameter, {rank: value}) of the first argument of ``op`` that must agree and does not."""
+    def differ(values: dict) -> bool:
+        return len({repr(v) for v in values.values()}) > 1
+
+    if op in ROOTED:
+        roots = {r: a.root for r, a in args.items()}
+        if all(v is not None for v in roots.values()) and differ(roots):
+            return "root", _root_param(args), roots
+    groups = {r: a.group for r, a in args.items()}
+    if differ(groups):
+        return "group", "group", groups
+    if op in REDUCING:
+        ops = {r: a.reduce_op for r, a in args.items()}
+        if all(v is not None for v in ops.values()) and differ(ops):
+            return "reduce_op", "op", ops
+    tensors = {r: dict(a.tensors) for r, a in args.items()}
+    names = [k for k, _ in next(iter(args.values())).tensors if all(k in t for t in tensors.values())]
+    if op in SAME_LENGTH or op in SAME_TENSORS:
+        for k in names:
+            lengths = {r: t[k].length for r, t in tensors.items()}
+            if all(v is not None for v in lengths.values()) and differ(lengths):
+                return "length", k, lengths
+    if op in SAME_TENSORS:
+        for what in ("shape", "dtype"):
+            for k in names:
+                vals = {r: getattr(t[k], what) for r, t in tensors.items()}
+                if all(v is not None for v in vals.values()) and differ(vals):
+                    return what, k, vals
+    return None
+
+
+def _root_param(args: Mapping) -> str | None:
+    a = next(iter(args.values()))
+    return next((k for k in ("src", "dst", "group_src", "group_dst") if getattr(a, k) is not None), None)

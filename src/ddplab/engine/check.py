@@ -122,6 +122,7 @@ def compare_records(recs: dict[int, dict], every: int = EVERY) -> CheckReport:
     findings += data
     findings += _compare_eval_loaders(recs, ranks)
     findings += _worker_duplicates(recs, ranks)
+    findings += _collective_args(recs, ranks)
     if n_models and not epochs and not any(f.kind.startswith("samples") for f in findings):
         streamed = tuple(r for r in ranks for rec in recs[r].get("loaders", ()) if rec.get("iterable") and any(
             ep["forwards_end"] > ep["forwards_start"] for ep in rec["epochs"]))
@@ -617,3 +618,22 @@ def _worker_duplicates(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Fi
                            f"DataLoader over {dataset} (an IterableDataset), num_workers={w}", epoch=e, count=dup,
                            of=total))
     return out
+
+
+def _collective_args(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Finding]:
+    """A reduction that every rank called at the same call number with another reduce op (the hook's call records,
+    ``callsites.args_differ``): one call makes one reduction, so the ranks that asked for another did not get it
+    (gloo, measured: both ranks got SUM where rank 1 asked for MAX). Only the reduce op: a root, shape or group that
+    differs hangs or fails the call (shown in the diagnosis from ``RunResult.args_differ``), or is a backend's
+    uneven all_gather that works by design."""
+    from ddplab.engine.callsites import args_differ
+    from ddplab.facts import CallSite
+    calls = {r: tuple(CallSite.from_dict(c) for c in recs[r].get("calls") or ()) for r in ranks}
+    d = args_differ(calls)
+    if d is None or d.arg != "reduce_op":
+        return []
+    groups = d.ranks_by_value
+    majority = groups[0][0] if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]) else dict(d.values).get(
+        ranks[0])
+    odd = tuple(r for r, v in d.values if v != majority)
+    return [Finding("reduce-op-differs", odd, f"{d.op} (call #{d.n}, {d.param or d.arg})", values=d.values)]

@@ -18,7 +18,7 @@ from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, raised_before
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
 from ddplab.engine.reasons import init_asks, rendezvous_asks, spawns
-from ddplab.facts import CallDivergence
+from ddplab.facts import ArgsDiffer, CallDivergence
 from ddplab.result import RankResult, Stall
 
 # the ranks still alive stood blocked: the stall rule fired, or torch dumped them (its watchdog's timeout)
@@ -40,6 +40,7 @@ class Verdict:
     culprits: tuple[int, ...] = ()           # the ranks the evidence blames (() where it blames none)
     fix_at: stacks.Frame | None = None       # the line of the culprit's script that set the failure up
     calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part
+    args_differ: ArgsDiffer | None = None          # the first call whose arguments that must agree differ across ranks
     stopped: Stall | None = None             # progress at an interrupt or a limit (RunResult.stopped)
 
     def fields(self) -> dict:
@@ -47,7 +48,7 @@ class Verdict:
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
                 "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
                 "culprits": self.culprits, "fix_at": self.fix_at, "calls_diverged": self.calls_diverged,
-                "stopped": self.stopped}
+                "args_differ": self.args_differ, "stopped": self.stopped}
 
 
 def keeping_alive(threads) -> tuple:
@@ -321,6 +322,8 @@ class HangFacts:
     kept_alive: tuple[RankResult, ...] = ()  # live ranks whose main thread finished and that Python keeps alive at
                                              # exit: for a non-daemon thread (where.kind "thread": the hook's
                                              # thread records) or a child process it joins ("child": its stack)
+    args_differ: ArgsDiffer | None = None  # every live rank blocked in the same collective, at the same call number
+                                           # of its own records, called with arguments that must agree and do not
 
 
 def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence | None) -> HangFacts:
@@ -337,7 +340,25 @@ def hang_facts(ranks: tuple[RankResult, ...], divergence: ledger_mod.Divergence 
         asks=rendezvous_asks(ranks), gone_joined=gone_joined(ranks, in_coll),
         in_flight=tuple((r.rank, c) for r in in_coll for c in [callsites.pending_call(r)] if c is not None and c.exc is not None),
         kept_alive=tuple(r for r in alive if r.where is not None and r.where.kind in ("thread", "child")),
-        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p), polling=polling(alive, in_coll))
+        group_parted=group_parted(ranks), tag_mismatch=tag_mismatch(in_p2p), polling=polling(alive, in_coll),
+        args_differ=blocked_args_differ(alive, in_coll, ranks))
+
+
+def blocked_args_differ(alive: tuple[RankResult, ...], in_coll: tuple[RankResult, ...],
+                        ranks: tuple[RankResult, ...]) -> ArgsDiffer | None:
+    """The arguments that differ at the collective every rank is blocked in: every rank is alive and blocked in one
+    collective op, its own last call record is that collective at the same call number on every rank, and those
+    records' arguments that must agree differ. None otherwise (a rank gone or elsewhere, a collective no call record
+    shows: DDP's from C++). The sequence numbers are not compared: each process group numbers its own collectives,
+    so ranks that called one all_reduce in different groups stand at different numbers."""
+    if len(alive) < 2 or len(in_coll) != len(alive) or len(alive) != len(ranks):
+        return None
+    if len({r.where.op for r in in_coll}) != 1:
+        return None
+    pending = {r.rank: callsites.pending_call(r) for r in in_coll}
+    if any(c is None for c in pending.values()) or len({c.n for c in pending.values()}) != 1:
+        return None
+    return callsites.args_differ({k: (c,) for k, c in pending.items()})
 
 
 POLL_MISSES = 3   # looks for a missing file from the code a rank stands in: a poll, not one check
@@ -1038,6 +1059,10 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
                           if t.name == r.where.op and t.started is not None), None)
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
+        elif sig in ("collective-root-differs", "collective-group-differs"):
+            culprits, guard = args_culprits(ranks)
+            if guard is not None and not guard.text:
+                guard = replace(guard, text=source_line(guard, sources) or None)
         elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes",
                      "new-group-on-some-ranks"):
             # the ranks that stand under a condition on the rank while the others do not: a collective
@@ -1095,4 +1120,23 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
         senders, at = p2p_sent_site(ranks, first, sources)
         if at is not None:
             culprits, fix_at = senders, at
-    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at, calls_diverged=parted)
+    return replace(v, signature=sig, culprits=culprits, fix_at=fix_at, calls_diverged=parted,
+                   args_differ=callsites.args_differ({r.rank: r.calls for r in ranks}))
+
+
+def args_culprits(ranks: tuple[RankResult, ...]) -> tuple[tuple[int, ...], stacks.Frame | None]:
+    """For a collective whose arguments differ across the ranks blocked in it: the ranks that passed a value fewer
+    ranks passed than the most common one (() when no value is the most common: each rank its own), and the call's
+    line when every rank called from the same one (the argument to fix is on it)."""
+    d = blocked_args_differ(tuple(r for r in ranks if r.state in ALIVE),
+                            tuple(r for r in ranks if r.state in ALIVE and r.where is not None
+                                  and r.where.kind == "collective"), ranks)
+    if d is None:
+        return (), None
+    groups = d.ranks_by_value
+    culprits = (tuple(sorted(r for _, rs in groups[1:] for r in rs))
+                if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]) else ())
+    lines = {(f.file, f.line) for _, f in d.frames if f is not None}
+    line = next((f for _, f in d.frames if f is not None), None) if len(lines) == 1 and len(d.frames) == len(
+        [f for _, f in d.frames if f is not None]) else None
+    return culprits, line

@@ -300,6 +300,34 @@ STACK_CATALOG: tuple[Signature, ...] = (
         hang_rule=lambda f: bool(f.in_coll) and (len(f.ops) > 1 or f.divergence_kind == "different-op"), precedence=70,
         rules_out=lambda f: bool(f.in_flight)),
     Signature(
+        "collective-root-differs", "Ranks wait in the same collective with different roots",
+        (),
+        "Every rank is blocked in the same collective, at the same call of its script, and the ranks named different "
+        "roots for it (broadcast's src, reduce's or gather's dst; each rank's value is shown): each rank waits for "
+        "a root the others do not serve, so none completes.\n"
+        "Pass the same root on every rank: a constant (src=0), or a rank every rank computes alike (a group's first "
+        "member, dist.get_global_rank(group, 0)), never the calling rank's own rank.",
+        "",
+        # the ranks' own call records at the collective they all block in (one op, one number) differ in the root;
+        # not when an exception was in flight at it (then the call itself is the mistake)
+        hang_rule=lambda f: f.args_differ is not None and f.args_differ.arg == "root", precedence=58,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
+        "collective-group-differs", "Ranks wait in the same collective called in different process groups",
+        (),
+        "Every rank is blocked in the same collective, at the same call of its script, but the ranks passed different "
+        "process groups (each rank's group members are shown; a group made with new_group is another group than the "
+        "default one, even with the same members): each group's collective waits for ranks that called the other's, "
+        "so none completes.\n"
+        "Pass the same group on every rank (the same object every rank made with the same new_group call, or None "
+        "for the default group on every rank).",
+        "",
+        # the ranks' own call records at the collective they all block in (one op, the same call number) differ in
+        # the group; not when an exception was in flight at it. Precedence before hang-different-collectives: the
+        # groups number their collectives apart, so the ledgers show different numbers, not different code paths
+        hang_rule=lambda f: f.args_differ is not None and f.args_differ.arg == "group", precedence=57,
+        rules_out=lambda f: bool(f.in_flight)),
+    Signature(
         "hang-different-sizes", "Ranks wait in the same collective with different sizes",
         (),
         "The ranks reached the same collective with tensors of different sizes; it cannot complete (or fails later).\n"

@@ -261,7 +261,7 @@ def diagnosis(result: "RunResult") -> str:
     div = _divergence(result, paths)
     head = " ".join(x for x in (lead, wait_sentence(result, paths), div, p2p_sentence(result),
                                 spawn_sentence(result), asks_sentence(result), in_flight_sentence(result),
-                                calls_sentence(result)) if x)
+                                calls_sentence(result), args_sentence(result)) if x)
     return "\n".join([head] + group_lines(result, paths) if head else group_lines(result, paths))
 
 
@@ -298,6 +298,44 @@ def calls_sentence(result: "RunResult") -> str:
     if d.last_same is not None:
         text += f" The last call they made from one place: {site(d.last_same)}."
     return text
+
+
+_ARG_WORDS = {"root": "roots", "group": "groups", "reduce_op": "reduce ops", "length": "list lengths",
+              "shape": "shapes", "dtype": "dtypes"}
+
+
+def arg_value(kind: str, v) -> str:
+    """One rank's value of an argument (``ArgsDiffer.values``) in words."""
+    if kind == "root":
+        return f"named rank {v}"
+    if kind == "group":
+        return "used the default group" if v is None else f"used a group of ranks {list(v)}"
+    if kind == "reduce_op":
+        return f"passed ReduceOp.{v}"
+    if kind == "length":
+        return f"passed a list of {v}"
+    if kind == "shape":
+        return f"passed shape {list(v)}"
+    return f"passed {v}"
+
+
+def args_sentence(result: "RunResult", limit: int = 4) -> str:
+    """The first call at which the ranks passed the same collective arguments that must agree and do not
+    (``RunResult.args_differ``): which argument, and each rank's value (ranks grouped by value, the ``limit`` most
+    common values: 1,024 ranks that each name themselves read as 8 do)."""
+    d = getattr(result, "args_differ", None)
+    if d is None:
+        return ""
+    lines = {(f.file, f.line) for _, f in d.frames if f is not None}
+    f = next((f for _, f in d.frames if f is not None), None)
+    at = f" at {Path(f.file).name}:{f.line}" if f is not None and len(lines) == 1 else ""
+    param = f" ({d.param})" if d.param and d.param != d.arg else ""
+    by = d.ranks_by_value
+    each = "; ".join(f"{label(list(rs))} {arg_value(d.arg, v)}" for v, rs in by[:limit])
+    if len(by) > limit:
+        each += f"; and {len(by) - limit} other values on {label([r for _, rs in by[limit:] for r in rs])}"
+    return (f"At call #{d.n} every rank called {d.op}{at} with different {_ARG_WORDS.get(d.arg, d.arg)}{param}: "
+            f"{each}.")
 
 
 def p2p_sentence(result: "RunResult", limit: int = 8) -> str:
@@ -394,6 +432,7 @@ def _failed(result: "RunResult", paths: "Paths") -> str:
                    f"{_first_line(c.exc.message, 160)} (raised at {_at(c.exc.at)}).")
     out.append(wait_sentence(result, paths))
     out.append(asks_sentence(result))
+    out.append(args_sentence(result))
     d = result.divergence
     if result.signature == "rank-exited-early" and d is not None:
         gone = [k for k, op in sorted(d.ops.items()) if op is None]

@@ -113,6 +113,14 @@ def finding_sentence(f: "Finding") -> str:
         return (f"every batch came once per worker: in epoch {f.epoch} on {who}, {f.count} of the {f.of} batches of "
                 f"{f.object} were bit-identical repeats of another, each batch as many times as there are workers: "
                 f"every worker iterated the whole dataset, so each sample was trained on that many times")
+    if k == "reduce-op-differs":
+        from ddplab.spans import label
+        by: dict = {}
+        for r, v in f.values or ():
+            by.setdefault(v, []).append(r)
+        vals = "; ".join(f"{label(rs)}: {_value(v)}" for v, rs in sorted(by.items(), key=lambda x: x[1][0]))
+        return (f"one reduction, different reduce ops: the op of {f.object} was {vals}; one call makes one "
+                f"reduction, so not every rank got the reduction it asked for")
     return f"{k}: {who}"
 
 

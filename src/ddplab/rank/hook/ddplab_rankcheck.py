@@ -357,6 +357,16 @@ def _p2p(calls):
         return None
 
 
+def _calls(calls):
+    """The rank hook's call records that hold arguments (the collectives, compared across ranks by the launcher);
+    None where no records were at hand."""
+    try:
+        recs = calls() if calls is not None else None
+        return None if recs is None else [c for c in recs.records() if c.get("args")]
+    except Exception:
+        return None
+
+
 def install(write, after_import, calls=None):
     """Called once, after ``import torch`` finished in a rank; ``write(name, dict)`` is the rank
     hook's record writer (rankN.<name>.json, only from the rank's own process); ``calls()`` the rank
@@ -705,7 +715,7 @@ def install(write, after_import, calls=None):
                             "train_forwards": S.train_forwards, "module_loads": S.module_loads,
                             "gradless_steps": S.gradless_steps,
                             "optimizers": [o.to_dict() for o in S.optimizers],
-                            "p2p": _p2p(calls),
+                            "p2p": _p2p(calls), "calls": _calls(calls),
                             "models": [m.to_dict() for m in S.models], "loaders": loaders, "errors": S.errors})
         except Exception as e:
             sys.stderr.write(f"[ddplab] --check could not write its records: {type(e).__name__}: {e}\n")

@@ -21,7 +21,8 @@ by the ``ddplab_rank`` handler of the worker server):
                     once after ``import torch.distributed``; calls nested in another, as all_gather inside
                     all_gather_object, are not counted): its number in this rank, the op, the innermost
                     user frames and the innermost library frame that led to it, and the exception being
-                    handled or propagating in that thread at the call (type, message, where raised)
+                    handled or propagating in that thread at the call (type, message, where raised), and its
+                    arguments as data (tensors' shape/dtype/device, lists' length, roots, reduce op, group)
   threads           every thread's name, daemon flag and stack (live, and at shutdown)
   polls             the files the script's own code looked for (os.path.exists, os.path.isfile) and did not
                     find: per path, how many looks, the user frames and time of the last (answered live)
@@ -342,6 +343,95 @@ def _site(op, frame, n):
     return rec
 
 
+_PARAMS = {}           # function -> (its parameter names, the defaults of the ones described), cached
+_ROOTS = ("src", "dst", "group_src", "group_dst")
+_DEFAULTED = ("op", "async_op") + _ROOTS
+
+
+def _call_args(fn, args, kwargs):
+    """The arguments of one watched call as data, bound by the function's signature (cached per function): of each
+    tensor its shape, dtype and device (never its data), of a list its length and its first entry's, the roots
+    (src, dst, group_src, group_dst), the reduce op's name, the group's global ranks (None: the default group)
+    and async_op. Defaults the call left out are described as given (once per function). {} when nothing could be
+    described; a failure never reaches the call."""
+    try:
+        p = _PARAMS.get(fn)
+        if p is None:
+            import inspect
+            sig = inspect.signature(fn).parameters
+            names = tuple(sig)
+            defaults = []
+            for k in _DEFAULTED:
+                if k in sig and sig[k].default is not inspect.Parameter.empty:
+                    described = {}
+                    _arg(described, k, sig[k].default)
+                    if described:
+                        defaults.append((k, names.index(k), described))
+            p = _PARAMS[fn] = (names, tuple(defaults))
+        names, defaults = p
+        out = {}
+        for k, pos, described in defaults:
+            if pos >= len(args) and k not in kwargs:
+                out.update(described)
+        for i, v in enumerate(args[:len(names)]):
+            _arg(out, names[i], v)
+        for k, v in kwargs.items():
+            _arg(out, k, v)
+        return out
+    except Exception:   # evidence-keeping never changes the call
+        return {}
+
+
+_NAMES = {}            # dtype or device -> its name, cached
+
+
+def _tensor(v):
+    """[shape, dtype, device] of a tensor, None for anything else (no data read)."""
+    try:
+        shape, dtype, device = v.shape, v.dtype, v.device
+    except AttributeError:
+        return None
+    d = _NAMES.get(dtype)
+    if d is None:
+        d = _NAMES[dtype] = str(dtype).replace("torch.", "")
+    e = _NAMES.get(device)
+    if e is None:
+        e = _NAMES[device] = str(device)
+    return [list(shape), d, e]
+
+
+def _arg(out, name, v):
+    """One argument described into ``out`` (nothing when it cannot be)."""
+    try:
+        if v is None or isinstance(v, str):
+            return
+        if name in _ROOTS:
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[name] = int(v)
+        elif name == "op":
+            # a ReduceOp member (RedOpType.SUM: .name), or a ReduceOp object holding one (premul_sum)
+            o = getattr(v, "op", v)
+            n = getattr(o, "name", None)
+            if isinstance(n, str):
+                out["op"] = n
+        elif name == "group":
+            dist = sys.modules.get("torch.distributed")
+            world = getattr(getattr(dist, "GroupMember", None), "WORLD", None)
+            if dist is not None and v is not world:
+                out["group"] = [int(r) for r in dist.get_process_group_ranks(v)]
+        elif name == "async_op":
+            out["async_op"] = bool(v)
+        elif isinstance(v, (list, tuple)):
+            first = _tensor(v[0]) if v else None
+            out[name] = {"len": len(v), **({"first": first} if first else {})}
+        else:
+            t = _tensor(v)
+            if t is not None:
+                out[name] = t
+    except Exception:
+        pass
+
+
 def _watch_calls(calls, on_in_flight=None):
     """Wrap torch.distributed's collective functions (in distributed_c10d, and the same objects in the
     torch.distributed namespace) so that each call the script makes is numbered and recorded in
@@ -367,6 +457,9 @@ def _watch_calls(calls, on_in_flight=None):
                 try:
                     count[0] += 1
                     rec = _site(name, sys._getframe(1), count[0])
+                    described = _call_args(fn, args, kwargs)
+                    if described:
+                        rec["args"] = described
                     calls.append(rec)
                     if "exc" in rec and on_in_flight is not None:
                         on_in_flight()
