@@ -118,6 +118,15 @@ def test_lines_only_some_ranks_print_and_tracebacks_are_not_compared():
     assert compare({0: tb.format(12, 6) + w.format(1), 1: tb.format(40, 9) + w.format(2)}) == ()
 
 
+def test_streams_apart_give_each_line_its_own_number():
+    r0 = {"stderr": "INFO starting\nINFO lr 0.1 set\n", "stdout": "epoch 0 | lr 0.1\nepoch 1 | lr 0.1\n"}
+    r1 = {"stderr": "INFO starting\nINFO lr 0.2 set\n", "stdout": "epoch 0 | lr 0.2\nepoch 1 | lr 0.2\n"}
+    d = _one(compare({0: r0, 1: r1}), "lr")
+    # stdout's line first (the same values on stderr's line are the same fact)
+    assert (d.of(1).stream, d.of(1).line, d.held) == ("stdout", 1, True)
+    assert "rank 1's stdout line 1" in printed_sentence(d)
+
+
 def test_quantities_by_shape():
     q = quantities("at 09:43:34 date 2026-12-06 v2.13.0 Epoch 3/10 lr: [0.1] loss tensor(0.5000) out='/tmp/a/b.pt'\n")
     assert sorted((v[0][0], v[0][1]) for v in q.values()) == \
@@ -168,6 +177,7 @@ def test_a_path_per_rank_is_the_evidence_when_no_cause_is_identified(tmp_path):
     d = r.printed[0]
     assert (d.label, d.kind, d.first, d.numeric) == ("dir", "value", 1, False)
     assert d.of(1).value in r.cause.message and d.of(0).value != d.of(1).value
+    assert (d.of(1).stream, d.of(1).text) == ("stdout", f"run dir: {d.of(1).value}")
     text = r.explain()
     assert "Cause not identified" in text and "different values of `dir`" in text
     assert RunResult.load(r.run_dir).printed == r.printed

@@ -649,16 +649,18 @@ class PrintedAt:
     """One rank's side of a printed disagreement (``PrintedDiff``): what it printed at that occurrence."""
     rank: int
     value: str | None       # the value as printed (None: it printed that line fewer times and never this one)
-    line: int | None        # its line number in the rank's output (stdout, then stderr), 1-based
+    line: int | None        # its line number in ``stream``, 1-based
     text: str = ""          # that line as printed, shortened
     count: int = 0          # how many times the rank printed that line
+    stream: str = ""        # "stdout" or "stderr" ("" where the output was one text)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "PrintedAt":
-        return cls(int(d["rank"]), d.get("value"), d.get("line"), d.get("text", ""), int(d.get("count", 0)))
+        return cls(int(d["rank"]), d.get("value"), d.get("line"), d.get("text", ""), int(d.get("count", 0)),
+                   d.get("stream", ""))
 
 
 @dataclass(frozen=True)

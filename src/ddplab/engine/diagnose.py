@@ -138,7 +138,7 @@ def printed_of(ev: Evidence, ranks) -> tuple:
                 pass
         ids[r] = tuple(own)
     clean = {r.rank for r in ranks if r.exit_code == 0 and r.error is None and r.signal is None}
-    return printed_mod.compare(ev.run.logs, ids, clean)
+    return printed_mod.compare({r: ev.run.streams.get(r) or t for r, t in ev.run.logs.items()}, ids, clean)
 
 
 def user_sources(ev: Evidence, limit: int = 2_000_000) -> dict[str, str]:

@@ -75,10 +75,24 @@ def _lines(text: str):
         yield n, line
 
 
-def quantities(text: str) -> dict[tuple[str, int], list[tuple[str, str, int, str, bool]]]:
-    """A rank's labelled quantities: {(line shape, place in the line): [(label, value, line number, line, is a
-    number), ... in the order printed]}. The k-th entry of a list is the k-th print of that shape."""
+def _streams(output) -> list[tuple[str, str]]:
+    """(stream, text) of a rank's output: its stdout then its stderr where they are apart, else one text."""
+    if isinstance(output, str):
+        return [("", output)]
+    return [(name, output[name]) for name in sorted(output, key=lambda n: (n != "stdout", n)) if output[name]]
+
+
+def quantities(output) -> dict[tuple[str, int], list[tuple[str, str, tuple[str, int], str, bool]]]:
+    """A rank's labelled quantities (its output: a text, or {"stdout": text, "stderr": text}): {(line shape, place
+    in the line): [(label, value, (stream, line number), line, is a number), ... in the order printed]}. The k-th
+    entry of a list is the k-th print of that shape."""
     out: dict[tuple[str, int], list] = {}
+    for stream, text in _streams(output):
+        _read(stream, text, out)
+    return out
+
+
+def _read(stream: str, text: str, out: dict) -> None:
     for n, line in _lines(text):
         found = [m for m in _PAIR.finditer(line) if not m.group("path") or re.search("[A-Za-z]", m.group("path"))]
         if not found:
@@ -92,9 +106,8 @@ def quantities(text: str) -> dict[tuple[str, int], list[tuple[str, str, int, str
         key = "".join(shape).strip()
         for j, m in enumerate(found):
             value = m.group("value").rstrip(".") if m.group("path") else m.group("value")
-            out.setdefault((key, j), []).append((m.group("label"), value, n, line.strip()[:TEXT],
+            out.setdefault((key, j), []).append((m.group("label"), value, (stream, n), line.strip()[:TEXT],
                                                  m.group("num") is not None))
-    return out
 
 
 def _identity(value: str, numeric: bool, ids: tuple[int, ...]) -> str:
@@ -114,10 +127,10 @@ def _same(values: list[str], numerics: list[bool], ids: dict[int, tuple[int, ...
     return len(masked) == 1
 
 
-def compare(logs: Mapping[int, str], ids: Mapping[int, tuple[int, ...]] | None = None,
+def compare(logs: Mapping[int, "str | Mapping[str, str]"], ids: Mapping[int, tuple[int, ...]] | None = None,
             ended_clean: frozenset[int] | set[int] = frozenset()) -> tuple[PrintedDiff, ...]:
     """The labelled quantities the ranks printed with different values, most specific first (a value before a
-    count, then the earliest first disagreement). ``ids``: each rank's own numbers (its rank, local rank, pid);
+    count, then the earliest first disagreement). ``logs``: each rank's output, one text or its streams apart. ``ids``: each rank's own numbers (its rank, local rank, pid);
     ``ended_clean``: the ranks that ended on their own (exit 0, no error), whose shorter output is a fact."""
     ranks = sorted(r for r, t in logs.items() if t)
     if len(ranks) < 2:
@@ -146,7 +159,7 @@ def compare(logs: Mapping[int, str], ids: Mapping[int, tuple[int, ...]] | None =
                                                       ids, [have[0], r]))
             diff = PrintedDiff(seqs[have[0]][k0][0], "value", k0, _at(seqs, have, k0), first, agreed, held, numeric,
                                numeric and _offset([seqs[r][k0][1] for r in have], have))
-            found.append(((0, seqs[first][k0][2]), diff))
+            found.append(((0, _order(seqs[first][k0][2])), diff))
             continue
         counts = {r: len(s) for r, s in seqs.items()}
         if len(set(counts.values())) > 1:
@@ -155,7 +168,7 @@ def compare(logs: Mapping[int, str], ids: Mapping[int, tuple[int, ...]] | None =
                 continue                  # a rank that failed or was stopped printed less because it stopped
             first = next(r for r in have if counts[r] > m)
             diff = PrintedDiff(seqs[have[0]][0][0], "count", m, _at(seqs, have, m), first, m, held, numeric)
-            found.append(((1, seqs[first][m][2]), diff))
+            found.append(((1, _order(seqs[first][m][2])), diff))
     found.sort(key=lambda kv: kv[0])
     kept: dict[tuple, PrintedDiff] = {}
     for _, d in found:
@@ -165,6 +178,11 @@ def compare(logs: Mapping[int, str], ids: Mapping[int, tuple[int, ...]] | None =
         k = kept.get(sig)
         kept[sig] = d if k is None else replace(k, held=k.held or d.held, agreed=max(k.agreed, d.agreed))
     return tuple(list(kept.values())[:MAX_DIFFS])
+
+
+def _order(where: tuple[str, int]) -> tuple:
+    """Where a line stands, for "earliest": stdout before stderr, then its line number."""
+    return where[0] not in ("", "stdout"), where[0], where[1]
 
 
 def _configuration(key, per, have) -> bool:
@@ -191,7 +209,7 @@ def _at(seqs, have, k) -> tuple[PrintedAt, ...]:
     for r in have:
         s = seqs[r]
         if k < len(s):
-            out.append(PrintedAt(r, s[k][1], s[k][2], s[k][3], len(s)))
+            out.append(PrintedAt(r, s[k][1], s[k][2][1], s[k][3], len(s), s[k][2][0]))
         else:
             out.append(PrintedAt(r, None, None, "", len(s)))
     return tuple(out)

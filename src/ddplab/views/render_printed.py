@@ -31,7 +31,8 @@ def values_phrase(d: "PrintedDiff") -> str:
 def printed_sentence(d: "PrintedDiff") -> str:
     """What the ranks printed differently, in one sentence, with the first line where they part."""
     at = d.of(d.first)
-    where = f"rank {d.first}'s output line {at.line}: `{at.text}`" if at is not None and at.line else ""
+    where = (f"rank {d.first}'s {at.stream or 'output'} line {at.line}: `{at.text}`"
+             if at is not None and at.line else "")
     if d.kind == "count":
         counts: dict[int, list[int]] = {}
         for v in d.values:
