@@ -195,3 +195,16 @@ def test_replicas_that_parted_under_a_printed_setting_get_that_fix(tmp_path):
     assert (f.cause, f.label) == ("printed-setting-differs", "lr"), r.explain()
     assert "same on every rank" in f.fix and "printed different" not in r.explain()   # ok: no cause-not-identified
     assert_nothing_left(str(tmp_path))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_printed_difference_beside_an_identified_cause_is_kept_not_shown(tmp_path):
+    # epochs from an argument each rank reads for itself: rank 1 starts a 4th epoch alone and the job hangs; the
+    # catalog names the hang (its advice, the same number of steps on every rank, holds), the printed epochs are kept
+    r = ddplab.run(SCRIPT, args=["--mode", "epochs-by-rank"], run_root=tmp_path, progress=None, stall_s=3)
+    assert r.status == "hung" and r.signature == "hang-different-collectives", r.explain()
+    d = _one(r.printed, "epochs")
+    assert [(v.rank, v.value) for v in d.values] == [(0, "3"), (1, "4")] and d.kind == "value"
+    assert "printed different" not in r.explain()
+    assert_nothing_left(str(tmp_path))

@@ -9,6 +9,8 @@ lr-by-rank   each rank updates by hand with lr scaled by its local rank and prin
 run-dir      each rank names its run folder by the time (microseconds), rank 0 saves there, every rank loads from
              its own: rank 1 fails with FileNotFoundError (Lightning-AI/pytorch-lightning#5512)
 crash-early  rank 1 raises after its first epoch: it printed fewer epochs because it stopped
+epochs-by-rank  the number of epochs comes from an argument each rank reads for itself (3 + local rank): rank 0
+             finishes while rank 1 starts a 4th epoch alone
 """
 import argparse
 import datetime
@@ -26,7 +28,8 @@ def main(mode):
     dist.init_process_group("gloo")
     rank, local_rank, world = dist.get_rank(), int(os.environ["LOCAL_RANK"]), dist.get_world_size()
     lr = 0.01 * (local_rank + 1) if mode == "lr-by-rank" else 0.01
-    print(f"config: epochs 3 | batch_size 8 | lr {lr} | world {world}", flush=True)
+    epochs = 3 + local_rank if mode == "epochs-by-rank" else 3
+    print(f"config: epochs {epochs} | batch_size 8 | lr {lr} | world {world}", flush=True)
     if mode == "own-loss":
         print(f"[rank{rank}] pid {os.getpid()} local_rank={local_rank}", flush=True)
     torch.manual_seed(0)
@@ -34,7 +37,7 @@ def main(mode):
     g = torch.Generator().manual_seed(100 + rank)
     data = [(torch.rand(8, 8, generator=g), torch.rand(8, 1, generator=g)) for _ in range(4)]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    for epoch in range(3):
+    for epoch in range(epochs):
         total = 0.0
         for x, y in data:
             loss = F.mse_loss(model(x), y)
