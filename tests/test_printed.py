@@ -54,8 +54,8 @@ def test_rank_numbers_pids_and_per_rank_paths_are_identity():
 
 
 def test_a_setting_held_on_each_rank_and_different():
-    r0 = "Namespace(batch_size=32, epochs=3, lr=0.1, seed=0)\n" + _lines("epoch {} | lr {}", [(e, 0.1) for e in range(3)])
-    r1 = "Namespace(batch_size=32, epochs=3, lr=0.2, seed=0)\n" + _lines("epoch {} | lr {}", [(e, 0.2) for e in range(3)])
+    r0, r1 = ("Namespace(batch_size=32, epochs=3, lr=%s, seed=0)\n" % lr
+              + _lines("epoch {} | lr {}", [(e, lr) for e in range(3)]) for lr in (0.1, 0.2))
     d = _one(compare({0: r0, 1: r1}), "lr")
     assert (d.kind, d.occurrence, d.first, d.held, d.by_rank) == ("value", 0, 1, True, False)
     assert [(v.rank, v.value, v.line) for v in d.values] == [(0, "0.1", 1), (1, "0.2", 1)]
@@ -180,6 +180,7 @@ def test_a_path_per_rank_is_the_evidence_when_no_cause_is_identified(tmp_path):
     assert (d.of(1).stream, d.of(1).text) == ("stdout", f"run dir: {d.of(1).value}")
     text = r.explain()
     assert "Cause not identified" in text and "different values of `dir`" in text
+    assert "different values of `dir`" in r._repr_html_()
     assert RunResult.load(r.run_dir).printed == r.printed
     assert_nothing_left(str(tmp_path))
 

@@ -675,11 +675,11 @@ class PrintedDiff:
     kind: str                               # "value" | "count"
     occurrence: int
     values: tuple[PrintedAt, ...]           # every rank that printed the line, in rank order
-    first: int                              # the rank whose line is the first disagreement (differs from the lowest rank's)
+    first: int                              # the rank whose line is the first disagreement (not the lowest rank's value)
     agreed: int = 0
     held: bool = False
     numeric: bool = True                    # the values are numbers (else paths)
-    by_rank: bool = False                   # each rank's value is the lowest rank's plus its rank number (a seed offset)
+    by_rank: bool = False                   # each value is the lowest rank's plus the rank number (a seed offset)
 
     def of(self, rank: int) -> PrintedAt | None:
         return next((v for v in self.values if v.rank == rank), None)

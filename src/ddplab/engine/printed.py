@@ -130,8 +130,9 @@ def _same(values: list[str], numerics: list[bool], ids: dict[int, tuple[int, ...
 def compare(logs: Mapping[int, "str | Mapping[str, str]"], ids: Mapping[int, tuple[int, ...]] | None = None,
             ended_clean: frozenset[int] | set[int] = frozenset()) -> tuple[PrintedDiff, ...]:
     """The labelled quantities the ranks printed with different values, most specific first (a value before a
-    count, then the earliest first disagreement). ``logs``: each rank's output, one text or its streams apart. ``ids``: each rank's own numbers (its rank, local rank, pid);
-    ``ended_clean``: the ranks that ended on their own (exit 0, no error), whose shorter output is a fact."""
+    count, then the earliest first disagreement). ``logs``: each rank's output, one text or its streams apart;
+    ``ids``: each rank's own numbers (its rank, local rank, pid); ``ended_clean``: the ranks that ended on their
+    own (exit 0, no error), whose shorter output is a fact."""
     ranks = sorted(r for r, t in logs.items() if t)
     if len(ranks) < 2:
         return ()
