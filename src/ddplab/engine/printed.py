@@ -46,7 +46,8 @@ _PAIR = re.compile(
     rf"(?<![\w.\-/])['\"]?(?P<label>{_LABEL})['\"]?(?:\s*[:=]\s*|\s+)(?:tensor\()?[\['\"]?"
     rf"(?P<value>(?P<num>{_NUM}(?:/{_NUM})?)(?![\d.]|[:/\-]\d)|(?P<path>{_PATH}))")
 _DIGITS = re.compile(r"\d+")
-_GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[?[IWEF]\d{4} \d\d:\d\d:\d\d")
+_PREFIX = re.compile(r"^\[rank\d+\]:")
+_GLOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d")
 _WARNING = re.compile(r"\b\w*Warning: ")
 MAX_LINES = 20_000          # lines read per rank (the first ones: a setting is printed early)
 MAX_DIFFS = 8               # differences kept, most specific first
@@ -58,6 +59,7 @@ def _lines(text: str):
     torch C++ log line."""
     in_tb = False
     for n, line in enumerate((text or "").splitlines()[:MAX_LINES], 1):
+        line = _PREFIX.sub("", line, count=1)     # torch's "[rank0]:" before each line of a rank's stderr
         s = line.strip()
         if not s:
             continue
