@@ -7,7 +7,10 @@ import pytest
 
 import ddplab
 from conftest import assert_nothing_left
+from ddplab.engine import signatures
 from ddplab.engine.printed import compare, qualify, quantities
+from ddplab.engine.reasons import FailureFacts
+from ddplab.facts import ErrorPath
 from ddplab.facts import CheckReport, Finding, PrintedDiff
 from ddplab.result import RunResult
 from ddplab.views.render_check import finding_sentence
@@ -163,6 +166,27 @@ def test_qualify_a_replicas_finding_with_a_printed_setting():
     assert qualify(other, compare({0: r0, 1: r1})) == other
 
 
+def test_path_differs_across_ranks_needs_the_failing_file_under_a_path_printed_apart():
+    cause = signatures.get("path-differs-across-ranks")
+    r0 = "run dir: /tmp/out/2026-12-06_09-43-34.000001\n"
+    r1 = "run dir: /tmp/out/2026-12-06_09-43-34.000007\n"
+    apart = compare({0: r0, 1: r1})
+    missing = (ErrorPath("/tmp/out/2026-12-06_09-43-34.000007/last.pt", True, True),)
+    assert signatures.holds(cause, FailureFacts(rank=1, paths=missing, printed=apart))
+    # the file is elsewhere (not under the path rank 1 printed)
+    assert not signatures.holds(cause, FailureFacts(rank=1, paths=(ErrorPath("/data/x.pt", True, True),),
+                                                    printed=apart))
+    # every rank printed the same folder: nothing printed apart
+    assert not signatures.holds(cause, FailureFacts(rank=1, paths=missing, printed=compare({0: r1, 1: r1})))
+    # a number printed apart is no path; the failing rank is another one; raised in a DataLoader worker
+    lr = compare({0: "lr 0.1 a 1 b 2 c 3\n", 1: "lr 0.2 a 1 b 2 c 3\n"})
+    assert lr and not signatures.holds(cause, FailureFacts(rank=1, paths=missing, printed=lr))
+    assert not signatures.holds(cause, FailureFacts(rank=0, paths=missing, printed=apart))
+    from ddplab.facts import Nested
+    assert not signatures.holds(cause, FailureFacts(rank=1, paths=missing, printed=apart,
+                                                    nested=Nested("FileNotFoundError", "worker 0", "", ())))
+
+
 def test_printed_diff_round_trips():
     d = compare({0: _lines("lr {} x", [(0.1,), (0.1,)]), 1: _lines("lr {} x", [(0.2,), (0.2,)])})[0]
     assert PrintedDiff.from_dict(d.to_dict()) == d
@@ -184,15 +208,17 @@ def test_nothing_differs_where_nothing_is_shared(mode, tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-def test_a_path_per_rank_is_the_evidence_when_no_cause_is_identified(tmp_path):
+def test_a_path_per_rank_is_the_evidence_and_the_cause(tmp_path):
     r = ddplab.run(SCRIPT, args=["--mode", "run-dir"], run_root=tmp_path, progress=None)
     assert r.status == "failed" and r.first_failure == 1 and r.cause.type == "FileNotFoundError", r.explain()
+    # the file rank 1 did not find lies in the folder it printed, which rank 0 printed otherwise
+    assert r.signature == "path-differs-across-ranks", r.explain()
     d = r.printed[0]
     assert (d.label, d.kind, d.first, d.numeric) == ("dir", "value", 1, False)
     assert d.of(1).value in r.cause.message and d.of(0).value != d.of(1).value
     assert (d.of(1).stream, d.of(1).text) == ("stdout", f"run dir: {d.of(1).value}")
     text = r.explain()
-    assert "Cause not identified" in text and "different values of `dir`" in text
+    assert "Each rank worked in a folder of its own" in text and "different values of `dir`" in text
     assert "different values of `dir`" in r._repr_html_()
     assert RunResult.load(r.run_dir).printed == r.printed
     assert_nothing_left(str(tmp_path))

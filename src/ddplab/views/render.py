@@ -620,11 +620,16 @@ def different_collectives(result: "RunResult") -> str | None:
             f"wrapper) and make it on every rank or on none; more batches or Join do not apply here.")
 
 
+# the causes whose premise is read from what the ranks printed: their explanation points at that evidence
+SHOWS_PRINTED = {"path-differs-across-ranks"}
+
+
 def printed_evidence(result: "RunResult") -> str:
-    """Where no cause is identified, the most specific thing the ranks printed differently (``result.printed``:
-    a labelled quantity the ranks share in shape with different values), and how many more there are."""
+    """Where no cause is identified (or the cause's premise is read from it), the most specific thing the ranks
+    printed differently (``result.printed``: a labelled quantity the ranks share with different values), and how
+    many more there are."""
     diffs = tuple(getattr(result, "printed", ()) or ())
-    if not diffs or identified(result) or progressing_at_stop(result):
+    if not diffs or progressing_at_stop(result) or (identified(result) and result.signature not in SHOWS_PRINTED):
         return ""
     more = len(diffs) - 1
     return printed_sentence(diffs[0]) + (f" ({more} more quantit{'ies' if more > 1 else 'y'} differ in the ranks' "
