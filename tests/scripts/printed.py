@@ -59,7 +59,8 @@ def main(mode):
             raise RuntimeError("the data shard ran out")
     if mode == "run-dir":
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
-        run_dir = os.path.join(tempfile.gettempdir(), f"printed_{os.environ['MASTER_PORT']}", stamp)
+        top = os.environ.get("DDPLAB_RUN_DIR") or tempfile.gettempdir()   # the run's own folder under ddplab
+        run_dir = os.path.join(top, f"printed_{os.environ['MASTER_PORT']}", stamp)
         os.makedirs(run_dir, exist_ok=True)
         print(f"run dir: {run_dir}", flush=True)
         path = os.path.join(run_dir, "last.pt")
