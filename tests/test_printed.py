@@ -8,7 +8,7 @@ import pytest
 import ddplab
 from conftest import assert_nothing_left
 from ddplab.engine import signatures
-from ddplab.engine.printed import compare, qualify, quantities
+from ddplab.engine.printed import compare, from_run, qualify, quantities
 from ddplab.engine.reasons import FailureFacts
 from ddplab.facts import ErrorPath
 from ddplab.facts import CheckReport, Finding, PrintedDiff
@@ -130,8 +130,7 @@ def test_lines_only_some_ranks_print_and_tracebacks_are_not_compared():
     read = [read_run(d) for d in folders]
     assert sum(bool(ev.logs) for ev in read) >= 10
     for d, ev in zip(folders, read):
-        ids = {r: (r, int(ev.infos.get(r, {}).get("pid", -1))) for r in ev.logs}
-        assert compare({r: ev.streams.get(r) or t for r, t in ev.logs.items()}, ids) == (), d.name
+        assert from_run(ev) == (), d.name
 
 
 def test_streams_apart_give_each_line_its_own_number():

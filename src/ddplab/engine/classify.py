@@ -262,9 +262,7 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
 def _printed_paths(ev: RunEvidence) -> tuple:
     """What the ranks printed with different values (engine.printed), read only where the failing rank's
     exception is about a file: a path one rank printed and another printed otherwise."""
-    ids = {r: (r, *(int(v) for k, v in (ev.infos.get(r) or {}).items() if k in ("local_rank", "pid")
-                    and str(v).isdigit())) for r in ev.logs}
-    return printed.compare({r: ev.streams.get(r) or t for r, t in ev.logs.items()}, ids)
+    return printed.from_run(ev)
 
 
 def _own_exit(e) -> str | None:

@@ -125,20 +125,10 @@ def _finish(source: Source, ev: Evidence) -> RunResult:
 
 
 def printed_of(ev: Evidence, ranks) -> tuple:
-    """The ranks' printed quantities compared (ddplab.engine.printed), with each rank's own numbers (rank, local
-    rank, pid) and the ranks that ended on their own (exit 0, no error)."""
-    ids = {}
-    for r in ev.run.logs:
-        info = ev.run.infos.get(r) or {}
-        own = [r]
-        for key in ("local_rank", "pid"):
-            try:
-                own.append(int(info[key]))
-            except (KeyError, TypeError, ValueError):
-                pass
-        ids[r] = tuple(own)
+    """The ranks' printed quantities compared (ddplab.engine.printed), with the ranks that ended on their own
+    (exit 0, no error, no signal)."""
     clean = {r.rank for r in ranks if r.exit_code == 0 and r.error is None and r.signal is None}
-    return printed_mod.compare({r: ev.run.streams.get(r) or t for r, t in ev.run.logs.items()}, ids, clean)
+    return printed_mod.from_run(ev.run, clean)
 
 
 def user_sources(ev: Evidence, limit: int = 2_000_000) -> dict[str, str]:

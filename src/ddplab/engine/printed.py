@@ -183,6 +183,22 @@ def compare(logs: Mapping[int, "str | Mapping[str, str]"], ids: Mapping[int, tup
     return tuple(list(kept.values())[:MAX_DIFFS])
 
 
+def from_run(run, ended_clean=frozenset()) -> tuple[PrintedDiff, ...]:
+    """``compare`` over what a job left behind (``evidence.RunEvidence``): each rank's stdout and stderr apart
+    where they are, and its own numbers from its start record (rank, local rank, pid)."""
+    ids = {}
+    for r in run.logs:
+        own = [r]
+        for key in ("local_rank", "pid"):
+            try:
+                own.append(int((run.infos.get(r) or {})[key]))
+            except (KeyError, TypeError, ValueError):
+                pass
+        ids[r] = tuple(own)
+    streams = getattr(run, "streams", None) or {}
+    return compare({r: streams.get(r) or t for r, t in run.logs.items()}, ids, ended_clean)
+
+
 def _order(where: tuple[str, int]) -> tuple:
     """Where a line stands, for "earliest": stdout before stderr, then its line number."""
     return where[0] not in ("", "stdout"), where[0], where[1]
