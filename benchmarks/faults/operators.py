@@ -663,5 +663,37 @@ FIRST_TIME_H41 = [
         "all_gather of per-rank predictions whose last batch is shorter on some ranks: tensors of different shapes "
         "(the report: it freezes on NCCL; gloo raises 'invalid tensor size' on the rank whose tensor does not fit)",
         fault=2),
+    # ---------------------------------------------------------------- values each rank computes alone ----
+    # Written for the printed-values channel (engine/printed.py) after it was built, so not held out: they measure
+    # that the channel states what each rank printed, and that it adds no wrong claim.
+    h41("run-dir-timestamp-per-rank", "ddp_trainer",
+        [("re:snapshot_path = os\\.path\\.join\\(tempfile", "replace",
+          "import datetime  # each run's folder is named by its start time, to the microsecond (hydra's ${now:...})\n"
+          "run_dir = os.path.join(tempfile.gettempdir(), f\"faults_runs_{run_id}\", "
+          "datetime.datetime.now().strftime(\"%Y-%m-%d_%H-%M-%S.%f\"))\n"
+          "os.makedirs(run_dir, exist_ok=True)\n"
+          "print(f\"[rank{os.environ['RANK']}] run dir: {run_dir}\", flush=True)\n"
+          "snapshot_path = os.path.join(run_dir, \"snapshot.pt\")")],
+        "failed", "nonzero", "run-dir-differs-across-ranks", "https://github.com/Lightning-AI/pytorch-lightning/pull/5629",
+        "each rank names the run's folder by its own clock: rank 0 saves the snapshot into its folder, every rank "
+        "loads it from its own, and the others fail with FileNotFoundError (Lightning-AI/pytorch-lightning#5512, "
+        "fixed by #5629: 'non-rank 0 processes referring to the wrong folder ... crash with a file not found "
+        "error'; also https://github.com/DiamondLightSource/httomo/pull/721, which broadcasts the timestamp)",
+        fault=1),
+    h41("lr-from-rank-progress", "gpt_accum",
+        [("step", "before",
+          "docs_seen += int((X == 0).sum())  # token 0 ends a conversation: each rank packs its own number\n"
+          "lrm = get_lr_multiplier(docs_seen / (max_iters * batch_size * block_size / vocab))  # progress, per rank\n"
+          "for group in optimizer.param_groups:\n"
+          "    group[\"lr\"] = learning_rate * lrm\n"
+          "print(f\"step {iter_num} | rank {ddp_rank} lr multiplier: {lrm:.9f}\", flush=True)"),
+         ("optimizer", "after",
+          "docs_seen = 0  # conversations consumed: the progress through the data\n"
+          "def get_lr_multiplier(progress):  # constant, then a linear warmdown over the second half\n"
+          "    return 1.0 if progress < 0.5 else max(0.0, (1.0 - progress) / 0.5)")],
+        "ok", "all", "hyperparameter-differs-across-ranks", "https://github.com/karpathy/nanochat/pull/857",
+        "the learning-rate multiplier follows each rank's own progress through its data (conversations packed per "
+        "batch differ by rank): alike on every rank during the constant phase, apart once the warmdown starts; each "
+        "rank prints its own (the report's repro does the same)", fault=1, check=True),
 ]
 OPERATORS += FIRST_TIME_H41

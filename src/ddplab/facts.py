@@ -325,6 +325,11 @@ CHECK_CAUSE_FIXES = {
     "key-prefix-in-checkpoint": "take the prefix off the checkpoint's keys before loading "
                                 "(torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.')), "
                                 "or save model.module.state_dict() from the DDP model; then load with strict=True",
+    "printed-setting-differs": "make that setting the same on every rank (read it from one place, not from the rank, "
+                               "its own data or a per-rank clock): DDP averages the gradients, but a rank that "
+                               "applies them with its own value parts the replicas however every step goes through "
+                               "the wrapper; only if that value never reaches the update, change the model only "
+                               "through steps every rank takes through the DDP wrapper",
     "key-prefix-in-model": "load into the module the state dict was taken from (model.module.load_state_dict(state) "
                            "for a DDP model given its module's state), then with strict=True",
 }
@@ -348,6 +353,7 @@ class Finding:
     modules_of: int | None = None  # ... out of the wrapped model's modules
     prefix: str | None = None     # load-keys-missing: the key prefix that parted the checkpoint and the model
     unexpected: int | None = None  # load-keys-missing: the given keys that matched nothing
+    label: str | None = None      # printed-setting-differs: the label the ranks printed with ``values`` (engine.printed)
 
     @property
     def fix(self) -> str:
@@ -765,3 +771,53 @@ class ArgsDiffer:
 
 
 ARG_KINDS = ("root", "group", "reduce_op", "length", "shape", "dtype")
+
+
+@dataclass(frozen=True)
+class PrintedAt:
+    """One rank's side of a printed disagreement (``PrintedDiff``): what it printed at that occurrence."""
+    rank: int
+    value: str | None       # the value as printed (None: it printed that line fewer times and never this one)
+    line: int | None        # its line number in ``stream``, 1-based
+    text: str = ""          # that line as printed, shortened
+    count: int = 0          # how many times the rank printed that line
+    stream: str = ""        # "stdout" or "stderr" ("" where the output was one text)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrintedAt":
+        return cls(int(d["rank"]), d.get("value"), d.get("line"), d.get("text", ""), int(d.get("count", 0)),
+                   d.get("stream", ""))
+
+
+@dataclass(frozen=True)
+class PrintedDiff:
+    """A labelled quantity the ranks printed with different values (``ddplab.engine.printed``): the label, the
+    occurrence where they first differ (the k-th time each rank printed that line, 0-based), each rank's value
+    there, and how it reads as shared: ``held`` (some rank printed one value at every aligned occurrence: a
+    setting), ``agreed`` (how many occurrences before it every rank printed the same). ``kind``: "value"
+    (different values at one occurrence) or "count" (the same values, printed more times on some ranks, where a
+    rank that printed fewer ended on its own)."""
+    label: str
+    kind: str                               # "value" | "count"
+    occurrence: int
+    values: tuple[PrintedAt, ...]           # every rank that printed the line, in rank order
+    first: int                              # the rank whose line is the first disagreement (not the lowest rank's value)
+    agreed: int = 0
+    held: bool = False
+    numeric: bool = True                    # the values are numbers (else paths)
+    by_rank: bool = False                   # each value is the lowest rank's plus the rank number (a seed offset)
+
+    def of(self, rank: int) -> PrintedAt | None:
+        return next((v for v in self.values if v.rank == rank), None)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "values": [v.to_dict() for v in self.values]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrintedDiff":
+        return cls(d["label"], d["kind"], int(d["occurrence"]), tuple(PrintedAt.from_dict(v) for v in d["values"]),
+                   int(d["first"]), int(d.get("agreed", 0)), bool(d.get("held", False)), bool(d.get("numeric", True)),
+                   bool(d.get("by_rank", False)))

@@ -17,7 +17,8 @@ from ddplab import runfiles
 from ddplab.defaults import ALIVE, DEFAULT_STALL_S, STATUSES, RankState, Status  # noqa: F401  (re-exported)
 from ddplab.facts import (ChainedError, CheckReport, Collective, Divergence, Frame, Where, is_user_file,  # noqa: F401
                           short_path, short_paths)   # (the types re-exported: a result's parts, from one import)
-from ddplab.facts import ArgsDiffer, CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, ThreadStack, parse_traceback
+from ddplab.facts import (ArgsDiffer, CallDivergence, CallSite, Ended, ErrorPath, Nested, Poll, PrintedDiff,
+                          ThreadStack, parse_traceback)
 
 
 def _render():
@@ -199,6 +200,9 @@ class RunResult:
     args_differ: ArgsDiffer | None = None   # the first call at which the ranks passed the same collective arguments
                                             # that must agree and do not (engine.callsites.args_differ)
     startup_s: float = 0.0           # from the command's start to the job's: the headline counts wall_s after it
+    # what the ranks printed, compared across ranks: labelled quantities with different values, most specific
+    # first (ddplab.engine.printed; evidence, never a cause)
+    printed: tuple[PrintedDiff, ...] = ()
 
     # --- conveniences -------------------------------------------------------------------------
     @property
@@ -236,6 +240,7 @@ class RunResult:
         d["fix_at"] = self.fix_at.to_dict() if self.fix_at else None
         d["calls_diverged"] = self.calls_diverged.to_dict() if self.calls_diverged else None
         d["args_differ"] = self.args_differ.to_dict() if self.args_differ else None
+        d["printed"] = [p.to_dict() for p in self.printed]
         return d
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -256,7 +261,8 @@ class RunResult:
                       "check": CheckReport.from_dict(d.get("check")), "culprits": tuple(d.get("culprits") or ()),
                       "fix_at": Frame.from_dict(d["fix_at"]) if d.get("fix_at") else None,
                       "calls_diverged": CallDivergence.from_dict(d.get("calls_diverged")),
-                      "args_differ": ArgsDiffer.from_dict(d.get("args_differ"))})
+                      "args_differ": ArgsDiffer.from_dict(d.get("args_differ")),
+                      "printed": tuple(PrintedDiff.from_dict(p) for p in d.get("printed") or ())})
 
     @classmethod
     def load(cls, path: str | Path) -> "RunResult":

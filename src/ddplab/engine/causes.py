@@ -371,6 +371,20 @@ FROM_RECORDS: tuple[Cause, ...] = (
         premise=lambda f: f.exit_code is not None and not f.peers_exited,
         sources=("https://github.com/YalaLab/pillar-pretrain/pull/9",)),
     Cause(
+        "path-differs-across-ranks", "Each rank worked in a folder of its own",
+        ("FileNotFoundError", "RuntimeError", "OSError"),
+        (r"No such file or directory|directory .*does not exist",),
+        "The file this rank did not find lies in a path it printed, and the other ranks printed a different path at "
+        "the same line (shown): each rank made the path for itself (its own clock, host or random draw), so what one "
+        "rank wrote the others look for elsewhere.\n"
+        "Decide the path once and give it to every rank: make it on rank 0 and share it "
+        "(obj = [path]; dist.broadcast_object_list(obj, src=0); path = obj[0]), or build it from what every rank "
+        "shares (an argument, TORCHELASTIC_RUN_ID), not from the time, the host name or a random draw.",
+        # a file the exception is about lies under this rank's printed path, which another rank printed otherwise
+        premise=lambda f: f.own_process and f.path_printed_apart,
+        sources=("https://github.com/Lightning-AI/pytorch-lightning/pull/5629",
+                 "https://github.com/DiamondLightSource/httomo/pull/721")),
+    Cause(
         "checkpoint-dir-missing", "A file written into a folder that was never made",
         ("FileNotFoundError", "RuntimeError"),
         (r"No such file or directory|directory .*does not exist",),

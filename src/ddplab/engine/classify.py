@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ddplab.engine import ledger as ledger_mod
-from ddplab.engine import callsites, signatures, stacks
+from ddplab.engine import callsites, printed, signatures, stacks
 from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, raised_before
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
@@ -252,11 +252,18 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
                                 r for r, o in sorted(ev.errors.items()) if r != first and _own_exit(o)),
                             paths=e.paths, peers_working=working, rank=first, values=e.values,
                             peers_same_error=tuple(r for r, o in sorted(ev.errors.items()) if r != first
-                                                   and (o.type, o.message) == (e.type, e.message)))
+                                                   and (o.type, o.message) == (e.type, e.message)),
+                            printed=_printed_paths(ev) if e.paths else ())
     if first in ev.fatal or stack:
         frames = tuple(ev.fatal.get(first) or stack)
         return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))
     return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
+
+
+def _printed_paths(ev: RunEvidence) -> tuple:
+    """What the ranks printed with different values (engine.printed), read only where the failing rank's
+    exception is about a file: a path one rank printed and another printed otherwise."""
+    return printed.from_run(ev)
 
 
 def _own_exit(e) -> str | None:

@@ -302,6 +302,7 @@ class RunEvidence:
     calls: dict[int, tuple] = field(default_factory=dict)       # rank -> its call records (exit or error record)
     threads: dict[int, tuple] = field(default_factory=dict)     # rank -> threads still running at its shutdown
     ended: dict[int, Ended] = field(default_factory=dict)       # rank -> how it ended without a traceback
+    streams: dict[int, dict] = field(default_factory=dict)      # rank -> {"stdout": text, "stderr": text} (logs, apart)
 
 
 def read(path: Path) -> str:
@@ -349,8 +350,11 @@ def read_run(run_dir: Path) -> RunEvidence:
         pass
     exits = {int(r): f for r, f in (tr or {}).get("failures", {}).items()}
     logs: dict[int, str] = {}
+    streams: dict[int, dict] = {}
     for rank, path in runfiles.rank_logs(run_dir):
-        logs[rank] = logs.get(rank, "") + read(Path(path))
+        text = read(Path(path))
+        logs[rank] = logs.get(rank, "") + text
+        streams.setdefault(rank, {})[Path(path).stem] = text
     fatal = {}
     for rank in infos:
         text = read(Path(runfiles.rank_path(run_dir, rank, runfiles.STACK)))
@@ -383,7 +387,7 @@ def read_run(run_dir: Path) -> RunEvidence:
         except (ValueError, KeyError, OSError):
             continue
     return RunEvidence(infos, errors, exits, tr, logs, fatal, read(run_dir / runfiles.TORCHRUN_LOG), clean_exit,
-                       final_ledgers, terminated, calls, threads, ended)
+                       final_ledgers, terminated, calls, threads, ended, streams)
 
 
 

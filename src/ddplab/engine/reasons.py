@@ -81,6 +81,7 @@ class FailureFacts:
     rank: int | None = None       # the failing rank
     values: dict | None = None    # {name: short repr} on its failing user line (the hook's record)
     peers_same_error: tuple = ()  # other ranks whose own error has the same type and message
+    printed: tuple = ()           # what the ranks printed with different values (facts.PrintedDiff, engine.printed)
 
     @property
     def empty_argument(self) -> bool:
@@ -105,6 +106,22 @@ class FailureFacts:
     def folder_missing_then(self) -> tuple:
         """The files whose folder did not exist when the rank failed (the hook's record)."""
         return tuple(p for p in self.paths if not p.folder_then)
+
+    @property
+    def path_printed_apart(self) -> bool:
+        """A file the exception is about lies in a path this rank printed (the path itself or a folder above it)
+        where another rank printed a different path at the same print: the ranks worked in different places."""
+        def under(path: str, top: str) -> bool:
+            top = top.rstrip("/")
+            return bool(top) and (path == top or path.startswith(top + "/"))
+        for d in self.printed:
+            mine = d.of(self.rank) if self.rank is not None else None
+            if d.kind != "value" or d.numeric or mine is None or not mine.value:
+                continue
+            others = {v.value for v in d.values if v.rank != self.rank and v.value}
+            if others and mine.value not in others and any(under(p.path, mine.value) for p in self.paths):
+                return True
+        return False
 
     @property
     def own_process(self) -> bool:

@@ -14,6 +14,7 @@ from ddplab.defaults import ALIVE, RankState, Status
 from ddplab.facts import is_user_file, numel, short_path
 from ddplab.spans import label
 from ddplab.views.render_check import check_html, check_lines
+from ddplab.views.render_printed import printed_sentence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddplab.result import RankResult, RunResult
@@ -658,6 +659,22 @@ def different_collectives(result: "RunResult") -> str | None:
             f"wrapper) and make it on every rank or on none; more batches or Join do not apply here.")
 
 
+# the causes whose premise is read from what the ranks printed: their explanation points at that evidence
+SHOWS_PRINTED = {"path-differs-across-ranks"}
+
+
+def printed_evidence(result: "RunResult") -> str:
+    """Where no cause is identified (or the cause's premise is read from it), the most specific thing the ranks
+    printed differently (``result.printed``: a labelled quantity the ranks share with different values), and how
+    many more there are."""
+    diffs = tuple(getattr(result, "printed", ()) or ())
+    if not diffs or progressing_at_stop(result) or (identified(result) and result.signature not in SHOWS_PRINTED):
+        return ""
+    more = len(diffs) - 1
+    return printed_sentence(diffs[0]) + (f" ({more} more quantit{'ies' if more > 1 else 'y'} differ in the ranks' "
+                                         f"output: RunResult.printed.)" if more else "")
+
+
 def explain(result: "RunResult") -> str:
     from ddplab.engine import signatures
 
@@ -689,6 +706,9 @@ def explain(result: "RunResult") -> str:
     c = culprit_sentence(result)
     if c:
         lines.append(f"  {c}")
+    p = printed_evidence(result)
+    if p:
+        lines.append(f"  {p}")
     if result.excerpt and result.status == "failed":
         lines.append(f"  Evidence: {result.excerpt}")
     if result.status in ("ok", "failed"):   # a hang's diagnosis already shows each group's state
@@ -738,6 +758,8 @@ def html(result: "RunResult") -> str:
     diag = f"<p><b>Diagnosis:</b> {'<br>'.join(e(t) for t in d.splitlines())}</p>" if d else ""
     ev = (f"<p><b>Evidence:</b> <code>{e(result.excerpt)}</code></p>"
           if result.excerpt and result.status == "failed" else "")
+    p = printed_evidence(result)
+    ev = (f"<p>{e(p)}</p>" if p else "") + ev
     return (f"<div><p><b style='color:{COLOURS.get(result.status, '#000')}'>{e(result.status.upper())}</b> "
             f"<code>{e(result.target)}</code> {e(result.variant or '')}: {result.wall_s:.1f} s, {result.nproc} ranks</p>"
             f"{sig}{diag}{ev}<table><tr><th>ranks</th><th>state</th><th>exit</th><th>waits in</th><th>error</th>"

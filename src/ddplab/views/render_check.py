@@ -33,8 +33,13 @@ def finding_sentence(f: "Finding") -> str:
     k, who = f.kind, _ranks(f.ranks)
     if k == "replicas-differ":
         since = f", still equal at step {f.since_equal}" if f.since_equal is not None else ""
+        printed = ""
+        if f.cause == "printed-setting-differs" and f.label:
+            vals = "; ".join(f"rank {r} {v}" for r, v in (f.values or ()))
+            printed = (f"; the ranks' own output shows they ran with different values of `{f.label}` ({vals}), "
+                       f"which no step through the wrapper makes equal")
         return (f"replicas drifted apart: {who} had parameters different from rank 0's at step {f.step}{since} "
-                f"({f.count} of {f.of} tensors differ; first: {f.object})")
+                f"({f.count} of {f.of} tensors differ; first: {f.object}){printed}")
     if k == "buffers-differ":
         return (f"buffers differ: {who} had buffers different from rank 0's at step {f.step} "
                 f"({f.count} of {f.of}; first: {f.object})")

@@ -77,7 +77,7 @@ def _install():
     sock = os.path.join(sock_dir, names.socket_name(rank)) if sock_dir else None
     info = {"rank": int(rank), "pid": os.getpid(), "started": time.time(),
             "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
-            "world_size": os.environ.get("WORLD_SIZE"), "socket": sock}
+            "world_size": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"), "socket": sock}
     final = os.path.join(folder, names.rank_name(rank, names.INFO))
     tmp = os.path.join(folder, "." + names.rank_name(rank, names.INFO))
     with open(tmp, "w") as f:
