@@ -8,7 +8,7 @@
   thread        rank 1 leaves a non-daemon thread running: its main thread ends, the process does not
   os-exit       rank 1 calls os._exit(3): no traceback, no exit handler
   worker        rank 1's DataLoader worker process raises in __getitem__
-  folder-race   rank 1 saves into a folder rank 0 makes only after rank 1 failed (a flag file says when)
+  folder-race   rank 1 saves into a folder rank 0 makes only after rank 1's error was reported (a flag file)
   folder-missing  rank 1 saves into a folder nobody makes; rank 0 waits at a barrier
   p2p-tags      rank 0 sends with tag 1, rank 1 receives from it with tag 2
   file-poll     rank 0 polls for the file rank 1 writes only after a barrier rank 0 never reaches
@@ -17,6 +17,7 @@
 """
 import argparse
 import os
+import sys
 import tempfile
 import threading
 
@@ -109,11 +110,17 @@ def main(how):
     elif how in ("folder-race", "folder-missing"):
         folder = os.path.join(tempfile.gettempdir(), f"ddplab_channels_{os.environ['MASTER_PORT']}")
         if rank == 1:
-            try:
-                torch.save(t, os.path.join(folder, "rank1.pt"))
-            except RuntimeError:
+            # the flag is written once the error has been reported (after the excepthook in place before this
+            # one: the launcher's, where there is one), so rank 0 makes the folder only after the report
+            reported = sys.excepthook
+
+            def flag_after(*exc):
+                reported(*exc)
                 open(folder + ".failed", "w").close()
-                raise
+                while how == "folder-race" and not os.path.isdir(folder):   # exits once rank 0 has made it
+                    threading.Event().wait(0.05)
+            sys.excepthook = flag_after
+            torch.save(t, os.path.join(folder, "rank1.pt"))
         elif how == "folder-race":
             while not os.path.exists(folder + ".failed"):
                 threading.Event().wait(0.05)
