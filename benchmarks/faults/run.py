@@ -29,8 +29,11 @@ import json
 import os
 import signal
 import statistics
+import contextlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +62,28 @@ def _env() -> dict:
     return env
 
 
+@contextlib.contextmanager
+def _temp_cleaned():
+    """The files and folders a mutant leaves in the temp folder (its snapshot, the run folders it names:
+    ``faults_*``) removed once its run has ended, whatever its outcome: a failed run does not clean up."""
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("faults_*"))
+    try:
+        yield
+    finally:
+        for p in set(tmp.glob("faults_*")) - before:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def bare_torchrun(m: mutate.Mutant, nproc: int, probe_s: float = PROBE_S, limit_s: float = LIMIT_S) -> dict:
+    with _temp_cleaned():
+        return _bare_torchrun(m, nproc, probe_s, limit_s)
+
+
+def _bare_torchrun(m: mutate.Mutant, nproc: int, probe_s: float, limit_s: float) -> dict:
     """What bare torchrun does with the mutant: {"status": "failed"|"hung"|"ok", "rc", "seconds"}."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            m.path, *m.args]
@@ -147,8 +171,9 @@ def score(m: mutate.Mutant, nproc: int, result, causes: dict) -> dict:
 
 def run_one(m: mutate.Mutant, nproc: int, causes: dict, stall_s: float = STALL_S) -> dict:
     import ddplab
-    result = ddplab.run(Path(m.path), nproc=nproc, args=list(m.args), stall_s=stall_s, check=m.check,
-                        deadline_s=DEADLINE_S, progress=None)
+    with _temp_cleaned():
+        result = ddplab.run(Path(m.path), nproc=nproc, args=list(m.args), stall_s=stall_s, check=m.check,
+                            deadline_s=DEADLINE_S, progress=None)
     return score(m, nproc, result, causes)
 
 
