@@ -41,6 +41,7 @@ def runs(tmp_path_factory):
             m = mutate.build(BY_ID[op_id], root / "mutants")
             result = ddplab.run(Path(m.path), nproc=2, args=list(m.args), stall_s=suite.STALL_S, check=m.check,
                                 deadline_s=suite.DEADLINE_S, progress=None, run_root=root / "runs")
+            suite.remove_temp_of(result.port)   # the snapshot and folders it wrote in the temp folder
             assert_nothing_left(str(root / "runs"))
             done[op_id] = (m, result)
         return done[op_id]

@@ -301,6 +301,16 @@ def _mutant(op_id, tmp_path):
     return mutate.build(op, tmp_path / "mutants")
 
 
+def _run_mutant(run_lab, m, **kw):
+    """A mutant run for real, and what it wrote in the temp folder (its snapshot) removed after it."""
+    import sys
+    sys.path.insert(0, str(FAULTS))
+    import run as suite
+    r = run_lab(Path(m.path), nproc=2, args=list(m.args), **kw)
+    suite.remove_temp_of(r.port)
+    return r
+
+
 @pytest.mark.parametrize("op_id,status,signature,site", [
     # the argument torchrun no longer passes, defined one line above the parse that fails
     ("local-rank-argparse", "failed", "launch-local-rank-arg", 'add_argument("--local_rank"'),
@@ -316,7 +326,7 @@ def _mutant(op_id, tmp_path):
 def test_the_line_that_set_the_failure_up_is_found_where_the_premise_holds(run_lab, tmp_path, op_id, status,
                                                                           signature, site):
     m = _mutant(op_id, tmp_path)
-    r = run_lab(Path(m.path), nproc=2, args=list(m.args), stall_s=3)
+    r = _run_mutant(run_lab, m, stall_s=3)
     assert (r.status, r.signature) == (status, signature), r.explain()
     assert r.fix_at is not None and site in r.fix_at.text and Path(r.fix_at.file).name == Path(m.path).name
     if op_id == "early-stop-one-rank":
@@ -347,7 +357,7 @@ def test_a_hang_in_one_collective_gives_no_network_advice_without_a_premise():
 ])
 def test_exceptions_no_entry_knew_now_name_their_cause_and_fix(run_lab, tmp_path, op_id, signature, fix_words):
     m = _mutant(op_id, tmp_path)
-    r = run_lab(Path(m.path), nproc=2, args=list(m.args))
+    r = _run_mutant(run_lab, m)
     assert (r.status, r.signature) == ("failed", signature), r.explain()
     assert r.rank(r.first_failure).frame.line in m.fix_lines
     text = r.explain()

@@ -78,6 +78,20 @@ def _temp_cleaned():
                 p.unlink(missing_ok=True)
 
 
+def remove_temp_of(port: int | None) -> None:
+    """What one mutant's run left in the temp folder, found by its port: every ``faults_*`` name the bases and
+    operators build ends with the run's MASTER_PORT (``faults_snapshot_<run id><port>.pt``, ``faults_run_<port>``),
+    so runs side by side (the tests' workers) each remove only their own, not what a run beside it still uses."""
+    if not port:
+        return
+    for p in Path(tempfile.gettempdir()).glob(f"faults_*{port}*"):
+        if p.name.removesuffix(".pt").endswith(str(port)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def bare_torchrun(m: mutate.Mutant, nproc: int, probe_s: float = PROBE_S, limit_s: float = LIMIT_S) -> dict:
     with _temp_cleaned():
         return _bare_torchrun(m, nproc, probe_s, limit_s)

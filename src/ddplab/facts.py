@@ -756,6 +756,15 @@ class ArgsDiffer:
             by.setdefault(repr(v), (v, []))[1].append(r)
         return sorted(((v, tuple(rs)) for v, rs in by.values()), key=lambda x: (-len(x[1]), x[1][0]))
 
+    @property
+    def minority(self) -> tuple[int, ...]:
+        """The ranks that passed another value than the one most ranks passed; () when no value is passed by more
+        ranks than every other (each rank its own, or a tie): then no rank is the odd one."""
+        groups = self.ranks_by_value
+        if len(groups) < 2 or len(groups[0][1]) == len(groups[1][1]):
+            return ()
+        return tuple(sorted(r for _, rs in groups[1:] for r in rs))
+
     def to_dict(self) -> dict:
         return {"n": self.n, "op": self.op, "arg": self.arg, "param": self.param,
                 "values": [[r, list(v) if isinstance(v, tuple) else v] for r, v in self.values],

@@ -632,8 +632,8 @@ def _collective_args(recs: dict[int, dict], ranks: tuple[int, ...]) -> list[Find
     d = args_differ(calls)
     if d is None or d.arg != "reduce_op":
         return []
-    groups = d.ranks_by_value
-    majority = groups[0][0] if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]) else dict(d.values).get(
-        ranks[0])
-    odd = tuple(r for r, v in d.values if v != majority)
+    # the ranks apart from the majority; with none (a tie, each rank its own op), the ranks apart from the lowest
+    # rank's op: at least those did not get the reduction they asked for
+    lowest = dict(d.values).get(min(r for r, _ in d.values))
+    odd = d.minority or tuple(r for r, v in d.values if v != lowest)
     return [Finding("reduce-op-differs", odd, f"{d.op} (call #{d.n}, {d.param or d.arg})", values=d.values)]

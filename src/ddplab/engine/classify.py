@@ -42,13 +42,14 @@ class Verdict:
     calls_diverged: CallDivergence | None = None   # where the ranks' recorded call sites part
     args_differ: ArgsDiffer | None = None          # the first call whose arguments that must agree differ across ranks
     stopped: Stall | None = None             # progress at an interrupt or a limit (RunResult.stopped)
+    printed: tuple = ()                      # what the ranks printed with different values (engine.printed)
 
     def fields(self) -> dict:
         """The RunResult fields this verdict decides."""
         return {"status": self.status, "signature": self.signature, "excerpt": self.excerpt, "ranks": self.ranks,
                 "first_failure": self.first_failure, "divergence": self.divergence, "stall": self.stall,
                 "culprits": self.culprits, "fix_at": self.fix_at, "calls_diverged": self.calls_diverged,
-                "args_differ": self.args_differ, "stopped": self.stopped}
+                "args_differ": self.args_differ, "stopped": self.stopped, "printed": self.printed}
 
 
 def keeping_alive(threads) -> tuple:
@@ -233,7 +234,7 @@ def _consequence_text(text: str) -> bool:
 
 
 def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = (),
-                  ranks: tuple[RankResult, ...] = ()) -> FailureFacts | None:
+                  ranks: tuple[RankResult, ...] = (), printed: tuple = ()) -> FailureFacts | None:
     """What the catalog's premises are checked against: the first failing rank's frames (its
     exception's, else its stack: a fatal signal's dump, else its log's traceback), its ledger, and
     (``ranks``) the peers still at work in their own code when the job was stopped."""
@@ -253,17 +254,11 @@ def failure_facts(ev: RunEvidence, first: int | None, ledger: tuple = (), stack:
                             paths=e.paths, peers_working=working, rank=first, values=e.values,
                             peers_same_error=tuple(r for r, o in sorted(ev.errors.items()) if r != first
                                                    and (o.type, o.message) == (e.type, e.message)),
-                            printed=_printed_paths(ev) if e.paths else ())
+                            printed=printed if e.paths else ())
     if first in ev.fatal or stack:
         frames = tuple(ev.fatal.get(first) or stack)
         return FailureFacts(frames, led, calls, in_flight=callsites.failed_in_flight(frames, calls))
     return replace(facts_from_text(ev.logs.get(first, "")), ledger=led)
-
-
-def _printed_paths(ev: RunEvidence) -> tuple:
-    """What the ranks printed with different values (engine.printed), read only where the failing rank's
-    exception is about a file: a path one rank printed and another printed otherwise."""
-    return printed.from_run(ev)
 
 
 def _own_exit(e) -> str | None:
@@ -275,12 +270,12 @@ def _own_exit(e) -> str | None:
     return e.message
 
 
-def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (),
-                     stack: tuple = (), ranks: tuple[RankResult, ...] = ()) -> tuple[str | None, str | None]:
+def failed_signature(ev: RunEvidence, first: int | None, ledger: tuple = (), stack: tuple = (),
+                     ranks: tuple[RankResult, ...] = (), said: tuple = ()) -> tuple[str | None, str | None]:
     """The catalog entry for a failed run: the first failing rank's own exception first (the
     record's type and message), then its log, then any rank's log or torchrun's output when the
     first rank's words are generic. An entry is named only where the evidence holds its premise."""
-    facts = failure_facts(ev, first, ledger, stack, ranks)
+    facts = failure_facts(ev, first, ledger, stack, ranks, said)
     m = signatures.match_text(_rank_text(ev, first), facts) if first is not None else None
     flight = signatures.get("exception-in-collective")
     if facts is not None and signatures.holds(flight, facts) and (m is None or m[0].id in flight.replaces):
@@ -481,7 +476,11 @@ def judge(evidence: Evidence) -> Verdict:
     ranks = rank_results(w.world, ended_by, w.returncode, ev, live, evidence.ledgers, w.cpu, evidence.records, w.cpu_busy)
     div = ledger_mod.divergence({r.rank: r.ledger for r in ranks if r.ledger})
     status = _status(w.ended_by, w.returncode, ev)
-    signature, excerpt, first = _signature(status, ev, live, ranks, div)
+    # what the ranks printed with different values, read once: a fact of the verdict (a path a failing rank's file
+    # lies under) and of the result (the most specific evidence that differs); the ranks that ended on their own
+    # (exit 0, no error, no signal) printed less as a fact, not because they stopped
+    said = printed.from_run(ev, {r.rank for r in ranks if r.exit_code == 0 and r.error is None and r.signal is None})
+    signature, excerpt, first = _signature(status, ev, live, ranks, div, said)
     stall = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, w.waited_for_timeout_s)
              if ended_by == Ending.STALL and w.stall_s is not None else None)
     stopped = (stall_facts(w.stall_s, w.idle_s, w.since_s, ranks, None)
@@ -492,7 +491,7 @@ def judge(evidence: Evidence) -> Verdict:
         ranks = tuple(replace(r, signal=None) for r in ranks)
     if evidence.nodes:  # merged from several nodes' folders
         ranks = tuple(replace(r, node=evidence.nodes.get(r.rank)) for r in ranks)
-    return Verdict(status, signature, excerpt, ranks, first, div, stall, stopped=stopped)
+    return Verdict(status, signature, excerpt, ranks, first, div, stall, stopped=stopped, printed=said)
 
 
 def _status(ended_by: Ending, returncode: int | None, ev: RunEvidence) -> Status:
@@ -513,12 +512,13 @@ def _status(ended_by: Ending, returncode: int | None, ev: RunEvidence) -> Status
 
 
 def _signature(status: Status, ev: RunEvidence, live: Mapping[int, LiveRank], ranks: tuple[RankResult, ...],
-               div: ledger_mod.Divergence | None) -> tuple[str | None, str | None, int | None]:
+               div: ledger_mod.Divergence | None, said: tuple = ()) -> tuple[str | None, str | None, int | None]:
     signature = excerpt = first = None
     if status == Status.FAILED:
         first = first_failure(ev, ranks)
         own = next((r for r in ranks if r.rank == first), None)
-        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else (), ranks)
+        signature, excerpt = failed_signature(ev, first, own.ledger if own else (), own.stack if own else (), ranks,
+                                              said)
         if (signature is None or signature in signatures.GENERIC) and first in killed_from_outside(ev):
             signature = "rank-killed"
         elif signature in CONSEQUENCES and left_early(ranks, div, ev):
@@ -1067,7 +1067,7 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
         elif sig in ("collective-root-differs", "collective-group-differs"):
-            culprits, guard = args_culprits(ranks)
+            culprits, guard = args_culprits(hang_facts(ranks, v.divergence).args_differ)   # the fact the rule held on
             if guard is not None and not guard.text:
                 guard = replace(guard, text=source_line(guard, sources) or None)
         elif sig in ("hang-different-collectives", "hang-rank-elsewhere", "hang-different-sizes",
@@ -1131,19 +1131,13 @@ def refine(v: Verdict, sources: Mapping[str, str], files: Mapping[str, float] | 
                    args_differ=callsites.args_differ({r.rank: r.calls for r in ranks}))
 
 
-def args_culprits(ranks: tuple[RankResult, ...]) -> tuple[tuple[int, ...], stacks.Frame | None]:
-    """For a collective whose arguments differ across the ranks blocked in it: the ranks that passed a value fewer
-    ranks passed than the most common one (() when no value is the most common: each rank its own), and the call's
-    line when every rank called from the same one (the argument to fix is on it)."""
-    d = blocked_args_differ(tuple(r for r in ranks if r.state in ALIVE),
-                            tuple(r for r in ranks if r.state in ALIVE and r.where is not None
-                                  and r.where.kind == "collective"), ranks)
+def args_culprits(d: ArgsDiffer | None) -> tuple[tuple[int, ...], stacks.Frame | None]:
+    """For a collective whose arguments differ across the ranks blocked in it (``HangFacts.args_differ``): the ranks
+    that passed a value fewer ranks passed than the most common one (``ArgsDiffer.minority``: () when no value is the
+    most common), and the call's line when every rank called from the same one (the argument to fix is on it)."""
     if d is None:
         return (), None
-    groups = d.ranks_by_value
-    culprits = (tuple(sorted(r for _, rs in groups[1:] for r in rs))
-                if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]) else ())
     lines = {(f.file, f.line) for _, f in d.frames if f is not None}
     line = next((f for _, f in d.frames if f is not None), None) if len(lines) == 1 and len(d.frames) == len(
         [f for _, f in d.frames if f is not None]) else None
-    return culprits, line
+    return d.minority, line

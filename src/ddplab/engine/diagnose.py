@@ -109,26 +109,18 @@ def _finish(source: Source, ev: Evidence) -> RunResult:
     check = None
     if who.records_dir is not None and (who.check or check_mod.has_records(who.records_dir)):
         check = check_mod.not_ended(check_mod.compare(who.records_dir, w.world), v.ranks)
-    printed = printed_of(ev, v.ranks)
-    check = printed_mod.qualify(check, printed)
+    check = printed_mod.qualify(check, v.printed)
     result = RunResult(
         target=who.target, variant=who.variant, nproc=len(w.ranks_here) if w.ranks_here else w.world,
         wall_s=w.wall_s, startup_s=who.startup_s, run_dir=str(who.run_dir), command=tuple(who.command),
         stall_s=w.stall_s if w.stall_s is not None else 0.0, deadline_s=who.deadline_s,
         port=int(master["master_port"]) if master else (who.port or None), returncode=w.returncode,
         leftover=w.leftover, notes=w.notes + torch_support.notes(), attached_pid=who.attached_pid, check=check,
-        printed=printed, **v.fields())
+        **v.fields())
     if who.save:
         result.save(Path(who.run_dir) / runfiles.RESULT)
     source.keep(ev, result)
     return result
-
-
-def printed_of(ev: Evidence, ranks) -> tuple:
-    """The ranks' printed quantities compared (ddplab.engine.printed), with the ranks that ended on their own
-    (exit 0, no error, no signal)."""
-    clean = {r.rank for r in ranks if r.exit_code == 0 and r.error is None and r.signal is None}
-    return printed_mod.from_run(ev.run, clean)
 
 
 def user_sources(ev: Evidence, limit: int = 2_000_000) -> dict[str, str]:

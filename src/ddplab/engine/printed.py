@@ -195,8 +195,7 @@ def from_run(run, ended_clean=frozenset()) -> tuple[PrintedDiff, ...]:
             except (KeyError, TypeError, ValueError):
                 pass
         ids[r] = tuple(own)
-    streams = getattr(run, "streams", None) or {}
-    return compare({r: streams.get(r) or t for r, t in run.logs.items()}, ids, ended_clean)
+    return compare({r: run.streams.get(r) or t for r, t in run.logs.items()}, ids, ended_clean)
 
 
 def _order(where: tuple[str, int]) -> tuple:
