@@ -8,12 +8,13 @@ on evidence captured from real runs. Sentences are made later, by ``ddplab.views
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ddplab.engine import ledger as ledger_mod
-from ddplab.engine import callsites, printed, signatures, stacks
+from ddplab.engine import callsites, printed, signatures, stacks, syntax
 from ddplab.defaults import ALIVE, Ending, RankState, Status
 from ddplab.engine.evidence import Evidence, LiveRank, RunEvidence, raised_before
 from ddplab.engine.reasons import Asks, FailureFacts, facts_from_text
@@ -562,68 +563,84 @@ def stall_facts(window_s: float, idle_s: float, since_s: float, ranks: tuple[Ran
 # A timeout shorter than both of torch's defaults (NCCL 10 min, gloo 30 min) was set on purpose.
 SHORT_TIMEOUT_MS = 600_000
 _TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms|timed out after (\d+)ms|Timeout\(ms\)=(\d+)")
-# a line that writes a file (torch.save, json.dump, open(..., "w"), a download helper)
-_WRITES = re.compile(r"\b(?:save|savez\w*|dump|write\w*|to_csv|to_parquet|download\w*|urlretrieve)\("
-                     r"|open\(.*['\"][wa]b?['\"]")
+# The script is read as a syntax tree (engine/syntax.py), never by a pattern over its text.
+# the names on a line that say nothing of which file or tensor it is about (modules, open's modes, the usual verbs)
 _NOT_NAMES = frozenset({"torch", "np", "os", "open", "load", "save", "self", "json", "pickle", "rb", "wb", "r", "w",
                         "import", "time", "sleep", "with", "as", "f", "path", "data", "rand", "torch_load"})
-# The line a cause points at in the culprit's script, where exactly one line matches: (signature id, regex).
-SITES: dict[str, str] = {
-    "launch-local-rank-arg": r"add_argument\(\s*['\"]--local[_-]rank",
-    "ddp-lazy-module": r"\bLazy\w+\(",
-    "ddp-no-trainable-parameters": r"requires_grad_\(\s*False\s*\)|\.requires_grad\s*=\s*False",
-    "timeout-too-short": r"init_process_group\(.*\btimeout\s*=",
+
+
+def _env_key(n, keys=("MASTER_PORT", "MASTER_ADDR")) -> bool:
+    """``os.environ["MASTER_PORT"]`` (a subscript of an environ by one of the keys)."""
+    return (isinstance(n, ast.Subscript) and (syntax.dotted(n.value) or "").endswith("environ")
+            and isinstance(n.slice, ast.Constant) and n.slice.value in keys)
+
+
+def _sets_store_address(n) -> bool:
+    """An assignment to the store's address in the environment, or a call that sets it there."""
+    if isinstance(n, ast.Assign):
+        return any(_env_key(t) for target in n.targets for t in ast.walk(target))
+    if isinstance(n, ast.Call):
+        f = n.func
+        if isinstance(f, ast.Attribute) and f.attr in ("setdefault", "update") and (
+                syntax.dotted(f.value) or "").endswith("environ"):
+            return bool(syntax.strings(n) & {"MASTER_PORT", "MASTER_ADDR"}) or any(
+                k.arg in ("MASTER_PORT", "MASTER_ADDR") for k in n.keywords)
+        return syntax.called(n) == "putenv" and bool(n.args) and isinstance(n.args[0], ast.Constant) and (
+            n.args[0].value in ("MASTER_PORT", "MASTER_ADDR"))
+    return False
+
+
+def _first_arg_starts(n, *prefixes: str) -> bool:
+    return bool(n.args) and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str) and (
+        n.args[0].value.startswith(prefixes))
+
+
+# The line a cause points at in the culprit's script, where exactly one line holds such a node: (signature id,
+# a predicate over the script's syntax nodes).
+SITES: dict[str, Callable[[ast.AST], bool]] = {
+    "launch-local-rank-arg": lambda n: isinstance(n, ast.Call) and syntax.called(n) == "add_argument"
+    and _first_arg_starts(n, "--local_rank", "--local-rank"),
+    "ddp-lazy-module": lambda n: isinstance(n, ast.Call) and syntax.called(n).startswith("Lazy")
+    and len(syntax.called(n)) > 4,
+    "ddp-no-trainable-parameters": lambda n: (
+        isinstance(n, ast.Call) and syntax.called(n) == "requires_grad_" and bool(n.args)
+        and isinstance(n.args[0], ast.Constant) and n.args[0].value is False) or (
+        isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is False
+        and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets)),
+    "timeout-too-short": lambda n: isinstance(n, ast.Call) and syntax.called(n) == "init_process_group"
+    and any(k.arg == "timeout" for k in n.keywords),
     # a store address set in the script (premise: the ranks dial another address than torchrun gave them)
-    "store-address-set": r"environ\[\s*['\"]MASTER_(?:PORT|ADDR)['\"]\s*\]\s*[,=]|"
-                         r"environ\.(?:setdefault|update)\(.*MASTER_(?:PORT|ADDR)|putenv\(\s*['\"]MASTER_(?:PORT|ADDR)",
+    "store-address-set": _sets_store_address,
 }
 
 
-_RANK_GUARD = re.compile(r"^\s*(?:el)?if\b.*\b(?:\w*rank\w*|master_process|is_main_process|is_master|main_process)\b")
-_HEADER = re.compile(r"^\s*(?:async\s+)?(?:def|class)\b")
+def _frame_at(func: str, file: str, line: int | None, sources: Mapping[str, str]) -> stacks.Frame | None:
+    return stacks.Frame(func, file, line, syntax.text_of(file, sources, line) or None) if line else None
 
 
 def rank_guard(f: stacks.Frame | None, sources: Mapping[str, str]) -> stacks.Frame | None:
     """The ``if`` on the rank (``if rank == 0:``, ``if master_process:``) whose block holds the frame's line,
-    within its function, from the script's text (None: the line is under no such condition)."""
-    if f is None:
-        return None
-    lines = (sources.get(f.file) or "").splitlines()
-    if not 0 < f.line <= len(lines):
-        return None
-    indent = len(lines[f.line - 1]) - len(lines[f.line - 1].lstrip())
-    for j in range(f.line - 2, -1, -1):
-        t = lines[j]
-        if not t.strip() or t.lstrip().startswith("#"):
-            continue
-        ind = len(t) - len(t.lstrip())
-        if ind >= indent:
-            continue
-        indent = ind
-        if _RANK_GUARD.match(t):
-            return stacks.Frame(f.func, f.file, j + 1, t.strip())
-        if _HEADER.match(t) or ind == 0:
-            return None
-    return None
+    within its function (``syntax.rank_if``; None: the line is under no such condition)."""
+    root = syntax.tree(f.file, sources) if f is not None else None
+    node = syntax.rank_if(root, f.line) if root is not None else None
+    return _frame_at(f.func, f.file, node.lineno, sources) if node is not None else None
 
 
-_LEAVES = re.compile(r"^\s*(?:break|return\b.*|(?:sys\.)?exit\(.*\)|quit\(\))\s*(?:#.*)?$")
+def _leaves(st: ast.stmt) -> bool:
+    """A statement that leaves the loop, the function or the process: ``break``, ``return``, ``sys.exit()``,
+    ``exit()``, ``quit()``."""
+    if isinstance(st, (ast.Break, ast.Return)):
+        return True
+    return (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+            and syntax.dotted(st.value.func) in ("sys.exit", "exit", "quit"))
 
 
 def early_exit_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
     """The one condition on the rank in the script whose block begins by leaving (``if master_process and
     stop: break``, ``return``, ``sys.exit()``): where a rank that exited early while its peers went on left."""
-    lines = (sources.get(file) or "").splitlines()
-    hits = []
-    for i, t in enumerate(lines):
-        if not _RANK_GUARD.match(t):
-            continue
-        head, _, tail = t.partition(":")
-        body = tail.split("#", 1)[0].strip()
-        nxt = next((x for x in lines[i + 1:] if x.strip() and not x.lstrip().startswith("#")), "")
-        if (body and _LEAVES.match(body)) or (not body and _LEAVES.match(nxt)):
-            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
-    return hits[0] if len(hits) == 1 else None
+    root = syntax.tree(file, sources)
+    line = syntax.one_line(root, lambda n: isinstance(n, ast.If) and syntax.on_rank(n.test) and _leaves(n.body[0]))
+    return _frame_at("<module>", file, line, sources)
 
 
 def user_frames(r: RankResult) -> tuple[stacks.Frame, ...]:
@@ -640,57 +657,35 @@ def guarded(r: RankResult, sources: Mapping[str, str]) -> stacks.Frame | None:
 
 
 def source_line(f: stacks.Frame | None, sources: Mapping[str, str]) -> str:
-    """A frame's source line: the record's own, else the script's text read at the verdict."""
+    """A frame's source line, to show: the record's own, else the script's text read at the verdict."""
     if f is None:
         return ""
-    if f.text:
-        return f.text.strip()
-    lines = (sources.get(f.file) or "").splitlines()
-    return lines[f.line - 1].strip() if 0 < f.line <= len(lines) else ""
+    return f.text.strip() if f.text else syntax.text_of(f.file, sources, f.line)
 
 
-def site(pattern: str, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
-    """The one line of ``file`` that matches ``pattern`` (None: no line, or more than one)."""
-    rx = re.compile(pattern)
-    hits = [(i + 1, t) for i, t in enumerate((sources.get(file) or "").splitlines())
-            if rx.search(t) and not t.lstrip().startswith("#")]
-    return stacks.Frame("<module>", file, hits[0][0], hits[0][1].strip()) if len(hits) == 1 else None
+def site(pred: Callable[[ast.AST], bool], file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
+    """The one line of ``file`` that holds a node ``pred`` holds for (None: no line, or more than one)."""
+    return _frame_at("<module>", file, syntax.one_line(syntax.tree(file, sources), pred), sources)
 
 
-_BATCH_NAME = re.compile(r"^\s*(\w*(?:batch\w*|\bbs))\s*=\s*([\d\s*+()]+?)\s*(?:#.*)?$", re.I)
-_SHAPE = re.compile(r"shape=\[(\d+)")
+_SHAPE = re.compile(r"shape=\[(\d+)")   # a recorded tensor value's shape (the hook's repr), not the script
 
 
-def _number(expr: str) -> int | None:
-    """The value of a constant product or sum of whole numbers (``8 * 512``), without evaluating code."""
-    import ast
-
-    def val(n):
-        if isinstance(n, ast.Constant) and isinstance(n.value, int):
-            return n.value
-        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Add)):
-            a, b = val(n.left), val(n.right)
-            return None if a is None or b is None else (a * b if isinstance(n.op, ast.Mult) else a + b)
-        return None
-    try:
-        return val(ast.parse(expr.strip(), mode="eval").body)
-    except SyntaxError:
-        return None
+def _batch_name(name: str) -> bool:
+    return "batch" in name.lower() or name.lower() == "bs"
 
 
 def batch_site(e, file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
-    """At an out-of-memory error: the one line of the script that sets a batch size to a number (``batch_size =
-    8 * 512``) equal to the first dimension of a tensor on the failing line (its recorded values): the size
-    that made the allocation too big (None: no such line, or more than one)."""
+    """At an out-of-memory error: the one assignment of the script that sets a batch size (a name with "batch" in
+    it, or ``bs``) to a whole-number expression (``batch_size = 8 * 512``) equal to the first dimension of a tensor
+    on the failing line (its recorded values): the size that made the allocation too big (None: no such line, or
+    more than one)."""
     dims = {int(m.group(1)) for v in (e.values or {}).values() for m in [_SHAPE.search(str(v))] if m}
-    hits = []
-    for i, t in enumerate((sources.get(file) or "").splitlines()):
-        m = _BATCH_NAME.match(t)
-        if m:
-            n = _number(m.group(2))
-            if n in dims:
-                hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
-    return hits[0] if len(hits) == 1 else None
+    root = syntax.tree(file, sources)
+    line = syntax.one_line(root, lambda n: isinstance(n, ast.Assign) and len(n.targets) == 1
+                           and isinstance(n.targets[0], ast.Name) and _batch_name(n.targets[0].id)
+                           and syntax.int_value(n.value) in dims)
+    return _frame_at("<module>", file, line, sources)
 
 
 def busy_peers(ranks: tuple[RankResult, ...], first: int) -> tuple[RankResult, ...]:
@@ -739,11 +734,40 @@ def missing_paths(ranks: tuple[RankResult, ...]) -> tuple[str, ...]:
                  for m in [_MISSING.search(r.error.message)] if m)
 
 
+def _stands_on(f: stacks.Frame | None, sources: Mapping[str, str]) -> list[ast.AST]:
+    """The syntax of the statement a frame stands on (its header, for a compound one); [] where the script does
+    not parse or the line is not in it."""
+    root = syntax.tree(f.file, sources) if f is not None else None
+    return syntax.at_line(root, f.line) if root is not None else []
+
+
+def _what_it_names(nodes: list[ast.AST]) -> set[str]:
+    """What a statement is about: its names, attribute names and string constants (a path, a key), less the ones
+    every such line has."""
+    return (syntax.identifiers(nodes) | syntax.strings(nodes)) - _NOT_NAMES
+
+
+def _writes(nodes: list[ast.AST]) -> bool:
+    """A statement that writes a file: torch.save, json.dump, a DataFrame's to_csv, a download helper, open(...)
+    for writing or appending."""
+    for c in syntax.calls(nodes):
+        name = syntax.called(c)
+        if name in ("save", "dump", "to_csv", "to_parquet", "urlretrieve") or name.startswith(
+                ("savez", "write", "download")):
+            return True
+        mode = c.args[1] if name == "open" and len(c.args) > 1 else next(
+            (k.value for k in c.keywords if k.arg == "mode"), None) if name == "open" else None
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and mode.value[:1] in ("w", "a"):
+            return True
+    return False
+
+
 def read_before_written(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str],
                         files: Mapping[str, float]) -> bool:
     """``first`` failed to find a file that another rank wrote: the file exists at the verdict, written
     after the failing read (``files``: {path: mtime} of the missing paths found at the verdict), or a peer
-    was still on a line that writes and names what the failing line read when torchrun ended it."""
+    was still on a statement that writes a file and names what the failing statement read (a name, a path)
+    when torchrun ended it."""
     own = next((r for r in ranks if r.rank == first), None)
     e = own.error if own else None
     if e is None or e.type != "FileNotFoundError" or e.frame is None:
@@ -751,38 +775,35 @@ def read_before_written(ranks: tuple[RankResult, ...], first: int, sources: Mapp
     m = _MISSING.search(e.message)
     if m and files.get(m.group(1), 0.0) >= e.time > 0:
         return True
-    read = set(re.findall(r"[A-Za-z_]\w*", source_line(e.frame, sources))) - _NOT_NAMES
+    read = _what_it_names(_stands_on(e.frame, sources))
     for r in busy_peers(ranks, first):
-        line = source_line(r.where.frame, sources)
-        if _WRITES.search(line) and read & set(re.findall(r"[A-Za-z_]\w*", line)):
+        there = _stands_on(r.where.frame, sources)
+        if _writes(there) and read & _what_it_names(there):
             return True
     return False
 
 
 # --- the line that set a failure up, found from the cause's premise in the script (general, not per script) ---
-_COLLECTIVE_CALL = re.compile(r"\b(?:dist|torch\.distributed)\.(?:all_reduce|all_gather\w*|broadcast\w*|reduce\w*|"
-                              r"gather\w*|scatter\w*|barrier|all_to_all\w*|monitored_barrier)\(")
-_DDP_WRAP = re.compile(r"^\s*([\w.]+)\s*=\s*(?:\w+\.)*(?:DDP|DistributedDataParallel|FSDP|FullyShardedDataParallel)\(")
-_SAMPLER = re.compile(r"\b\w*Sampler\(")
+# torch.distributed's collectives, by the called name (dist.all_reduce, torch.distributed.broadcast_object_list)
+_COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_to_all")
+_WRAPPERS = frozenset({"DDP", "DistributedDataParallel", "FSDP", "FullyShardedDataParallel"})
 
 
-def _tree(file: str, sources: Mapping[str, str]):
-    import ast
-    try:
-        return ast.parse(sources.get(file) or "")
-    except (SyntaxError, ValueError):
-        return None
+def _collective_call(n) -> bool:
+    if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute):
+        return False
+    owner, name = syntax.dotted(n.func.value), n.func.attr
+    return owner in ("dist", "torch.distributed") and (
+        name in ("barrier", "monitored_barrier") or name.startswith(_COLLECTIVES))
 
 
 def unused_submodule_site(file: str, sources: Mapping[str, str]) -> stacks.Frame | None:
     """At DDP's "parameters that were not used in producing loss": the one ``self.NAME = ...(...)`` of a module's
     ``__init__`` whose NAME no other method of that class reads (a layer defined and never used in forward).
     None: no such line, or more than one."""
-    import ast
-    tree = _tree(file, sources)
+    tree = syntax.tree(file, sources)
     if tree is None:
         return None
-    lines = (sources.get(file) or "").splitlines()
     hits = []
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -796,45 +817,33 @@ def unused_submodule_site(file: str, sources: Mapping[str, str]) -> stacks.Frame
                 for t in st.targets:
                     if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
                             and t.attr not in read):
-                        hits.append(stacks.Frame(init.name, file, st.lineno, lines[st.lineno - 1].strip()))
+                        hits.append(_frame_at(init.name, file, st.lineno, sources))
     return hits[0] if len(hits) == 1 else None
 
 
-def _function_start(lines: list[str], line: int) -> int:
-    """The 1-based line of the ``def`` that holds ``line`` (1 at module level)."""
-    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
-    for j in range(line - 2, -1, -1):
-        t = lines[j]
-        if t.strip() and len(t) - len(t.lstrip()) < indent and _HEADER.match(t):
-            return j + 1
-    return 1
-
-
-_BATCH_ARG = re.compile(r"\b(?:bs|batch_size|\w*batch\w*)\s*=[^=]")
-
-
 def batch_made_site(e, sources: Mapping[str, str]) -> stacks.Frame | None:
-    """At an out-of-memory error with no batch-size constant to blame: the line that made the failing call's
+    """At an out-of-memory error with no batch-size constant to blame: the statement that made the failing call's
     input with a batch size of its own (``X, Y = get_batch(split, bs=len(data) // 4)``), read from the user's
-    frames outermost first: the call's argument names, and the nearest line before it in the same function that
-    assigns one of them. None where that line sets no batch size."""
+    frames outermost first: the names the call on the frame's line passes, and the nearest assignment before it in
+    the same function to one of them. None where that assignment passes no batch size (a keyword ``bs`` or one with
+    "batch" in it)."""
     from ddplab.engine.stacks import is_user_file
     for f in reversed([f for f in (e.frames or ()) if is_user_file(f.file)]):
-        lines = (sources.get(f.file) or "").splitlines()
-        if not 0 < f.line <= len(lines):
+        root = syntax.tree(f.file, sources)
+        if root is None:
             continue
-        call = lines[f.line - 1]
-        args = call[call.find("(") + 1:] if "(" in call else ""
-        names = set(re.findall(r"\b[A-Za-z_]\w*\b", args)) - _NOT_NAMES
-        if not names:
+        passed = set()
+        for c in syntax.calls(syntax.at_line(root, f.line)):
+            passed |= syntax.identifiers(list(c.args) + [k.value for k in c.keywords])
+        passed -= _NOT_NAMES
+        if not passed:
             continue
-        for j in range(f.line - 1, _function_start(lines, f.line) - 1, -1):
-            t = lines[j - 1]
-            m = re.match(r"^\s*([\w\s,.*]+?)\s*=[^=]", t)
-            if m and names & set(re.findall(r"\w+", m.group(1))):
-                if _BATCH_ARG.search(t[m.end() - 1:]):
-                    return stacks.Frame(f.func, f.file, j, t.strip())
-                break
+        before = [(st, targets) for st, targets in syntax.assignments(syntax.scope(root, f.line))
+                  if st.lineno < f.line and syntax.identifiers(targets) & passed]
+        if before:
+            st, _ = max(before, key=lambda x: x[0].lineno)
+            if any(k.arg is not None and _batch_name(k.arg) for c in syntax.calls(st.value) for k in c.keywords):
+                return _frame_at(f.func, f.file, st.lineno, sources)
     return None
 
 
@@ -843,22 +852,18 @@ def guarded_collective_site(file: str, sources: Mapping[str, str]) -> stacks.Fra
     line of the script that issues a collective (a ``dist.`` collective, or a call of the DDP/FSDP-wrapped model,
     whose forward broadcasts buffers) under a condition on the rank: a collective only some ranks issued, which
     has returned and shifted the ranks' sequences. None: no such line, or more than one."""
-    lines = (sources.get(file) or "").splitlines()
-    wrapped = {m.group(1) for t in lines for m in [_DDP_WRAP.match(t)] if m}
-    calls = [re.compile(rf"(?<![\w.]){re.escape(w)}\(") for w in wrapped]
-    hits = []
-    for i, t in enumerate(lines):
-        if t.lstrip().startswith("#") or not (_COLLECTIVE_CALL.search(t) or any(c.search(t) for c in calls)):
-            continue
-        if rank_guard(stacks.Frame("", file, i + 1, t.strip()), sources) is not None:
-            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
-    return hits[0] if len(hits) == 1 else None
+    root = syntax.tree(file, sources)
+    if root is None:
+        return None
+    wrapped = {syntax.dotted(t) for st, targets in syntax.assignments(root) for t in targets
+               if isinstance(st.value, ast.Call) and syntax.called(st.value) in _WRAPPERS} - {None}
+    return site(lambda n: (_collective_call(n) or isinstance(n, ast.Call) and syntax.dotted(n.func) in wrapped)
+                and syntax.rank_if(root, n.lineno) is not None, file, sources)
 
 
 def _loops(file: str, sources: Mapping[str, str]):
     """(first line, last line, iterates over range()) of every for loop of the script."""
-    import ast
-    tree = _tree(file, sources)
+    tree = syntax.tree(file, sources)
     out = []
     for n in ast.walk(tree) if tree is not None else ():
         if isinstance(n, (ast.For, ast.AsyncFor)):
@@ -874,7 +879,8 @@ def uneven_loop_site(ranks: tuple[RankResult, ...], sources: Mapping[str, str]) 
     """At a hang where the ranks issued different collectives: one rank has left a loop (its frame in a
     function stands after the loop) that another rank is still in, and that rank is inside a loop over data (a
     ``for`` over something other than range()): the ranks ran a different number of batches. The number of
-    batches is the sampler's: the one sampler made in the script. None where the premise or the line is missing."""
+    batches is the sampler's: the one sampler made in the script (a call of a class named ``...Sampler``). None
+    where the premise or the line is missing."""
     from ddplab.engine.stacks import is_user_file
     alive = [r for r in ranks if r.state in ALIVE and r.stack]
     for behind in alive:
@@ -889,71 +895,59 @@ def uneven_loop_site(ranks: tuple[RankResult, ...], sources: Mapping[str, str]) 
             for g in (f for f in ahead.stack if is_user_file(f.file)):
                 f = next((f for f in own if (f.file, f.func) == (g.file, g.func)), None)
                 if f is not None and any(a <= f.line <= b < g.line for a, b, _ in loops[f.file]):
-                    return site(_SAMPLER.pattern, f.file, sources)
+                    return site(lambda n: isinstance(n, ast.Call) and syntax.called(n).endswith("Sampler"),
+                                f.file, sources)
     return None
 
 
-_P2P_BYTES = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
-_BUFFER = re.compile(r"\btorch\.(?:empty|zeros)\(([^()]*)\)")
+_P2P_BYTES = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")   # gloo's message
 _ELEMENT_BYTES = {"float64": 8, "double": 8, "int64": 8, "long": 8, "float16": 2, "half": 2, "bfloat16": 2,
                   "int8": 1, "uint8": 1, "bool": 1}
 
 
-def _constants(file: str, sources: Mapping[str, str]) -> dict[str, int]:
-    """The script's module-level whole-number constants (``WIDTH, MICRO = 16, 4``)."""
-    import ast
-    tree = _tree(file, sources)
-    out: dict[str, int] = {}
-    for st in (tree.body if tree is not None else ()):
-        if isinstance(st, ast.Assign) and len(st.targets) == 1:
-            t, v = st.targets[0], st.value
-            pairs = (zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple)
-                     and len(t.elts) == len(v.elts) else [(t, v)])
-            for a, b in pairs:
-                if isinstance(a, ast.Name) and isinstance(b, ast.Constant) and type(b.value) is int:
-                    out[a.id] = b.value
-    return out
-
-
-def _alloc_bytes(args: str, consts: dict[str, int]) -> int | None:
+def _alloc_bytes(n, consts: Mapping[str, int]) -> int | None:
+    """The bytes ``torch.empty(...)``/``torch.zeros(...)`` allocates, from its sizes (whole-number expressions of
+    constants and the script's constants) and its dtype (4 bytes when none is given); None for anything else."""
     import math
-    parts = [p.strip() for p in args.split(",") if p.strip()]
-    dims, size = [], 4
-    for p in parts:
-        if "=" in p:
-            k, _, v = p.partition("=")
-            if k.strip() == "dtype":
-                size = _ELEMENT_BYTES.get(v.strip().rsplit(".", 1)[-1], 4)
-            continue
-        expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(consts[m.group(0)]) if m.group(0) in consts else "x", p)
-        try:
-            n = _number(expr) if "x" not in expr else None
-        except (ValueError, TypeError):
-            n = None
-        if n is None:
-            return None
-        dims.append(n)
+    n = next((c for c in (ast.walk(n) if n is not None else ()) if isinstance(c, ast.Call)
+              and syntax.dotted(c.func) in ("torch.empty", "torch.zeros")), None)   # torch.empty(4).to(device)
+    if n is None:
+        return None
+    dims = []
+    for a in n.args:
+        for x in (a.elts if isinstance(a, (ast.Tuple, ast.List)) else [a]):
+            v = syntax.int_value(x, consts)
+            if v is None:
+                return None
+            dims.append(v)
+    dtype = next((k.value for k in n.keywords if k.arg == "dtype"), None)
+    size = _ELEMENT_BYTES.get(syntax.called(dtype) if dtype is not None else "", 4)
     return math.prod(dims) * size if dims else None
 
 
-_ROOT_NAME = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(?!\s*=[^=])")
-
-
-def _derived_from(line: str, text: str, hops: int = 4) -> set[str]:
-    """The names a send's tensor comes from in the script: the names on its line (not attributes, not keyword
-    names), and, a few assignments or appends back (``x = ...``, ``inputs.append(x)``), the names those read."""
-    call = line[line.find("(") + 1:] if "(" in line else line
-    names = set(_ROOT_NAME.findall(call))
+def _derived_from(call: ast.Call, root: ast.AST, hops: int = 4) -> set[str]:
+    """The names a send's tensor comes from in the script: the variables its call passes, and, a few assignments
+    or appends back (``x = ...``, ``inputs.append(x)``), the variables those read."""
+    found = syntax.names(list(call.args) + [k.value for k in call.keywords])
     for _ in range(hops):
-        more = set(names)
-        for t in (x.split("#", 1)[0] for x in text.splitlines()):
-            m = re.match(r"^\s*(\w+)\s*=([^=].*)$", t) or re.match(r"^\s*(\w+)\.(?:append|extend)\((.*)\)", t)
-            if m and m.group(1) in names:
-                more |= set(_ROOT_NAME.findall(m.group(2)))
-        if more == names:
+        more = set(found)
+        for n in ast.walk(root):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and (
+                    n.targets[0].id in found):
+                more |= syntax.names(n.value)
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend")
+                  and isinstance(n.func.value, ast.Name) and n.func.value.id in found):
+                more |= syntax.names(list(n.args))
+        if more == found:
             break
-        names = more
-    return names
+        found = more
+    return found
+
+
+def _receives_into(n, name: str) -> bool:
+    """A ``recv``/``irecv`` whose buffer is the variable ``name``."""
+    return (isinstance(n, ast.Call) and syntax.called(n) in ("recv", "irecv") and bool(n.args)
+            and isinstance(n.args[0], ast.Name) and n.args[0].id == name)
 
 
 def p2p_sent_site(ranks: tuple[RankResult, ...], first: int, sources: Mapping[str, str]):
@@ -972,23 +966,24 @@ def p2p_sent_site(ranks: tuple[RankResult, ...], first: int, sources: Mapping[st
         if r.rank == first:
             continue
         frames = [f for f in ((r.error.frames if r.error else ()) or r.stack or ()) if f.file in sources]
-        if frames and re.search(r"\b(?:dist\.)?i?send\(", source_line(frames[0], sources)):
-            senders.append((r.rank, frames[0]))
+        send = next((c for c in syntax.calls(_stands_on(frames[0], sources)) if syntax.called(c) in ("send", "isend")),
+                    None) if frames else None
+        if send is not None:
+            senders.append((r.rank, frames[0], send))
     if not senders:
         return (), None
     file = senders[0][1].file
-    sent = _derived_from(source_line(senders[0][1], sources), sources.get(file) or "")
-    consts = _constants(file, sources)
-    lines = (sources.get(file) or "").splitlines()
-    hits = []
-    for i, t in enumerate(lines):
-        a, name = _BUFFER.search(t), re.match(r"^\s*(\w+)\s*=", t)
-        # a receive buffer (an empty tensor a recv fills on the next lines) of the size the peer sent
-        if a and name and name.group(1) in sent and _alloc_bytes(a.group(1), consts) == got and any(
-                re.search(rf"\bi?recv\(\s*{name.group(1)}\b", x) for x in lines[i + 1:i + 4]):
-            hits.append(stacks.Frame("<module>", file, i + 1, t.strip()))
+    root = syntax.tree(file, sources)
+    sent = _derived_from(senders[0][2], root)
+    consts = syntax.constants(root)
+    # a receive buffer (an empty tensor a recv fills on the next three lines) of the size the peer sent
+    hits = sorted({n.lineno for n in ast.walk(root) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and n.targets[0].id in sent
+                   and _alloc_bytes(n.value, consts) == got
+                   and any(_receives_into(c, n.targets[0].id) and n.lineno < c.lineno <= n.lineno + 3
+                           for c in ast.walk(root))})
     if len(hits) == 1:
-        return tuple(sorted({k for k, _ in senders})), hits[0]
+        return tuple(sorted({k for k, _, _ in senders})), _frame_at("<module>", file, hits[0], sources)
     return receiver_buffer_site(own, int(m.group(2)), sources)
 
 
@@ -998,20 +993,21 @@ def receiver_buffer_site(own: RankResult, expected: int, sources: Mapping[str, s
     tensor the failing recv fills, made in its function with the size the receive expected. ((rank,), line);
     ((), None) where the recv's buffer is not such an allocation."""
     f = own.frame
-    lines = (sources.get(f.file) or "").splitlines() if f is not None else []
-    if not 0 < (f.line if f else 0) <= len(lines):
+    root = syntax.tree(f.file, sources) if f is not None else None
+    if root is None:
         return (), None
-    m = re.search(r"\bi?recv\(\s*(\w+)\b", lines[f.line - 1])
-    if m is None:
+    recv = next((c for c in syntax.calls(syntax.at_line(root, f.line)) if syntax.called(c) in ("recv", "irecv")
+                 and c.args and isinstance(c.args[0], ast.Name)), None)
+    if recv is None:
         return (), None
-    consts = _constants(f.file, sources)
-    for j in range(f.line - 1, _function_start(lines, f.line) - 1, -1):
-        t = lines[j - 1].split("#", 1)[0]
-        if re.match(rf"^\s*{m.group(1)}\s*=[^=]", t):
-            a = _BUFFER.search(t)
-            if a and _alloc_bytes(a.group(1), consts) == expected:
-                return (own.rank,), stacks.Frame(f.func, f.file, j, lines[j - 1].strip())
-            return (), None
+    name = recv.args[0].id
+    before = [st for st, targets in syntax.assignments(syntax.scope(root, f.line))
+              if st.lineno < f.line and any(isinstance(t, ast.Name) and t.id == name for t in targets)]
+    if not before:
+        return (), None
+    st = max(before, key=lambda s: s.lineno)
+    if _alloc_bytes(getattr(st, "value", None), syntax.constants(root)) == expected:
+        return (own.rank,), _frame_at(f.func, f.file, st.lineno, sources)
     return (), None
 
 
