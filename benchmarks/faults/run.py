@@ -23,14 +23,14 @@ Results go to build/faults/results.json (and a copy named by the time) as fields
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import hashlib
 import json
 import os
+import shutil
 import signal
 import statistics
-import contextlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +62,14 @@ def _env() -> dict:
     return env
 
 
+def _remove(p: Path) -> None:
+    """A file or a folder a mutant left in the temp folder, gone (a link: the link, not what it points at)."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def _temp_cleaned():
     """The files and folders a mutant leaves in the temp folder (its snapshot, the run folders it names:
@@ -72,10 +80,7 @@ def _temp_cleaned():
         yield
     finally:
         for p in set(tmp.glob("faults_*")) - before:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+            _remove(p)
 
 
 def remove_temp_of(port: int | None) -> None:
@@ -86,10 +91,7 @@ def remove_temp_of(port: int | None) -> None:
         return
     for p in Path(tempfile.gettempdir()).glob(f"faults_*{port}*"):
         if p.name.removesuffix(".pt").endswith(str(port)):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+            _remove(p)
 
 
 def bare_torchrun(m: mutate.Mutant, nproc: int, probe_s: float = PROBE_S, limit_s: float = LIMIT_S) -> dict:
